@@ -1,2 +1,20 @@
 //! accel-container-runtime: an OCI runtime shim that writes accelerator devices into the
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
+//!
+//! Floors, lowest first (a module only uses those below it):
+//! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! → `plan` → `spec` → `create` (the `create` command's straight line) → binaries.
+
+pub mod argv;
+pub mod atomic;
+pub mod config;
+pub mod create;
+pub mod discovery;
+pub mod exec;
+pub mod ldcache;
+pub mod libraries;
+pub mod logging;
+pub mod plan;
+pub mod profile;
+pub mod request;
+pub mod spec;

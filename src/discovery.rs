@@ -1,0 +1,311 @@
+//! Finding a vendor's devices on the host, as the profile describes them.
+//!
+//! Discovery reads only host paths under the profile's `driver-root`/`dev-root`; nothing from
+//! the container reaches it. It returns container-side node paths (`/dev/nvidia1`); the
+//! host node for one is `Profile::under(dev_root, path)`.
+
+use std::path::{Path, PathBuf};
+
+use crate::profile::{Discovery, Profile};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {msg}", path.display())]
+    Malformed { path: PathBuf, msg: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// The number users select it by: PCI order for NVIDIA, the node number otherwise.
+    pub index: u32,
+    /// Container paths of its nodes; the first is the primary one.
+    pub nodes: Vec<PathBuf>,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub minor: Option<u32>,
+    /// Other names it answers to (`GCU-1`).
+    pub aliases: Vec<String>,
+}
+
+impl Device {
+    /// The id the vendor's Kubernetes device plugin registers for it, from a template such
+    /// as `{uuid}` or `GCU-{index}`; `None` when the template needs a field the device lacks.
+    pub fn plugin_id(&self, template: &str) -> Option<String> {
+        let mut out = template.replace("{index}", &self.index.to_string());
+        for (key, val) in [("{uuid}", &self.uuid), ("{bus}", &self.pci_bus_id)] {
+            if out.contains(key) {
+                out = out.replace(key, val.as_deref()?);
+            }
+        }
+        if out.contains("{minor}") {
+            out = out.replace("{minor}", &self.minor?.to_string());
+        }
+        Some(out)
+    }
+}
+
+/// Every device the profile finds, ordered by index. No driver (no proc dir, no nodes) is an
+/// empty list, not an error: the caller decides whether that matters.
+pub fn discover(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
+    match &profile.discovery {
+        Discovery::NvidiaProcfs {
+            proc_dir,
+            node_template,
+        } => nvidia_procfs(profile, proc_dir, node_template),
+        Discovery::DeviceNodes {
+            node_templates,
+            aliases,
+            ..
+        } => device_nodes(profile, node_templates, aliases),
+    }
+}
+
+fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(DiscoveryError::Read {
+                path: dir.into(),
+                source,
+            })
+        }
+    };
+    let mut names = Vec::new();
+    for e in rd {
+        let e = e.map_err(|source| DiscoveryError::Read {
+            path: dir.into(),
+            source,
+        })?;
+        if let Some(n) = e.file_name().to_str() {
+            names.push(n.to_string());
+        }
+    }
+    Ok(names)
+}
+
+fn nvidia_procfs(
+    profile: &Profile,
+    proc_dir: &Path,
+    node_template: &str,
+) -> Result<Vec<Device>, DiscoveryError> {
+    let dir = Profile::under(&profile.driver_root, proc_dir);
+    let mut gpus = Vec::new();
+    for bus in read_dir_names(&dir)? {
+        let path = dir.join(&bus).join("information");
+        let text = std::fs::read_to_string(&path).map_err(|source| DiscoveryError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let field = |key: &str| {
+            text.lines().find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.trim() == key)
+                    .map(|(_, v)| v.trim().to_string())
+            })
+        };
+        let minor = field("Device Minor").ok_or_else(|| DiscoveryError::Malformed {
+            path: path.clone(),
+            msg: "no `Device Minor` line".into(),
+        })?;
+        let minor: u32 = minor.parse().map_err(|_| DiscoveryError::Malformed {
+            path: path.clone(),
+            msg: format!("`Device Minor` {minor:?} is not a number"),
+        })?;
+        let uuid = field("GPU UUID").filter(|u| !u.is_empty() && !u.contains('/'));
+        let bus_id = field("Bus Location").unwrap_or(bus).to_ascii_lowercase();
+        gpus.push((bus_id, minor, uuid));
+    }
+    // nvidia-smi numbers GPUs in PCI bus order, which is what users mean by an index.
+    gpus.sort();
+    Ok(gpus
+        .into_iter()
+        .enumerate()
+        .map(|(i, (bus, minor, uuid))| Device {
+            index: i as u32,
+            nodes: vec![PathBuf::from(
+                node_template.replace("{minor}", &minor.to_string()),
+            )],
+            uuid,
+            pci_bus_id: Some(bus),
+            minor: Some(minor),
+            aliases: Vec::new(),
+        })
+        .collect())
+}
+
+fn device_nodes(
+    profile: &Profile,
+    templates: &[String],
+    aliases: &[String],
+) -> Result<Vec<Device>, DiscoveryError> {
+    let primary = Path::new(&templates[0]);
+    let (Some(parent), Some(file)) = (
+        primary.parent(),
+        primary.file_name().and_then(|f| f.to_str()),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let (prefix, suffix) = file.split_once("{index}").unwrap_or((file, ""));
+    let host_dir = Profile::under(profile.dev_root(), parent);
+    let mut found: Vec<u32> = read_dir_names(&host_dir)?
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix(prefix)?
+                .strip_suffix(suffix)
+                .map(str::to_string)
+        })
+        .filter(|num| {
+            !num.is_empty()
+                && num.bytes().all(|b| b.is_ascii_digit())
+                && (num == "0" || !num.starts_with('0'))
+        })
+        .filter_map(|num| num.parse().ok())
+        .filter(|n: &u32| is_device_node(&host_dir.join(format!("{prefix}{n}{suffix}"))))
+        .collect();
+    found.sort_unstable();
+    Ok(found
+        .into_iter()
+        .map(|index| {
+            let fill = |t: &String| t.replace("{index}", &index.to_string());
+            let nodes = templates
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (i, PathBuf::from(fill(t))))
+                .filter(|(i, p)| *i == 0 || is_device_node(&Profile::under(profile.dev_root(), p)))
+                .map(|(_, p)| p)
+                .collect();
+            Device {
+                index,
+                nodes,
+                uuid: None,
+                pci_bus_id: None,
+                minor: None,
+                aliases: aliases.iter().map(fill).collect(),
+            }
+        })
+        .collect())
+}
+
+fn is_device_node(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p)
+        .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
+}
+
+/// The driver version: the first dotted number in the profile's `version-file`.
+pub fn driver_version(profile: &Profile) -> Option<String> {
+    let path = Profile::under(&profile.driver_root, profile.version_file.as_deref()?);
+    let text = std::fs::read_to_string(path).ok()?;
+    text.split_whitespace()
+        .find(|t| {
+            t.contains('.')
+                && t.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn profile(name: &str, root: &Path) -> Profile {
+        let mut p = Config::parse("", None)
+            .unwrap()
+            .profile(name)
+            .unwrap()
+            .clone();
+        p.driver_root = root.to_path_buf();
+        p
+    }
+
+    fn info(root: &Path, bus: &str, minor: u32, uuid: &str) {
+        let d = root.join("proc/driver/nvidia/gpus").join(bus);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("information"),
+            format!("Model: \t\t NVIDIA H100\nIRQ:   \t\t 42\nGPU UUID: \t\t {uuid}\nBus Location: \t\t {bus}\nDevice Minor: \t\t {minor}\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn nvidia_index_follows_bus_order_not_minor() {
+        let root = tempfile::tempdir().unwrap();
+        info(root.path(), "0000:af:00.0", 0, "GPU-bbb");
+        info(root.path(), "0000:3b:00.0", 3, "GPU-aaa");
+        let devs = discover(&profile("nvidia", root.path())).unwrap();
+        assert_eq!(devs.len(), 2);
+        assert_eq!(devs[0].nodes, [PathBuf::from("/dev/nvidia3")]);
+        assert_eq!(devs[0].uuid.as_deref(), Some("GPU-aaa"));
+        assert_eq!(devs[1].index, 1);
+        assert_eq!(devs[1].minor, Some(0));
+        assert_eq!(devs[1].plugin_id("{uuid}").as_deref(), Some("GPU-bbb"));
+    }
+
+    #[test]
+    fn nvidia_malformed_information_names_file() {
+        let root = tempfile::tempdir().unwrap();
+        info(root.path(), "0000:3b:00.0", 3, "GPU-aaa");
+        let p = root
+            .path()
+            .join("proc/driver/nvidia/gpus/0000:3b:00.0/information");
+        std::fs::write(&p, "Device Minor: x\n").unwrap();
+        let err = discover(&profile("nvidia", root.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("information") && err.contains("Device Minor"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn no_driver_is_empty() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(discover(&profile("nvidia", root.path()))
+            .unwrap()
+            .is_empty());
+        assert!(discover(&profile("enflame", root.path()))
+            .unwrap()
+            .is_empty());
+        assert_eq!(driver_version(&profile("enflame", root.path())), None);
+    }
+
+    #[test]
+    fn version_is_first_dotted_number() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("proc/driver/nvidia")).unwrap();
+        std::fs::write(
+            root.path().join("proc/driver/nvidia/version"),
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\nGCC version:  gcc version 12.2.0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            driver_version(&profile("nvidia", root.path())).as_deref(),
+            Some("550.54.14")
+        );
+    }
+
+    #[test]
+    fn plugin_id_templates() {
+        let d = Device {
+            index: 2,
+            nodes: vec![],
+            uuid: None,
+            pci_bus_id: None,
+            minor: None,
+            aliases: vec![],
+        };
+        assert_eq!(d.plugin_id("GCU-{index}").as_deref(), Some("GCU-2"));
+        assert_eq!(d.plugin_id("{uuid}"), None);
+    }
+}

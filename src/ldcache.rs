@@ -1,0 +1,228 @@
+//! A native reader of glibc's `/etc/ld.so.cache`, so resolving libraries costs a file read,
+//! not an `ldconfig -p` subprocess.
+//!
+//! Two layouts exist: the new format alone (`glibc-ld.so.cache1.1`, glibc >= 2.32 default) and
+//! the old `ld.so-1.7.0` table followed by the new one (older distros). Only the new table is
+//! read; its string offsets are relative to its own start.
+//! Ref: glibc `elf/cache.c`, `sysdeps/generic/dl-cache.h`.
+
+use std::path::{Path, PathBuf};
+
+const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
+const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
+const OLD_ENTRY: usize = 12;
+const NEW_HEADER: usize = 48;
+const NEW_ENTRY: usize = 24;
+
+const FLAG_ELF_LIBC6: i32 = 0x0003;
+const FLAG_TYPE_MASK: i32 = 0x00ff;
+const FLAG_REQUIRED_MASK: i32 = 0xff00;
+const FLAG_X8664_LIB64: i32 = 0x0300;
+const FLAG_AARCH64_LIB64: i32 = 0x0a00;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LdCacheError {
+    #[error("not an ld.so.cache (bad magic)")]
+    BadMagic,
+    #[error("truncated ld.so.cache: {0}")]
+    Truncated(&'static str),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The soname the loader looks up (`libcuda.so.1`).
+    pub name: String,
+    /// Where it lives, as recorded (relative to the root ldconfig ran for).
+    pub path: PathBuf,
+    pub flags: i32,
+}
+
+/// The `FLAG_REQUIRED_MASK` bits of libraries for the machine we are built for.
+fn native_arch_flags() -> i32 {
+    if cfg!(target_arch = "x86_64") {
+        FLAG_X8664_LIB64
+    } else if cfg!(target_arch = "aarch64") {
+        FLAG_AARCH64_LIB64
+    } else {
+        0
+    }
+}
+
+/// Parses a cache image; entries keep the file's order (glibc sorts them by name).
+pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LdCacheError> {
+    let start = if data.starts_with(NEW_MAGIC) {
+        0
+    } else if data.starts_with(OLD_MAGIC) {
+        // Old header: magic (11 bytes, padded to 12) + nlibs u32, then nlibs entries.
+        let n = read_u32(data, 12).ok_or(LdCacheError::Truncated("old header"))? as usize;
+        let end = n
+            .checked_mul(OLD_ENTRY)
+            .and_then(|x| x.checked_add(16))
+            .ok_or(LdCacheError::Truncated("old table"))?;
+        let aligned = end
+            .checked_add(7)
+            .ok_or(LdCacheError::Truncated("old table"))?
+            & !7;
+        if data
+            .get(aligned..)
+            .is_some_and(|d| d.starts_with(NEW_MAGIC))
+        {
+            aligned
+        } else if data.get(end..).is_some_and(|d| d.starts_with(NEW_MAGIC)) {
+            end
+        } else {
+            // An old-format-only cache has no soname table we trust; treat as empty.
+            return Ok(Vec::new());
+        }
+    } else {
+        return Err(LdCacheError::BadMagic);
+    };
+    let new = &data[start..];
+    let nlibs = read_u32(new, 20).ok_or(LdCacheError::Truncated("header"))? as usize;
+    if new.len() < NEW_HEADER {
+        return Err(LdCacheError::Truncated("header"));
+    }
+    let table_end = nlibs
+        .checked_mul(NEW_ENTRY)
+        .and_then(|x| x.checked_add(NEW_HEADER))
+        .filter(|&e| e <= new.len())
+        .ok_or(LdCacheError::Truncated("entries"))?;
+    let mut out = Vec::with_capacity(nlibs);
+    for off in (NEW_HEADER..table_end).step_by(NEW_ENTRY) {
+        let flags = read_u32(new, off).ok_or(LdCacheError::Truncated("entry"))? as i32;
+        let key = read_u32(new, off + 4).ok_or(LdCacheError::Truncated("entry"))? as usize;
+        let value = read_u32(new, off + 8).ok_or(LdCacheError::Truncated("entry"))? as usize;
+        let (Some(name), Some(path)) = (cstr(new, key), cstr(new, value)) else {
+            return Err(LdCacheError::Truncated("string table"));
+        };
+        out.push(Entry {
+            name: name.to_string(),
+            path: PathBuf::from(path),
+            flags,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
+pub fn load(root: &Path) -> std::io::Result<Vec<Entry>> {
+    let path = root.join("etc/ld.so.cache");
+    match std::fs::read(&path) {
+        Ok(data) => parse(&data).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Entry {
+    /// An ELF libc6 library for this machine's architecture.
+    pub fn is_native(&self) -> bool {
+        self.flags & FLAG_TYPE_MASK == FLAG_ELF_LIBC6
+            && self.flags & FLAG_REQUIRED_MASK == native_arch_flags()
+    }
+}
+
+fn read_u32(d: &[u8], off: usize) -> Option<u32> {
+    let b = d.get(off..off.checked_add(4)?)?;
+    Some(u32::from_ne_bytes(b.try_into().ok()?))
+}
+
+fn cstr(d: &[u8], off: usize) -> Option<&str> {
+    let rest = d.get(off..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
+/// Builds a new-format cache image; used by tests, benches and fuzz seeds.
+pub fn build(entries: &[(&str, &str, i32)]) -> Vec<u8> {
+    let mut strings = Vec::new();
+    let strings_at = NEW_HEADER + entries.len() * NEW_ENTRY;
+    let mut table = Vec::new();
+    for (name, path, flags) in entries {
+        let key = strings_at + strings.len();
+        strings.extend_from_slice(name.as_bytes());
+        strings.push(0);
+        let value = strings_at + strings.len();
+        strings.extend_from_slice(path.as_bytes());
+        strings.push(0);
+        table.extend_from_slice(&flags.to_ne_bytes());
+        table.extend_from_slice(&(key as u32).to_ne_bytes());
+        table.extend_from_slice(&(value as u32).to_ne_bytes());
+        table.extend_from_slice(&0u32.to_ne_bytes());
+        table.extend_from_slice(&0u64.to_ne_bytes());
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(NEW_MAGIC);
+    out.extend_from_slice(&(entries.len() as u32).to_ne_bytes());
+    out.extend_from_slice(&(strings.len() as u32).to_ne_bytes());
+    out.extend_from_slice(&[0u8; 4]); // flags + padding
+    out.extend_from_slice(&[0u8; 16]); // extension offset + unused
+    out.extend_from_slice(&table);
+    out.extend_from_slice(&strings);
+    out
+}
+
+/// Flags of a native x86-64/aarch64 libc6 entry, for [`build`].
+pub fn native_flags() -> i32 {
+    FLAG_ELF_LIBC6 | native_arch_flags()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_synthetic() {
+        let img = build(&[
+            (
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                native_flags(),
+            ),
+            ("libc.so.6", "/lib/libc.so.6", 0x0003),
+        ]);
+        let e = parse(&img).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].name, "libcuda.so.1");
+        assert!(e[0].is_native());
+        assert!(!e[1].is_native() || native_arch_flags() == 0);
+    }
+
+    #[test]
+    fn garbage_and_truncation_are_errors_not_panics() {
+        assert_eq!(parse(b"hello"), Err(LdCacheError::BadMagic));
+        let img = build(&[("a.so.1", "/a", native_flags())]);
+        for cut in 0..img.len() {
+            let _ = parse(&img[..cut]);
+        }
+        let mut huge = img.clone();
+        huge[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert!(parse(&huge).is_err());
+    }
+
+    /// The host's real cache agrees with `ldconfig -p` on what libc is.
+    #[test]
+    fn host_cache_lists_libc() {
+        let Ok(data) = std::fs::read("/etc/ld.so.cache") else {
+            panic!("/etc/ld.so.cache missing on a glibc host")
+        };
+        let e = parse(&data).unwrap();
+        let libc = e
+            .iter()
+            .find(|e| e.name == "libc.so.6" && e.is_native())
+            .expect("libc.so.6 in host cache");
+        assert!(libc.path.to_string_lossy().ends_with("libc.so.6"));
+        let out = std::process::Command::new("ldconfig")
+            .arg("-p")
+            .output()
+            .expect("ldconfig");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines = text.lines().filter(|l| l.starts_with('\t')).count();
+        assert_eq!(lines, e.len(), "entry count differs from ldconfig -p");
+    }
+}

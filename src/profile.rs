@@ -1,0 +1,361 @@
+//! Vendor profiles: everything the runtime knows about a vendor is data in one of these.
+//!
+//! NVIDIA and Enflame are compiled in from `config/profiles/*.toml`; other vendors are files in
+//! `profiles-dir`; any key of any profile can be overridden from `config.toml`
+//! `[profiles.<name>]`. Overrides are merged as TOML tables before deserializing, so a
+//! profile is always validated as a whole.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Profiles compiled into the binary, as (file name, text).
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "nvidia.toml",
+        include_str!("../config/profiles/nvidia.toml"),
+    ),
+    (
+        "enflame.toml",
+        include_str!("../config/profiles/enflame.toml"),
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("profile {origin}: {source}")]
+    Parse {
+        origin: String,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("profile {origin}: {msg}")]
+    Invalid { origin: String, msg: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Profile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Variables that select devices; the first one present in the container's env wins.
+    pub visible_devices_env: Vec<String>,
+    /// Host prefix of the driver's files (procfs/sysfs info, libraries, binaries).
+    #[serde(default = "root")]
+    pub driver_root: PathBuf,
+    /// Host prefix of the device nodes; defaults to `driver-root`.
+    #[serde(default)]
+    pub dev_root: Option<PathBuf>,
+    /// Whether `none` injects the driver (control nodes, libraries) without any device.
+    #[serde(default)]
+    pub none_injects_driver: bool,
+    #[serde(default)]
+    pub cdi_kind: Option<String>,
+    #[serde(default)]
+    pub resource_name: Option<String>,
+    /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
+    #[serde(default)]
+    pub device_plugin_id: Option<String>,
+    #[serde(default)]
+    pub container_devices_mount_dir: Option<String>,
+    /// File under driver-root whose first dotted number is the driver version.
+    #[serde(default)]
+    pub version_file: Option<PathBuf>,
+    pub discovery: Discovery,
+    /// Nodes every container of this vendor gets, each only when present on the host.
+    #[serde(default)]
+    pub control_nodes: Vec<PathBuf>,
+    #[serde(default)]
+    pub library_search_dirs: Vec<PathBuf>,
+    #[serde(default)]
+    pub binary_search_dirs: Vec<PathBuf>,
+    /// Variable that selects capability groups; without it every group applies.
+    #[serde(default)]
+    pub capabilities_env: Option<String>,
+    #[serde(default)]
+    pub default_capabilities: Vec<String>,
+    #[serde(default)]
+    pub capabilities: BTreeMap<String, Capability>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "method", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Discovery {
+    /// NVIDIA's `/proc/driver/nvidia/gpus/<bus>/information`; index = PCI bus order.
+    #[serde(rename_all = "kebab-case")]
+    NvidiaProcfs {
+        proc_dir: PathBuf,
+        /// Container path of a GPU's node, `{minor}` replaced.
+        node_template: String,
+    },
+    /// Devices are the nodes matching the first template; `{index}` is the device number.
+    #[serde(rename_all = "kebab-case")]
+    DeviceNodes {
+        node_templates: Vec<String>,
+        #[serde(default)]
+        aliases: Vec<String>,
+        /// Accept `a-b` ranges in the variable.
+        #[serde(default)]
+        index_ranges: bool,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Capability {
+    /// Other capability groups this one brings along.
+    #[serde(default)]
+    pub includes: Vec<String>,
+    /// Library stems (`libcuda`): every soname `libcuda.so.*` found is mounted.
+    #[serde(default)]
+    pub libraries: Vec<String>,
+    #[serde(default)]
+    pub binaries: Vec<String>,
+    /// Extra nodes (added when present).
+    #[serde(default)]
+    pub nodes: Vec<PathBuf>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from("/")
+}
+
+impl Profile {
+    /// Parses a profile table, returning it with the keys it did not know (dotted paths).
+    pub fn from_table(
+        table: toml::Table,
+        origin: &str,
+    ) -> Result<(Profile, Vec<String>), ProfileError> {
+        let mut unknown = Vec::new();
+        let value = toml::Value::Table(table);
+        let profile: Profile =
+            serde_ignored::deserialize(value, |path| unknown.push(path.to_string())).map_err(
+                |source| ProfileError::Parse {
+                    origin: origin.to_string(),
+                    source,
+                },
+            )?;
+        profile.validate(origin)?;
+        Ok((profile, unknown))
+    }
+
+    /// Where the device nodes live on the host.
+    pub fn dev_root(&self) -> &Path {
+        self.dev_root.as_deref().unwrap_or(&self.driver_root)
+    }
+
+    /// Joins a path from the profile (absolute, container-style) under a host root.
+    pub fn under(root: &Path, path: &Path) -> PathBuf {
+        root.join(path.strip_prefix("/").unwrap_or(path))
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ProfileError> {
+        let invalid = |msg: String| {
+            Err(ProfileError::Invalid {
+                origin: origin.to_string(),
+                msg,
+            })
+        };
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return invalid(format!(
+                "name {:?} must be non-empty [A-Za-z0-9_-]",
+                self.name
+            ));
+        }
+        if self.visible_devices_env.is_empty() {
+            return invalid("visible-devices-env is empty".into());
+        }
+        for root in [Some(&self.driver_root), self.dev_root.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if !root.is_absolute() || has_dotdot(root) {
+                return invalid(format!(
+                    "driver-root/dev-root {} must be an absolute path without '..'",
+                    root.display()
+                ));
+            }
+        }
+        let mut paths: Vec<&Path> = self.control_nodes.iter().map(PathBuf::as_path).collect();
+        paths.extend(self.library_search_dirs.iter().map(PathBuf::as_path));
+        paths.extend(self.binary_search_dirs.iter().map(PathBuf::as_path));
+        paths.extend(
+            self.capabilities
+                .values()
+                .flat_map(|c| c.nodes.iter().map(PathBuf::as_path)),
+        );
+        paths.extend(self.version_file.as_deref());
+        let templates: Vec<&str> = match &self.discovery {
+            Discovery::NvidiaProcfs {
+                proc_dir,
+                node_template,
+            } => {
+                paths.push(proc_dir);
+                vec![node_template.as_str()]
+            }
+            Discovery::DeviceNodes { node_templates, .. } => {
+                if node_templates.is_empty() {
+                    return invalid("discovery.node-templates is empty".into());
+                }
+                if !node_templates[0].contains("{index}") {
+                    return invalid(format!(
+                        "node template {:?} needs {{index}}",
+                        node_templates[0]
+                    ));
+                }
+                node_templates.iter().map(String::as_str).collect()
+            }
+        };
+        for t in templates {
+            let p = Path::new(t);
+            if !p.is_absolute() || has_dotdot(p) || !t.starts_with("/dev/") {
+                return invalid(format!(
+                    "node template {t:?} must be an absolute path under /dev without '..'"
+                ));
+            }
+        }
+        for p in paths {
+            if !p.is_absolute() || has_dotdot(p) {
+                return invalid(format!(
+                    "path {} must be absolute without '..'",
+                    p.display()
+                ));
+            }
+        }
+        for name in self
+            .capabilities
+            .values()
+            .flat_map(|c| c.libraries.iter().chain(&c.binaries))
+        {
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return invalid(format!(
+                    "library/binary name {name:?} must be a plain file name"
+                ));
+            }
+        }
+        for (cap, c) in &self.capabilities {
+            for inc in &c.includes {
+                if !self.capabilities.contains_key(inc) {
+                    return invalid(format!("capability {cap} includes unknown {inc}"));
+                }
+            }
+        }
+        for cap in &self.default_capabilities {
+            if !self.capabilities.contains_key(cap) {
+                return invalid(format!("default-capabilities names unknown {cap}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// True when a path has a `..` component: profile paths are joined under host roots.
+pub fn has_dotdot(p: &Path) -> bool {
+    p.components().any(|c| matches!(c, Component::ParentDir))
+}
+
+/// Merges `over` into `base`: tables recursively, everything else replaced.
+pub fn merge_tables(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builtin(name: &str) -> Profile {
+        let text = BUILTIN.iter().find(|(f, _)| f.starts_with(name)).unwrap().1;
+        let (p, unknown) = Profile::from_table(toml::from_str(text).unwrap(), name).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        p
+    }
+
+    #[test]
+    fn builtins_parse_with_no_unknown_keys() {
+        let nv = builtin("nvidia");
+        assert_eq!(nv.visible_devices_env, ["NVIDIA_VISIBLE_DEVICES"]);
+        assert!(matches!(nv.discovery, Discovery::NvidiaProcfs { .. }));
+        assert!(nv.capabilities["compute"]
+            .libraries
+            .contains(&"libcuda".to_string()));
+        let ef = builtin("enflame");
+        assert_eq!(ef.control_nodes, [PathBuf::from("/dev/gcuctl")]);
+    }
+
+    #[test]
+    fn shipped_ascend_file_parses() {
+        let text = include_str!("../config/profiles/ascend.toml");
+        let (p, unknown) =
+            Profile::from_table(toml::from_str(text).unwrap(), "ascend.toml").unwrap();
+        assert!(unknown.is_empty());
+        assert_eq!(p.name, "ascend");
+    }
+
+    #[test]
+    fn relative_driver_root_is_refused() {
+        let mut t: toml::Table = toml::from_str(BUILTIN[1].1).unwrap();
+        t.insert("driver-root".into(), "run/driver".into());
+        let err = Profile::from_table(t, "x").unwrap_err().to_string();
+        assert!(err.contains("driver-root"), "{err}");
+    }
+
+    #[test]
+    fn dotdot_node_is_refused() {
+        let mut t: toml::Table = toml::from_str(BUILTIN[1].1).unwrap();
+        t.insert(
+            "control-nodes".into(),
+            toml::Value::Array(vec!["/dev/../etc/shadow".into()]),
+        );
+        let err = Profile::from_table(t, "x").unwrap_err().to_string();
+        assert!(err.contains(".."), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_reported() {
+        let mut t: toml::Table = toml::from_str(BUILTIN[1].1).unwrap();
+        t.insert("driver-rot".into(), "/x".into());
+        let (_, unknown) = Profile::from_table(t, "x").unwrap();
+        assert_eq!(unknown, ["driver-rot"]);
+    }
+
+    #[test]
+    fn merge_overrides_nested_keys_only() {
+        let mut base: toml::Table = toml::from_str("a = 1\n[t]\nx = 1\ny = 2\n").unwrap();
+        merge_tables(&mut base, toml::from_str("[t]\ny = 3\n").unwrap());
+        assert_eq!(base["a"].as_integer(), Some(1));
+        assert_eq!(base["t"]["x"].as_integer(), Some(1));
+        assert_eq!(base["t"]["y"].as_integer(), Some(3));
+    }
+}
+
+#[cfg(test)]
+mod discovery_keys {
+    use super::*;
+
+    #[test]
+    fn unknown_key_inside_discovery_is_reported() {
+        let mut t: toml::Table = toml::from_str(BUILTIN[1].1).unwrap();
+        t["discovery"]
+            .as_table_mut()
+            .unwrap()
+            .insert("node-tempaltes".into(), "x".into());
+        match Profile::from_table(t, "x") {
+            Ok((_, unknown)) => assert_eq!(unknown, ["discovery.node-tempaltes"]),
+            Err(e) => assert!(e.to_string().contains("node-tempaltes"), "{e}"),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! What a `<VENDOR>_VISIBLE_DEVICES` value asks for, and which discovered devices that is.
+//!
+//! The grammar is deliberately strict: keywords are lower case (`all`, `none`, `void`), items
+//! are separated by a bare comma, and an item with whitespace, an empty item, or an item that
+//! names no device is an error naming the variable, the item and what exists. A container that
+//! asked for something wrong must not start with less than it asked for.
+
+use crate::discovery::Device;
+
+/// More items than any node has devices is a mistake or an attack; refuse it early.
+pub const MAX_ITEMS: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Unset, empty or `void`: nothing is injected.
+    Nothing,
+    /// `none`: the driver (control nodes, libraries) without devices, where the profile says so.
+    DriverOnly,
+    All,
+    /// Items as written, deduplicated, in order. Fully-qualified CDI names are kept apart.
+    Items {
+        devices: Vec<String>,
+        cdi: Vec<String>,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error("{var}={value}: {msg}")]
+    Syntax {
+        var: String,
+        value: String,
+        msg: String,
+    },
+    #[error("{var}: no device {item:?} on this node; {available}")]
+    NoSuchDevice {
+        var: String,
+        item: String,
+        available: String,
+    },
+    #[error("{var}: {item:?} matches more than one device ({matches}); give the full UUID")]
+    Ambiguous {
+        var: String,
+        item: String,
+        matches: String,
+    },
+}
+
+/// `nvidia.com/gpu=0`: vendor/class=name, as CDI defines a fully-qualified device name.
+pub fn is_cdi_name(item: &str) -> bool {
+    match item.split_once('=') {
+        Some((kind, name)) => {
+            kind.split_once('/')
+                .is_some_and(|(v, c)| !v.is_empty() && !c.is_empty())
+                && !name.is_empty()
+        }
+        None => false,
+    }
+}
+
+fn shorten(value: &str) -> String {
+    if value.len() > 64 {
+        let mut end = 64;
+        while !value.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}...({} bytes)", &value[..end], value.len())
+    } else {
+        value.to_string()
+    }
+}
+
+pub fn parse(var: &str, value: &str) -> Result<Request, RequestError> {
+    let syntax = |msg: String| RequestError::Syntax {
+        var: var.to_string(),
+        value: shorten(value),
+        msg,
+    };
+    match value {
+        "" | "void" => return Ok(Request::Nothing),
+        "none" => return Ok(Request::DriverOnly),
+        "all" => return Ok(Request::All),
+        _ => {}
+    }
+    let items: Vec<&str> = value.split(',').collect();
+    if items.len() > MAX_ITEMS {
+        return Err(syntax(format!(
+            "{} items, at most {MAX_ITEMS} allowed",
+            items.len()
+        )));
+    }
+    let (mut devices, mut cdi) = (Vec::new(), Vec::new());
+    for item in items {
+        if item.is_empty() {
+            return Err(syntax(
+                "empty item (two commas in a row, or a comma at an end)".into(),
+            ));
+        }
+        if item.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(syntax(format!(
+                "item {:?} contains whitespace or a control character",
+                shorten(item)
+            )));
+        }
+        if matches!(item, "all" | "none" | "void") {
+            return Err(syntax(format!(
+                "{item:?} cannot be combined with other items"
+            )));
+        }
+        let list = if is_cdi_name(item) {
+            &mut cdi
+        } else {
+            &mut devices
+        };
+        if !list.iter().any(|i| i == item) {
+            list.push(item.to_string());
+        }
+    }
+    Ok(Request::Items { devices, cdi })
+}
+
+/// Resolves items to devices. `ranges` accepts `a-b` (Ascend).
+pub fn select<'d>(
+    var: &str,
+    items: &[String],
+    devices: &'d [Device],
+    ranges: bool,
+) -> Result<Vec<&'d Device>, RequestError> {
+    let mut out: Vec<&Device> = Vec::new();
+    let mut push = |d: &'d Device| {
+        if !out.iter().any(|o| o.index == d.index) {
+            out.push(d);
+        }
+    };
+    let no_such = |item: &str| RequestError::NoSuchDevice {
+        var: var.into(),
+        item: shorten(item),
+        available: available(devices),
+    };
+    for item in items {
+        let item = item.as_str();
+        if ranges {
+            if let Some((a, b)) = item
+                .split_once('-')
+                .and_then(|(a, b)| Some((index(a)?, index(b)?)))
+            {
+                if a > b {
+                    return Err(no_such(item));
+                }
+                for i in a..=b {
+                    push(
+                        devices
+                            .iter()
+                            .find(|d| d.index == i)
+                            .ok_or_else(|| no_such(&i.to_string()))?,
+                    );
+                }
+                continue;
+            }
+        }
+        if let Some(i) = index(item) {
+            push(
+                devices
+                    .iter()
+                    .find(|d| d.index == i)
+                    .ok_or_else(|| no_such(item))?,
+            );
+            continue;
+        }
+        let exact = devices.iter().find(|d| {
+            d.uuid.as_deref() == Some(item)
+                || d.aliases.iter().any(|a| a == item)
+                || d.pci_bus_id
+                    .as_deref()
+                    .is_some_and(|b| b.eq_ignore_ascii_case(item))
+        });
+        if let Some(d) = exact {
+            push(d);
+            continue;
+        }
+        // A unique UUID prefix (as nvidia-smi accepts) selects that GPU; two is an error.
+        let by_prefix: Vec<&Device> = devices
+            .iter()
+            .filter(|d| item.len() >= 8 && d.uuid.as_deref().is_some_and(|u| u.starts_with(item)))
+            .collect();
+        match by_prefix.as_slice() {
+            [d] => push(d),
+            [] => return Err(no_such(item)),
+            many => {
+                return Err(RequestError::Ambiguous {
+                    var: var.into(),
+                    item: shorten(item),
+                    matches: many
+                        .iter()
+                        .filter_map(|d| d.uuid.clone())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Plain decimal index without sign or leading zeros; anything else is not an index.
+fn index(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
+    {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn available(devices: &[Device]) -> String {
+    if devices.is_empty() {
+        return "none were found (is the driver loaded? check driver-root)".into();
+    }
+    let list: Vec<String> = devices
+        .iter()
+        .map(|d| match &d.uuid {
+            Some(u) => format!("{} {u}", d.index),
+            None => d.index.to_string(),
+        })
+        .collect();
+    format!("it has {}: {}", devices.len(), list.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn gpus() -> Vec<Device> {
+        ["GPU-aaaa1111-0000", "GPU-aaaa2222-0000"]
+            .iter()
+            .enumerate()
+            .map(|(i, u)| Device {
+                index: i as u32,
+                nodes: vec![PathBuf::from(format!("/dev/nvidia{i}"))],
+                uuid: Some(u.to_string()),
+                pci_bus_id: Some(format!("0000:0{i}:00.0")),
+                minor: Some(i as u32),
+                aliases: vec![format!("GCU-{i}")],
+            })
+            .collect()
+    }
+
+    fn sel(v: &str) -> Result<Vec<u32>, RequestError> {
+        let devs = gpus();
+        match parse("V", v)? {
+            Request::Items { devices, .. } => Ok(select("V", &devices, &devs, true)?
+                .iter()
+                .map(|d| d.index)
+                .collect()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn keywords() {
+        assert_eq!(parse("V", ""), Ok(Request::Nothing));
+        assert_eq!(parse("V", "void"), Ok(Request::Nothing));
+        assert_eq!(parse("V", "none"), Ok(Request::DriverOnly));
+        assert_eq!(parse("V", "all"), Ok(Request::All));
+    }
+
+    #[test]
+    fn indices_uuids_mixed_and_deduplicated() {
+        assert_eq!(sel("1").unwrap(), [1]);
+        assert_eq!(sel("1,0,1").unwrap(), [1, 0]);
+        assert_eq!(sel("GPU-aaaa2222-0000,0").unwrap(), [1, 0]);
+        assert_eq!(sel("GPU-aaaa2222").unwrap(), [1]);
+        assert_eq!(sel("GCU-1").unwrap(), [1]);
+        assert_eq!(sel("0-1").unwrap(), [0, 1]);
+    }
+
+    #[test]
+    fn hostile_values_are_errors() {
+        for v in [
+            "9",
+            "-1",
+            "99999999999999999999",
+            "../../etc",
+            "/dev/sda",
+            "ALL",
+            "01",
+            "GPU-ffff",
+            "1-0",
+            "0-5",
+        ] {
+            let e = sel(v).unwrap_err().to_string();
+            assert!(e.starts_with("V: no device"), "{v}: {e}");
+        }
+        for v in ["0,,1", " 0", "0,", "all,0", "0\n1"] {
+            assert!(
+                matches!(parse("V", v), Err(RequestError::Syntax { .. })),
+                "{v}"
+            );
+        }
+        let many = vec!["0"; 10_000].join(",");
+        assert!(parse("V", &many)
+            .unwrap_err()
+            .to_string()
+            .contains("10000 items"));
+        assert!(matches!(
+            sel("GPU-aaaa"),
+            Err(RequestError::Ambiguous { .. })
+        ));
+    }
+
+    #[test]
+    fn error_names_what_exists() {
+        let e = sel("9").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "V: no device \"9\" on this node; it has 2: 0 GPU-aaaa1111-0000, 1 GPU-aaaa2222-0000"
+        );
+    }
+
+    #[test]
+    fn cdi_names_are_set_apart() {
+        assert_eq!(
+            parse("V", "nvidia.com/gpu=0,1"),
+            Ok(Request::Items {
+                devices: vec!["1".into()],
+                cdi: vec!["nvidia.com/gpu=0".into()]
+            })
+        );
+    }
+}
