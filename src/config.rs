@@ -149,16 +149,17 @@ impl Config {
                 file.log_level
             ))
         })?;
-        let container_library_dir =
-            match file.container_library_dir.as_str() {
-                "auto" => None,
-                p if Path::new(p).is_absolute() && !profile::has_dotdot(Path::new(p)) => {
-                    Some(PathBuf::from(p))
-                }
-                p => return Err(invalid(format!(
+        let container_library_dir = match file.container_library_dir.as_str() {
+            "auto" => None,
+            p if Path::new(p).is_absolute() && !profile::has_dotdot(Path::new(p)) => {
+                Some(PathBuf::from(p))
+            }
+            p => {
+                return Err(invalid(format!(
                     "container-library-dir {p:?} must be \"auto\" or an absolute path without '..'"
-                ))),
-            };
+                )))
+            }
+        };
 
         let profiles = load_profiles(&file.profiles_dir, file.profiles, &shown, &mut warnings)?;
         Ok(Config {

@@ -1,0 +1,173 @@
+//! config.json files as runc, docker and containerd really write them (captured from runc 1.1
+//! `runc spec`, docker 20.10 and containerd 1.6 `ctr run` on this project's CI distro), plus one
+//! with invented future fields: after the shim's edit, the document is the input plus exactly
+//! the injected entries, with every other key, value and key order intact.
+
+use std::path::PathBuf;
+
+use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
+use accel_container_runtime::spec;
+use serde_json::Value;
+
+const FIXTURES: &[&str] = &[
+    "runc-1.1-spec.json",
+    "docker-20.10-run.json",
+    "containerd-1.6-ctr-run.json",
+    "future-fields.json",
+];
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/specs")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn plan() -> Plan {
+    let node = |path: &str, minor| DeviceNode {
+        path: path.into(),
+        host_path: path.into(),
+        kind: NodeKind::Char,
+        major: 195,
+        minor,
+        file_mode: 0o660,
+        uid: 0,
+        gid: 44,
+    };
+    Plan {
+        nodes: vec![node("/dev/nvidia1", 1), node("/dev/nvidiactl", 255)],
+        mounts: vec![
+            BindMount {
+                source: "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14".into(),
+                destination: "/usr/lib64/libcuda.so.1".into(),
+            },
+            BindMount {
+                source: "/run/nvidia/driver/usr/bin/nvidia-smi".into(),
+                destination: "/usr/bin/nvidia-smi".into(),
+            },
+        ],
+        additional_gids: vec![44],
+    }
+}
+
+/// Takes the plan's entries back out of `edited`, dropping sections the input did not have.
+fn strip(edited: &mut Value, input: &Value, plan: &Plan) {
+    let paths: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|n| n.path.to_string_lossy().into_owned())
+        .collect();
+    let dests: Vec<String> = plan
+        .mounts
+        .iter()
+        .map(|m| m.destination.to_string_lossy().into_owned())
+        .collect();
+    let remove = |v: &mut Value, pointer: &str, keep: &dyn Fn(&Value) -> bool| {
+        if let Some(arr) = v.pointer_mut(pointer).and_then(Value::as_array_mut) {
+            arr.retain(|e| keep(e));
+        }
+    };
+    remove(edited, "/linux/devices", &|d| {
+        !paths.iter().any(|p| d["path"] == *p.as_str())
+    });
+    remove(edited, "/linux/resources/devices", &|r| {
+        !(r["allow"] == true && r["major"] == 195)
+    });
+    remove(edited, "/mounts", &|m| {
+        !dests.iter().any(|d| m["destination"] == *d.as_str())
+    });
+    remove(edited, "/process/user/additionalGids", &|g| *g != 44);
+    for (parent, key) in [
+        ("/linux", "devices"),
+        ("/linux", "resources"),
+        ("/linux/resources", "devices"),
+        ("/process/user", "additionalGids"),
+    ] {
+        let had = input.pointer(&format!("{parent}/{key}")).is_some();
+        if !had {
+            if let Some(obj) = edited.pointer_mut(parent).and_then(Value::as_object_mut) {
+                obj.remove(key);
+            }
+        }
+    }
+}
+
+#[test]
+fn edit_is_input_plus_exactly_the_injected_entries() {
+    for name in FIXTURES {
+        let bytes = fixture(name);
+        let input = spec::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let mut edited = input.clone();
+        spec::apply(&mut edited, &plan()).unwrap();
+        let written = serde_json::to_vec(&edited).unwrap();
+        let mut reread: Value = serde_json::from_slice(&written).unwrap();
+
+        // Every injected entry is there, exactly once.
+        let devs = reread["linux"]["devices"].as_array().unwrap();
+        assert_eq!(
+            devs.iter().filter(|d| d["path"] == "/dev/nvidia1").count(),
+            1,
+            "{name}"
+        );
+        let mounts = reread["mounts"].as_array().unwrap();
+        assert_eq!(
+            mounts
+                .iter()
+                .filter(|m| m["destination"] == "/usr/lib64/libcuda.so.1")
+                .count(),
+            1,
+            "{name}"
+        );
+        assert!(
+            reread["process"]["user"]["additionalGids"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from(44)),
+            "{name}"
+        );
+
+        strip(&mut reread, &input, &plan());
+        // Same values, and the same key order everywhere (compare the serialized text).
+        assert_eq!(
+            reread, input,
+            "{name}: something besides the injected entries changed"
+        );
+        assert_eq!(
+            serde_json::to_string(&reread).unwrap(),
+            serde_json::to_string(&input).unwrap(),
+            "{name}: key order changed"
+        );
+    }
+}
+
+#[test]
+fn second_edit_adds_nothing() {
+    for name in FIXTURES {
+        let mut once = spec::parse(&fixture(name)).unwrap();
+        spec::apply(&mut once, &plan()).unwrap();
+        let mut twice = once.clone();
+        spec::apply(&mut twice, &plan()).unwrap();
+        assert_eq!(
+            serde_json::to_string(&once).unwrap(),
+            serde_json::to_string(&twice).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+/// Why the shim never writes a re-serialized `oci_spec::runtime::Spec`: the round trip loses
+/// what it does not model. If this ever fails, oci-spec changed; the rule stays regardless.
+#[test]
+fn oci_spec_round_trip_loses_unknown_fields() {
+    let bytes = fixture("future-fields.json");
+    let typed: oci_spec::runtime::Spec = serde_json::from_slice(&bytes).unwrap();
+    let back = serde_json::to_value(&typed).unwrap();
+    assert!(
+        back.get("org.example.future").is_none(),
+        "oci-spec kept an unknown top-level key"
+    );
+    let ours = spec::parse(&bytes).unwrap();
+    assert!(ours.get("org.example.future").is_some());
+}
