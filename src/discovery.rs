@@ -295,6 +295,57 @@ mod tests {
         );
     }
 
+    /// Needs root for mknod; CI runs as root, and a non-root run fails here loudly.
+    #[test]
+    fn device_nodes_by_template() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir_all(dev.join("accel")).unwrap();
+        let node = |p: PathBuf, minor| {
+            mknod(
+                &p,
+                SFlag::S_IFCHR,
+                Mode::from_bits_truncate(0o666),
+                makedev(240, minor),
+            )
+            .unwrap_or_else(|e| panic!("mknod {} (tests need root): {e}", p.display()))
+        };
+        for n in [0, 1, 3, 10] {
+            node(dev.join(format!("gcu{n}")), n);
+        }
+        node(dev.join("gcuctl"), 255);
+        node(dev.join("gcu01"), 1);
+        std::fs::write(dev.join("gcu7"), "not a node").unwrap();
+        let devs = discover(&profile("enflame", root.path())).unwrap();
+        let idx: Vec<u32> = devs.iter().map(|d| d.index).collect();
+        assert_eq!(idx, [0, 1, 3, 10]);
+        assert_eq!(devs[2].nodes, [PathBuf::from("/dev/gcu3")]);
+        assert_eq!(devs[2].aliases, ["GCU-3"]);
+
+        // Habana: a second template per device, added only where it exists.
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/profiles/habana.toml"
+        ))
+        .unwrap();
+        let (mut habana, _) =
+            Profile::from_table(toml::from_str(&text).unwrap(), "habana").unwrap();
+        habana.driver_root = root.path().to_path_buf();
+        node(dev.join("accel/accel0"), 0);
+        node(dev.join("accel/accel_controlD0"), 1);
+        node(dev.join("accel/accel1"), 2);
+        let devs = discover(&habana).unwrap();
+        assert_eq!(
+            devs[0].nodes,
+            [
+                PathBuf::from("/dev/accel/accel0"),
+                PathBuf::from("/dev/accel/accel_controlD0")
+            ]
+        );
+        assert_eq!(devs[1].nodes, [PathBuf::from("/dev/accel/accel1")]);
+    }
+
     #[test]
     fn plugin_id_templates() {
         let d = Device {

@@ -297,12 +297,35 @@ mod tests {
     }
 
     #[test]
-    fn shipped_ascend_file_parses() {
-        let text = include_str!("../config/profiles/ascend.toml");
-        let (p, unknown) =
-            Profile::from_table(toml::from_str(text).unwrap(), "ascend.toml").unwrap();
-        assert!(unknown.is_empty());
-        assert_eq!(p.name, "ascend");
+    fn every_shipped_profile_file_parses_with_no_unknown_keys() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let origin = path.display().to_string();
+            let (p, unknown) =
+                Profile::from_table(toml::from_str(&text).unwrap(), &origin).unwrap();
+            assert!(unknown.is_empty(), "{origin}: {unknown:?}");
+            assert_eq!(
+                path.file_stem().unwrap().to_str(),
+                Some(p.name.as_str()),
+                "{origin}"
+            );
+            names.push(p.name);
+        }
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "ascend",
+                "cambricon",
+                "enflame",
+                "habana",
+                "mthreads",
+                "nvidia"
+            ]
+        );
     }
 
     #[test]
@@ -340,11 +363,6 @@ mod tests {
         assert_eq!(base["t"]["x"].as_integer(), Some(1));
         assert_eq!(base["t"]["y"].as_integer(), Some(3));
     }
-}
-
-#[cfg(test)]
-mod discovery_keys {
-    use super::*;
 
     #[test]
     fn unknown_key_inside_discovery_is_reported() {
