@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::argv::Invocation;
+use crate::cdi::{self, CdiError};
 use crate::config::Config;
 use crate::discovery::{self, Device, DiscoveryError};
 use crate::ldcache;
@@ -32,8 +33,8 @@ pub enum CreateError {
         value: String,
         msg: String,
     },
-    #[error("{var}: CDI device names are not resolved by this build ({name})")]
-    Cdi { var: String, name: String },
+    #[error(transparent)]
+    Cdi(#[from] CdiError),
     #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
     LdCache {
         root: PathBuf,
@@ -49,6 +50,8 @@ pub enum CreateError {
 pub struct Outcome {
     pub requests: Vec<String>,
     pub plan: Plan,
+    /// Edits from CDI specs, for the fully-qualified names asked for.
+    pub cdi: cdi::Resolved,
     pub removed_docker_hook: bool,
 }
 
@@ -65,6 +68,8 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     };
     let privileged = spec::is_privileged(&spec);
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
+    // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
+    let mut cdi_requests = cdi::annotation_requests(&spec)?;
 
     for profile in &cfg.profiles {
         let Some((var, value, request)) = vendor_request(cfg, profile, &spec, privileged)? else {
@@ -87,13 +92,16 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
                 })
             }
             Request::All => devices.iter().collect(),
-            Request::Items { cdi, .. } if !cdi.is_empty() => {
-                return Err(CreateError::Cdi {
-                    var,
-                    name: cdi[0].clone(),
-                })
-            }
-            Request::Items { devices: items, .. } => {
+            Request::Items {
+                devices: items,
+                cdi,
+            } => {
+                cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
+                // Only CDI names: the spec files carry the driver's edits too.
+                if items.is_empty() {
+                    out.requests.push(format!("{var}={value}"));
+                    continue;
+                }
                 request::select(&var, items, &devices, ranges(profile))?
             }
         };
@@ -116,13 +124,18 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
         out.requests.push(format!("{var}={value}"));
     }
 
-    if out.plan.is_empty() && !out.removed_docker_hook {
+    if !cdi_requests.is_empty() {
+        out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &cdi_requests)?;
+    }
+
+    if out.plan.is_empty() && out.cdi == cdi::Resolved::default() && !out.removed_docker_hook {
         return Ok(None);
     }
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
     })?;
+    cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
     spec::write(&path, &spec)?;
     Ok(Some(out))
 }

@@ -3,11 +3,12 @@
 //!
 //! Floors, lowest first (a module only uses those below it):
 //! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
-//! → `plan` → `spec` → `create` (the `create` command's straight line) → `ctk` (accel-ctk's
+//! → `plan` → `spec` → `cdi` → `create` (the `create` command's straight line) → `ctk` (accel-ctk's
 //! subcommands) → binaries.
 
 pub mod argv;
 pub mod atomic;
+pub mod cdi;
 pub mod config;
 pub mod create;
 pub mod ctk;

@@ -15,7 +15,7 @@ use oci_spec::runtime::{
 use serde_json::{Map, Value};
 
 use crate::atomic;
-use crate::plan::{self, NodeKind, Plan};
+use crate::plan::{self, BindMount, DeviceNode, NodeKind, Plan};
 
 /// Larger than any real spec (docker's are ~10 KB); a bigger file is refused, not parsed.
 pub const MAX_SIZE: u64 = 64 << 20;
@@ -215,15 +215,18 @@ pub fn rootfs(spec: &Value, bundle: &Path) -> Option<PathBuf> {
     })
 }
 
+/// Debian's and Ubuntu's library directory, searched by their glibc by default.
+pub const MULTIARCH_LIBRARY_DIR: &str = if cfg!(target_arch = "aarch64") {
+    "/usr/lib/aarch64-linux-gnu"
+} else {
+    "/usr/lib/x86_64-linux-gnu"
+};
+
 /// Where glibc in the image looks for libraries by default: the Debian multiarch directory
 /// when the image has it as a real directory, else /usr/lib64 (RHEL family). Each component
 /// is checked with lstat, so no symlink in the image is ever followed on the host.
 pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
-    let multiarch = if cfg!(target_arch = "aarch64") {
-        "usr/lib/aarch64-linux-gnu"
-    } else {
-        "usr/lib/x86_64-linux-gnu"
-    };
+    let multiarch = MULTIARCH_LIBRARY_DIR.trim_start_matches('/');
     if let Some(root) = rootfs {
         let mut cur = root.to_path_buf();
         let real_dir = multiarch.split('/').all(|c| {
@@ -235,10 +238,6 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
         }
     }
     PathBuf::from("/usr/lib64")
-}
-
-fn section<'a>(obj: &'a mut Map<String, Value>, key: &str, empty: fn() -> Value) -> &'a mut Value {
-    obj.entry(key).or_insert_with(empty)
 }
 
 /// Writes the plan into the spec. Entries already present are respected: nodes by path, cgroup
@@ -262,17 +261,7 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             {
                 continue;
             }
-            let dev = LinuxDeviceBuilder::default()
-                .path(n.path.clone())
-                .typ(device_type(n.kind))
-                .major(n.major as i64)
-                .minor(n.minor as i64)
-                .file_mode(n.file_mode)
-                .uid(n.uid)
-                .gid(n.gid)
-                .build()
-                .map_err(|e| e.to_string())?;
-            devices.push(serde_json::to_value(dev).map_err(|e| e.to_string())?);
+            devices.push(device_entry(n)?);
         }
         let resources = section(linux, "resources", || Value::Object(Map::new()))
             .as_object_mut()
@@ -281,15 +270,7 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             .as_array_mut()
             .ok_or("`linux.resources.devices` must be an array")?;
         for n in &plan.nodes {
-            let rule = LinuxDeviceCgroupBuilder::default()
-                .allow(true)
-                .typ(device_type(n.kind))
-                .major(n.major as i64)
-                .minor(n.minor as i64)
-                .access("rwm")
-                .build()
-                .map_err(|e| e.to_string())?;
-            let rule = serde_json::to_value(rule).map_err(|e| e.to_string())?;
+            let rule = rule_entry(n, "rwm")?;
             if !rules.contains(&rule) {
                 rules.push(rule);
             }
@@ -307,19 +288,8 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             {
                 continue;
             }
-            let mount = MountBuilder::default()
-                .destination(m.destination.clone())
-                .typ("bind")
-                .source(m.source.clone())
-                .options(
-                    plan::MOUNT_OPTIONS
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect::<Vec<_>>(),
-                )
-                .build()
-                .map_err(|e| e.to_string())?;
-            mounts.push(serde_json::to_value(mount).map_err(|e| e.to_string())?);
+            let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
+            mounts.push(mount_entry(m, Some("bind"), &options)?);
         }
     }
     if !plan.additional_gids.is_empty() {
@@ -339,6 +309,56 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The `linux.devices` entry for a node (shared with CDI's edits, so both paths write the same).
+pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
+    let dev = LinuxDeviceBuilder::default()
+        .path(n.path.clone())
+        .typ(device_type(n.kind))
+        .major(n.major as i64)
+        .minor(n.minor as i64)
+        .file_mode(n.file_mode)
+        .uid(n.uid)
+        .gid(n.gid)
+        .build()
+        .map_err(|e| e.to_string())?;
+    serde_json::to_value(dev).map_err(|e| e.to_string())
+}
+
+/// The `linux.resources.devices` allow rule for a node with the given cgroup access.
+pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
+    let rule = LinuxDeviceCgroupBuilder::default()
+        .allow(true)
+        .typ(device_type(n.kind))
+        .major(n.major as i64)
+        .minor(n.minor as i64)
+        .access(access)
+        .build()
+        .map_err(|e| e.to_string())?;
+    serde_json::to_value(rule).map_err(|e| e.to_string())
+}
+
+/// A `mounts` entry; `typ` `None` leaves the type out (runc then goes by the options).
+pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
+    let mut b = MountBuilder::default()
+        .destination(m.destination.clone())
+        .source(m.source.clone())
+        .options(options.to_vec());
+    if let Some(t) = typ {
+        b = b.typ(t);
+    }
+    let mount = b.build().map_err(|e| e.to_string())?;
+    serde_json::to_value(mount).map_err(|e| e.to_string())
+}
+
+/// `obj[key]`, created with `empty()` when missing.
+pub fn section<'a>(
+    obj: &'a mut Map<String, Value>,
+    key: &str,
+    empty: fn() -> Value,
+) -> &'a mut Value {
+    obj.entry(key).or_insert_with(empty)
 }
 
 fn device_type(k: NodeKind) -> LinuxDeviceType {
@@ -363,7 +383,6 @@ pub fn write(path: &Path, spec: &Value) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{BindMount, DeviceNode};
     use serde_json::json;
 
     fn node(path: &str, minor: u64) -> DeviceNode {

@@ -75,8 +75,8 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
             Ok(Some(out)) => log::info!(
                 "create {}: {} nodes, {} mounts{}{}",
                 inv.id.as_deref().unwrap_or("?"),
-                out.plan.nodes.len(),
-                out.plan.mounts.len(),
+                out.plan.nodes.len() + out.cdi.nodes.len(),
+                out.plan.mounts.len() + out.cdi.mounts.len(),
                 if out.requests.is_empty() {
                     String::new()
                 } else {

@@ -1,0 +1,164 @@
+//! Building a CDI spec for one vendor profile from what is on this host.
+//!
+//! The edits are exactly the runtime's: `discovery::discover` finds the devices,
+//! `plan::device_edits` gives each device's nodes, `plan::capabilities` +
+//! `plan::driver_edits` (with the driver root's `ld.so.cache`) give the shared control nodes,
+//! libraries and binaries. Device nodes are written with `path` and `hostPath` only: type,
+//! numbers, mode and owner are read from the host node when a container is created (by this
+//! runtime and by any CDI consumer), so a reloaded driver with new majors does not make the
+//! file stale. Devices are named by index, by UUID where the vendor has one, and `all`.
+//!
+//! The version written is the lowest that has every field used (CDI's own rule), normally
+//! 0.5.0 (device names that start with a digit, `hostPath`), 0.7.0 when nodes need
+//! `additionalGids`: the oldest consumers can load it, and it is still valid for newer ones.
+
+use std::path::{Path, PathBuf};
+
+use super::model::{ContainerEdits, Device, DeviceNode as CdiNode, Mount, Spec};
+use crate::discovery::{self, Device as HostDevice, DiscoveryError};
+use crate::ldcache;
+use crate::plan::{self, Plan, PlanError};
+use crate::profile::Profile;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("profile {vendor} has no cdi-kind")]
+    NoKind { vendor: String },
+    #[error("no {vendor} devices found under {} (is the driver loaded?)", root.display())]
+    NoDevices { vendor: String, root: PathBuf },
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
+    LdCache {
+        root: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("generated {vendor} spec is invalid: {msg}")]
+    Invalid { vendor: String, msg: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Capability list as the profile's variable takes it (`None`: the profile's defaults).
+    pub capabilities: Option<String>,
+    /// Container directory for libraries (the spec cannot look at the image).
+    pub library_dir: PathBuf,
+}
+
+/// The CDI spec for `profile`'s devices on this host.
+pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError> {
+    let kind = profile
+        .cdi_kind
+        .clone()
+        .ok_or_else(|| GenerateError::NoKind {
+            vendor: profile.name.clone(),
+        })?;
+    let found = discovery::discover(profile)?;
+    if found.is_empty() {
+        return Err(GenerateError::NoDevices {
+            vendor: profile.name.clone(),
+            root: profile.dev_root().to_path_buf(),
+        });
+    }
+    let mut devices = Vec::new();
+    for d in &found {
+        let edits = edits(&plan::device_edits(profile, &[d])?);
+        devices.push(device(d.index.to_string(), &edits));
+        if let Some(uuid) = d.uuid.as_deref().filter(|u| super::valid_device_name(u)) {
+            devices.push(device(uuid.to_string(), &edits));
+        }
+    }
+    let all: Vec<&HostDevice> = found.iter().collect();
+    devices.push(device(
+        "all".into(),
+        &edits(&plan::device_edits(profile, &all)?),
+    ));
+
+    let caps = plan::capabilities(profile, opts.capabilities.as_deref())?;
+    let cache = ldcache::load(&profile.driver_root).map_err(|source| GenerateError::LdCache {
+        root: profile.driver_root.clone(),
+        source,
+    })?;
+    let shared = plan::driver_edits(profile, &caps, &cache, &opts.library_dir)?;
+
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind,
+        devices,
+        container_edits: edits(&shared),
+        ..Spec::default()
+    };
+    spec.cdi_version = spec.minimum_version().to_string();
+    spec.validate().map_err(|msg| GenerateError::Invalid {
+        vendor: profile.name.clone(),
+        msg,
+    })?;
+    Ok(spec)
+}
+
+fn device(name: String, edits: &ContainerEdits) -> Device {
+    Device {
+        name,
+        container_edits: edits.clone(),
+        ..Device::default()
+    }
+}
+
+/// A plan as CDI edits: nodes by path (host path when it differs), mounts as the runtime
+/// writes them, groups as the runtime adds them.
+fn edits(plan: &Plan) -> ContainerEdits {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    ContainerEdits {
+        device_nodes: plan
+            .nodes
+            .iter()
+            .map(|n| CdiNode {
+                path: s(&n.path),
+                host_path: (n.host_path != n.path).then(|| s(&n.host_path)),
+                ..CdiNode::default()
+            })
+            .collect(),
+        mounts: plan
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                host_path: s(&m.source),
+                container_path: s(&m.destination),
+                options: plan::MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+                typ: Some("bind".into()),
+            })
+            .collect(),
+        additional_gids: plan.additional_gids.clone(),
+        ..ContainerEdits::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_devices_and_no_kind_are_errors() {
+        let root = tempfile::tempdir().unwrap();
+        let mut p = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone();
+        p.driver_root = root.path().to_path_buf();
+        let opts = Options {
+            capabilities: None,
+            library_dir: "/usr/lib64".into(),
+        };
+        let e = generate(&p, &opts).unwrap_err().to_string();
+        assert!(e.starts_with("no nvidia devices found under "), "{e}");
+        p.cdi_kind = None;
+        assert_eq!(
+            generate(&p, &opts).unwrap_err().to_string(),
+            "profile nvidia has no cdi-kind"
+        );
+    }
+}

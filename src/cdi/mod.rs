@@ -1,0 +1,88 @@
+//! Container Device Interface: specs that describe devices as edits to an OCI spec.
+//!
+//! `accel-ctk cdi generate` writes one for a vendor from what the runtime itself would inject
+//! ([`generate`]); the runtime resolves fully-qualified names (`nvidia.com/gpu=0`) given in a
+//! vendor variable or in `cdi.k8s.io/*` annotations against the spec directories
+//! ([`registry`]) and writes their edits into config.json ([`apply`]). The spec format, name
+//! grammar and version rules are in [`model`].
+//!
+//! The `container-device-interface` crate is not used: it edits an `oci_spec` `Spec`, and a
+//! round trip of config.json through that type drops unknown keys and reorders capability
+//! lists; it also brings an HTTP-capable JSON-schema validator, a file watcher and `anyhow`
+//! errors onto the create path, and needs a newer Rust than this crate's 1.85.
+
+pub mod apply;
+pub mod generate;
+pub mod model;
+pub mod registry;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+pub use apply::{ApplyError, Resolved};
+pub use registry::{Registry, RegistryError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error("annotation {key}: {msg}")]
+    Annotation { key: String, msg: String },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+}
+
+/// CDI device names requested by `cdi.k8s.io/*` annotations, each with its annotation key.
+pub fn annotation_requests(spec: &Value) -> Result<Vec<(String, String)>, CdiError> {
+    let mut out = Vec::new();
+    for (key, value) in crate::spec::annotations(spec) {
+        if !key.starts_with(model::ANNOTATION_PREFIX) {
+            continue;
+        }
+        for name in value.split(',') {
+            model::parse_qualified(name).map_err(|msg| CdiError::Annotation {
+                key: key.to_string(),
+                msg,
+            })?;
+            out.push((key.to_string(), name.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// Loads the specs in `dirs` and checks every requested device's edits against the host.
+pub fn resolve(dirs: &[PathBuf], requests: &[(String, String)]) -> Result<Resolved, CdiError> {
+    let registry = Registry::load(dirs);
+    let edits = registry.resolve(requests)?;
+    Ok(apply::resolve(&edits)?)
+}
+
+/// Whether `name` is a valid CDI device name (the part after `=`).
+pub(crate) fn valid_device_name(name: &str) -> bool {
+    model::parse_qualified(&format!("x.com/x={name}")).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn annotations_are_split_and_checked() {
+        let spec = json!({"annotations": {"other": "x", "cdi.k8s.io/plugin_0": "nvidia.com/gpu=0,nvidia.com/gpu=GPU-1"}});
+        assert_eq!(
+            annotation_requests(&spec).unwrap(),
+            [
+                ("cdi.k8s.io/plugin_0".into(), "nvidia.com/gpu=0".into()),
+                ("cdi.k8s.io/plugin_0".into(), "nvidia.com/gpu=GPU-1".into())
+            ]
+        );
+        let bad = json!({"annotations": {"cdi.k8s.io/p": "nvidia.com/gpu=0,/dev/sda"}});
+        let e = annotation_requests(&bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("annotation cdi.k8s.io/p: \"/dev/sda\" is not a fully-qualified"),
+            "{e}"
+        );
+    }
+}
