@@ -96,8 +96,9 @@ fn generate_cmd(cfg: &Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         });
     if let (Some(f), Some(e), Some(path)) = (args.format, ext_format, &args.output) {
         if f != e {
+            let f = if f == Format::Json { "json" } else { "yaml" };
             bail!(
-                "--format {f:?} contradicts {}: CDI consumers choose the parser by extension",
+                "--format {f} contradicts {}: CDI consumers choose the parser by extension",
                 path.display()
             );
         }
