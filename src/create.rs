@@ -1,4 +1,6 @@
 //! The `create` path, top to bottom: read the spec, decide per vendor, apply, write.
+//! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
+//! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
 //! Nothing is written unless every vendor's request resolved: an error leaves config.json
 //! exactly as it was, so runc is never started on a half-edited spec.
@@ -75,6 +77,15 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
         let Some((var, value, request)) = vendor_request(cfg, profile, &spec, privileged)? else {
             continue;
         };
+        // Fully-qualified CDI names go with the annotations' to the spec files; those carry
+        // the driver's edits too, so a request of only CDI names needs nothing more here.
+        if let Request::Items { devices, cdi } = &request {
+            cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
+            if devices.is_empty() {
+                out.requests.push(format!("{var}={value}"));
+                continue;
+            }
+        }
         let devices = discovery::discover(profile)?;
         let selected: Vec<&Device> = match &request {
             Request::Nothing => continue,
@@ -92,16 +103,7 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
                 })
             }
             Request::All => devices.iter().collect(),
-            Request::Items {
-                devices: items,
-                cdi,
-            } => {
-                cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
-                // Only CDI names: the spec files carry the driver's edits too.
-                if items.is_empty() {
-                    out.requests.push(format!("{var}={value}"));
-                    continue;
-                }
+            Request::Items { devices: items, .. } => {
                 request::select(&var, items, &devices, ranges(profile))?
             }
         };
@@ -128,7 +130,7 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
         out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &cdi_requests)?;
     }
 
-    if out.plan.is_empty() && out.cdi == cdi::Resolved::default() && !out.removed_docker_hook {
+    if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {

@@ -512,6 +512,17 @@ fn cdi_injection_equals_variable_injection() {
         assert_eq!(without_request(spec), without_request(&by_var), "{what}");
     }
 
+    // Plain items and CDI names mixed in one variable.
+    let mixed_var =
+        node.create_ok(&node.bundle("mix-var", &["NVIDIA_VISIBLE_DEVICES=0,1"], Value::Null));
+    let mixed = node.create_ok(&node.bundle(
+        "mix",
+        &["NVIDIA_VISIBLE_DEVICES=0,nvidia.com/gpu=1"],
+        Value::Null,
+    ));
+    assert_eq!(injected(&mixed), injected(&mixed_var));
+    assert_eq!(injected(&mixed)["devices"].as_array().unwrap().len(), 3);
+
     // Enflame, two devices and `all`, by variable and by names.
     let var = node.create_ok(&node.bundle("ef-var", &["ENFLAME_VISIBLE_DEVICES=1,3"], Value::Null));
     let names = node.create_ok(&node.bundle(

@@ -64,6 +64,12 @@ pub struct Resolved {
     pub additional_gids: Vec<u32>,
 }
 
+impl Resolved {
+    pub fn is_empty(&self) -> bool {
+        self == &Resolved::default()
+    }
+}
+
 /// Checks every edit against the host; nothing is written here.
 pub fn resolve(edits: &Edits<'_>) -> Result<Resolved, ApplyError> {
     let mut out = Resolved::default();
