@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::model::{self, ContainerEdits, Spec};
@@ -200,6 +200,11 @@ pub fn read_spec(path: &Path) -> Result<Spec, String> {
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
+    // A spec names host files to mount into containers; one any user can rewrite is not a
+    // host administrator's statement.
+    if meta.mode() & 0o002 != 0 {
+        return Err("writable by every user; refused".into());
+    }
     if meta.len() > MAX_SPEC_SIZE {
         return Err(format!(
             "{} bytes, over the {MAX_SPEC_SIZE} byte limit",
@@ -248,12 +253,22 @@ mod tests {
         write(&run, "d.yaml", "v.com/gpu", &["2"]);
         std::fs::write(run.join("broken.json"), "{").unwrap();
         std::fs::write(run.join("ignored.txt"), "{").unwrap();
+        write(&run, "writable.yaml", "v.com/gpu", &["3"]);
+        std::fs::set_permissions(
+            run.join("writable.yaml"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o666),
+        )
+        .unwrap();
         let reg = Registry::load(&[etc, run, t.path().join("missing")]);
         assert_eq!(from(&reg, "v.com/gpu=0").unwrap(), "FROM=a.yaml");
         assert_eq!(from(&reg, "v.com/gpu=1").unwrap(), "FROM=b.yaml");
         let e = from(&reg, "v.com/gpu=2").unwrap_err().to_string();
         assert!(e.contains("c.yaml") && e.contains("d.yaml"), "{e}");
         assert_eq!(reg.names(), ["v.com/gpu=0", "v.com/gpu=1"]);
+        assert!(reg
+            .invalid
+            .iter()
+            .any(|(p, why)| p.ends_with("writable.yaml") && why.contains("every user")));
         let e = from(&reg, "v.com/gpu=9").unwrap_err().to_string();
         assert!(
             e.starts_with("V: unknown CDI device \"v.com/gpu=9\" (searched ")
