@@ -506,3 +506,26 @@ fn group_of_a_restricted_node_is_added_for_a_non_root_user() {
     let r = Report::parse(&out.stdout);
     assert_eq!(r.open("/dev/nvidia1"), Open::Eacces, "{}", r.raw);
 }
+
+/// `docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all` writes the variable twice (captured in
+/// tests/fixtures/specs/docker-20.10-run-gpus.json); runc sets the entries in order, so the
+/// container sees the last one. The devices must match what the container sees.
+#[test]
+fn duplicate_variable_last_entry_wins_as_in_the_container() {
+    require_root();
+    let sim = SimRoot::standard();
+    let probe = nvidia_probe(&sim).cmd("env", "echo $NVIDIA_VISIBLE_DEVICES");
+    let (r, _) = run_probe(
+        &sim,
+        &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"],
+        &probe,
+    );
+    assert_eq!(r.section("env"), ["1"], "{}", r.raw);
+    // Index 1 is the GPU on bus 0000:af:00.0, minor 1.
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+}
