@@ -300,10 +300,18 @@ fn device_still_opens_after_runc_update_cpuset() {
     assert_eq!(created.stdout, "", "the shim wrote to stdout on create");
     runc.start(&id).ok();
 
+    // cgroup v1 and v2 keep these files in different places.
     let probe = Probe::new()
         .open("/dev/nvidia1")
         .open("/dev/nvidiactl")
-        .cmd("cpus", "cat /sys/fs/cgroup/cpuset/cpuset.cpus")
+        .cmd(
+            "cpus",
+            "cat /sys/fs/cgroup/cpuset/cpuset.cpus 2>/dev/null || cat /sys/fs/cgroup/cpuset.cpus",
+        )
+        .cmd(
+            "pids",
+            "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+        )
         .cmd("devices", "cat /sys/fs/cgroup/devices/devices.list");
     let before = Report::parse(&runc.exec(&id, &probe.script()).ok().stdout);
     assert_eq!(before.open("/dev/nvidia1"), Open::Enxio, "{}", before.raw);
@@ -320,11 +328,24 @@ fn device_still_opens_after_runc_update_cpuset() {
     );
     assert_eq!(after.open("/dev/nvidia1"), Open::Enxio, "{}", after.raw);
     assert_eq!(after.open("/dev/nvidiactl"), Open::Enxio, "{}", after.raw);
-    assert!(
-        after.section("devices").iter().any(|l| l == "c 195:1 rwm"),
-        "the device rule is gone after update: {}",
-        after.raw
+    if cgroup_v1() {
+        assert!(
+            after.section("devices").iter().any(|l| l == "c 195:1 rwm"),
+            "the device rule is gone after update: {}",
+            after.raw
+        );
+    }
+
+    // `update --resources -` streams JSON on stdin: the shim must leave it all to runc.
+    let out = runc.shim_stdin(
+        &["update", "--resources", "-", id.as_str()],
+        br#"{"pids": {"limit": 321}}"#,
     );
+    out.ok();
+    let after = Report::parse(&runc.exec(&id, &probe.script()).ok().stdout);
+    assert_eq!(after.section("pids"), ["321"], "{}", after.raw);
+    assert_eq!(after.open("/dev/nvidia1"), Open::Enxio, "{}", after.raw);
+
     runc.delete(&id).ok();
     assert!(!runc.exists(&id));
 }
@@ -528,4 +549,53 @@ fn duplicate_variable_last_entry_wins_as_in_the_container() {
         "{}",
         r.raw
     );
+}
+
+/// Engines retry a failed start on the same bundle: a second create adds nothing twice.
+#[test]
+fn second_create_on_the_same_bundle_adds_nothing() {
+    require_root();
+    let sim = SimRoot::standard();
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=all")
+        .env("ENFLAME_VISIBLE_DEVICES=0")
+        .sh(&Probe::new().ls("/dev").script());
+    let runc = Runc::new(&sim);
+    let first = runc.id("twice");
+    runc.run(&b, &first).ok();
+    let once = b.config_bytes();
+    let second = runc.id("twice");
+    let out = runc.run(&b, &second);
+    out.ok();
+    assert_eq!(
+        String::from_utf8_lossy(&b.config_bytes()),
+        String::from_utf8_lossy(&once)
+    );
+    let r = Report::parse(&out.stdout);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&[
+            "nvidia1",
+            "nvidia3",
+            "nvidia-uvm",
+            "nvidiactl",
+            "gcu0",
+            "gcuctl"
+        ]),
+        "{}",
+        r.raw
+    );
+}
+
+/// containerd parses runc's `runc version X` from stdout: it must come through untouched.
+#[test]
+fn version_keeps_runcs_stdout() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let runc = Runc::new(&sim);
+    let ours = runc.shim(&["--version"]);
+    ours.ok();
+    let real = output(std::process::Command::new("runc").arg("--version"));
+    assert_eq!(ours.stdout, real.stdout);
+    assert!(ours.stdout.starts_with("runc version "), "{ours:#?}");
 }

@@ -26,7 +26,9 @@
 //!   (`CARGO_BIN_EXE_accel-container-runtime`) exactly as an engine runs runc: [`Runc::run`],
 //!   [`Runc::create`] (detached, `--pid-file`, stdio to files so nothing holds a pipe open),
 //!   [`Runc::start`], [`Runc::exec`], [`Runc::update`], [`Runc::delete`], [`Runc::shim`] (any
-//!   argv), and [`Runc::runc`] (the real runc on the same state dir, to check what exists).
+//!   argv), [`Runc::shim_stdin`] (any argv, bytes on stdin), and [`Runc::runc`] (the real runc
+//!   on the same state dir, to check what exists). `Runc` is `Sync`: share one `&Runc`
+//!   between threads (`std::thread::scope`) for parallel creates.
 //!   [`Runc::id`] makes a unique container id and registers it: on drop (also when the test
 //!   panics) every registered container is `delete -f`'d. Declare the `Runc` after the
 //!   bundles it runs so it drops first. Every call returns an [`Out`] (exit code, stdout,
@@ -40,6 +42,7 @@
 //!   any command), and [`Report`] parses its output: `report.ls("/dev")`,
 //!   `report.open("/dev/nvidia1")` ([`Open::Enxio`], [`Open::Eperm`], ...).
 //! - [`unique`]: a process- and thread-unique name for ids and files.
+//! - [`cgroup_v1`]: whether the host runs cgroup v1 (devices.list exists) or v2 (eBPF).
 
 #![allow(dead_code)]
 
@@ -87,6 +90,12 @@ fn which(tool: &str) -> Option<PathBuf> {
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .map(|d| d.join(tool))
         .find(|p| p.is_file())
+}
+
+/// True on a cgroup v1 host (the devices controller has `devices.list`); false on v2, where
+/// device rules are an eBPF program and cgroup files sit directly under /sys/fs/cgroup.
+pub fn cgroup_v1() -> bool {
+    !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
 /// A name no other test, thread or process uses at the same time.
@@ -658,6 +667,24 @@ impl Runc {
     /// The shim with `--root <state>` and then `args`, as an engine calls runc.
     pub fn shim<S: AsRef<OsStr>>(&self, args: &[S]) -> Out {
         output(self.shim_cmd().args(args))
+    }
+
+    /// As [`Runc::shim`], with `input` on stdin (`update --resources -` reads it there).
+    pub fn shim_stdin<S: AsRef<OsStr>>(&self, args: &[S], input: &[u8]) -> Out {
+        use std::io::Write;
+        let mut child = self
+            .shim_cmd()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start the shim");
+        // Dropped after writing, so the reader sees EOF.
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input).unwrap();
+        drop(stdin);
+        Out::from(child.wait_with_output().unwrap())
     }
 
     /// The real runc with the same `--root` (to check what exists without the shim).
