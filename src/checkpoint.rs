@@ -22,8 +22,9 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use crate::discovery::DiscoveryError;
 use crate::profile::Profile;
-use crate::topology::Located;
+use crate::topology::{discover_located, Located};
 
 pub const DEFAULT_PATH: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
@@ -41,6 +42,10 @@ pub enum CheckpointError {
         #[source]
         source: serde_json::Error,
     },
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    #[error("--resource {0}: no profile has this resource-name (and a device-plugin-id), so its device IDs are unknown")]
+    UnknownResource(String),
     #[error("cannot move checkpoint {} to {}: {source}", path.display(), backup.display())]
     Backup {
         path: PathBuf,
@@ -223,6 +228,32 @@ pub fn node_ids(profile: &Profile, devices: &[Located]) -> Option<BTreeSet<Strin
             .filter_map(|d| d.device.plugin_id(template))
             .collect(),
     )
+}
+
+/// What the node's device plugins would register: for each profile with a `resource-name`
+/// and a `device-plugin-id` (limited to `only` when it is not empty), the profile's name and
+/// the IDs of the devices discovery finds.
+pub fn expected_ids(
+    profiles: &[Profile],
+    only: &[String],
+) -> Result<BTreeMap<String, (String, BTreeSet<String>)>, CheckpointError> {
+    let mut out = BTreeMap::new();
+    for p in profiles {
+        let Some(resource) = p.resource_name.as_deref() else {
+            continue;
+        };
+        if !only.is_empty() && !only.iter().any(|r| r == resource) {
+            continue;
+        }
+        let devices = discover_located(p)?;
+        if let Some(ids) = node_ids(p, &devices) {
+            out.insert(resource.to_string(), (p.name.clone(), ids));
+        }
+    }
+    if let Some(missing) = only.iter().find(|r| !out.contains_key(r.as_str())) {
+        return Err(CheckpointError::UnknownResource(missing.clone()));
+    }
+    Ok(out)
 }
 
 /// The backup name for a checkpoint moved aside at `now`: `<name>.bak-YYYYMMDDTHHMMSSZ`.

@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::discovery::Device;
+use crate::discovery::{discover, Device, DiscoveryError};
 use crate::profile::Profile;
 
 const PCI_DEVICES: &str = "sys/bus/pci/devices";
@@ -175,6 +175,14 @@ pub fn locate(profile: &Profile, device: Device) -> Located {
         .as_deref()
         .and_then(|b| pci_location(&profile.driver_root, b));
     Located { device, nodes, pci }
+}
+
+/// Every device the profile finds (shared discovery), with its host facts.
+pub fn discover_located(profile: &Profile) -> Result<Vec<Located>, DiscoveryError> {
+    Ok(discover(profile)?
+        .into_iter()
+        .map(|d| locate(profile, d))
+        .collect())
 }
 
 /// For each device, the nearest bridge above it that is also above another device of the
