@@ -14,6 +14,7 @@ pub mod config;
 pub mod create;
 pub mod ctk;
 pub mod discovery;
+pub mod doctor;
 pub mod exec;
 pub mod ldcache;
 pub mod libraries;
