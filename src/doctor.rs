@@ -376,10 +376,10 @@ pub fn check_docker(ctx: &Ctx) -> Finding {
     let file = ctx.path("/etc/docker/daemon.json");
     let configure =
         "accel-ctk runtime configure --runtime docker --set-as-default && systemctl restart docker";
-    let text =
-        match std::fs::read_to_string(&file) {
-            Ok(t) => t,
-            Err(e) if e.kind() == ErrorKind::NotFound => return match ctx.find_bin("dockerd") {
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return match ctx.find_bin("dockerd") {
                 None => Finding::info(C, "docker is not installed"),
                 Some(_) => Finding::fail(
                     C,
@@ -389,15 +389,16 @@ pub fn check_docker(ctx: &Ctx) -> Finding {
                     ),
                     configure,
                 ),
-            },
-            Err(e) => {
-                return Finding::fail(
-                    C,
-                    format!("cannot read {}: {e}", file.display()),
-                    format!("chmod 0644 {}", file.display()),
-                )
             }
-        };
+        }
+        Err(e) => {
+            return Finding::fail(
+                C,
+                format!("cannot read {}: {e}", file.display()),
+                format!("chmod 0644 {}", file.display()),
+            )
+        }
+    };
     let v: serde_json::Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => {
@@ -696,10 +697,14 @@ pub fn check_checkpoint(ctx: &Ctx, config: &Config) -> Finding {
     if !file.exists() {
         return Finding::ok(C, "no device checkpoint");
     }
-    let fix = format!(
-        "accel-ctk checkpoint check --fix --restart-kubelet --checkpoint {}",
-        file.display()
-    );
+    let fix = if ctx.is_real_root() {
+        "accel-ctk checkpoint check --fix --restart-kubelet".to_string()
+    } else {
+        format!(
+            "accel-ctk checkpoint check --fix --restart-kubelet --checkpoint {}",
+            file.display()
+        )
+    };
     let cp = match Checkpoint::load(&file) {
         Ok(c) => c,
         Err(e) => {

@@ -414,3 +414,128 @@ fn checkpoint_unknown_resource_is_error() {
         .unwrap()
         .contains("example.com/fpga"));
 }
+
+/// A healthy node under `--root`: every check passes; then two typical breakages each fail
+/// their check and the exit status.
+#[test]
+fn doctor_root_healthy_then_broken() {
+    let n = Node::standard([UUID1, UUID2]);
+    let root = n.root();
+    let write = |host: &str, text: &str, mode: u32| {
+        let p = root.join(host.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    };
+    // Under --root the config uses the node's own paths: driver-root "/" is the root.
+    write(
+        "/etc/accel-container-runtime/config.toml",
+        "log-level = \"info\"\n",
+        0o644,
+    );
+    write("/usr/bin/accel-container-runtime", "", 0o755);
+    write(
+        "/usr/sbin/runc",
+        "#!/bin/sh\necho 'runc version 1.1.12'\necho 'spec: 1.0.2-dev'\n",
+        0o755,
+    );
+    write(
+        "/etc/docker/daemon.json",
+        r#"{"default-runtime":"accel","runtimes":{"accel":{"path":"/usr/bin/accel-container-runtime"}},"log-driver":"json-file"}"#,
+        0o644,
+    );
+    write(
+        "/etc/containerd/config.toml",
+        "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"accel\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel.options]\nBinaryName = \"/usr/bin/accel-container-runtime\"\n",
+        0o644,
+    );
+    write(
+        "/var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n",
+        0o644,
+    );
+    n.checkpoint("numa-form-several.json");
+    let plugins = root.join("var/lib/kubelet/device-plugins");
+    let _kubelet = std::os::unix::net::UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
+
+    let doctor = || {
+        n.ctk_env(
+            &["doctor", "--root", root.to_str().unwrap(), "--json"],
+            &[(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                "/etc/accel-container-runtime/config.toml",
+            )],
+        )
+    };
+    let status_of = |v: &Value, check: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == check)
+            .map(|f| f["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let out = doctor();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in v.as_array().unwrap() {
+        assert!(
+            f["status"] == "ok",
+            "healthy node, yet {}: {} ({})",
+            f["check"],
+            f["status"],
+            f["message"]
+        );
+    }
+    for check in [
+        "config",
+        "driver/nvidia",
+        "driver/enflame",
+        "runtime-binary",
+        "low-level-runtime",
+        "docker",
+        "containerd",
+        "kubelet-cpu-manager",
+        "kubelet-checkpoint",
+        "device-plugin-sockets",
+    ] {
+        assert_eq!(status_of(&v, check), ["ok"], "{check}");
+    }
+    assert_eq!(out.status.code(), Some(0));
+
+    // The node comes back with other GPUs, and a plugin died leaving its socket.
+    std::fs::write(
+        root.join("proc/driver/nvidia/gpus/0000:03:00.0/information"),
+        format!("GPU UUID: {UUID3}\nBus Location: 0000:03:00.0\nDevice Minor: 0\n"),
+    )
+    .unwrap();
+    drop(std::os::unix::net::UnixListener::bind(plugins.join("nvidia-gpu.sock")).unwrap());
+    let out = doctor();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status_of(&v, "kubelet-checkpoint"), ["fail"]);
+    assert_eq!(status_of(&v, "device-plugin-sockets"), ["fail"]);
+    assert_eq!(status_of(&v, "docker"), ["ok"]);
+
+    // The plain-text form names the fix.
+    let out = n.ctk_env(
+        &["doctor", "--root", root.to_str().unwrap()],
+        &[(
+            "ACCEL_CONTAINER_RUNTIME_CONFIG",
+            "/etc/accel-container-runtime/config.toml",
+        )],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("fix: accel-ctk checkpoint check --fix --restart-kubelet"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "fix: rm {}",
+            plugins.join("nvidia-gpu.sock").display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("2 problem(s)"), "{text}");
+}
