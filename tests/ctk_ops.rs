@@ -539,3 +539,68 @@ fn doctor_root_healthy_then_broken() {
     );
     assert!(text.contains("2 problem(s)"), "{text}");
 }
+
+/// The boot unit runs the repair before kubelet without restarting it, and the DaemonSet
+/// ships exactly that unit, installs the binary from its image onto the host and enables the
+/// unit without a daemon-reload.
+#[test]
+fn packaging_unit_and_daemonset() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging");
+    let unit = std::fs::read_to_string(dir.join("systemd/accel-ctk-checkpoint.service")).unwrap();
+    let key = |k: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(key("Type"), ["oneshot"]);
+    assert_eq!(key("Before"), ["kubelet.service"]);
+    assert_eq!(
+        key("ExecStart"),
+        ["/usr/bin/accel-ctk checkpoint check --fix"]
+    );
+    assert_eq!(key("WantedBy"), ["multi-user.target kubelet.service"]);
+
+    let text =
+        std::fs::read_to_string(dir.join("kubernetes/accel-checkpoint-daemonset.yaml")).unwrap();
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2);
+    let cm = &docs[0];
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(
+        cm["data"]["accel-ctk-checkpoint.service"].as_str().unwrap(),
+        unit,
+        "the DaemonSet's copy of the unit drifted from packaging/systemd"
+    );
+    let ds = &docs[1];
+    assert_eq!(ds["kind"], "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["securityContext"]["privileged"], true);
+    let script = init["args"][0].as_str().unwrap();
+    assert!(script.contains("/host/usr/local/bin/accel-ctk"), "{script}");
+    assert!(
+        script.contains("chroot /host systemctl --no-reload enable accel-ctk-checkpoint.service")
+    );
+    assert!(!script.contains("daemon-reload"));
+    let host = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host")
+        .unwrap();
+    assert_eq!(host["hostPath"]["path"], "/");
+    let cm_vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "unit")
+        .unwrap();
+    assert_eq!(cm_vol["configMap"]["name"], cm["metadata"]["name"]);
+}
