@@ -81,6 +81,65 @@ pub struct PodDeviceEntry {
     pub resource_name: String,
     #[serde(rename = "DeviceIDs", default)]
     pub device_ids: Option<DeviceIds>,
+    /// The plugin's `ContainerAllocateResponse`, protobuf bytes in base64 (Go `[]byte`).
+    #[serde(rename = "AllocResp", default)]
+    pub alloc_resp: Option<String>,
+}
+
+impl PodDeviceEntry {
+    /// Whether the plugin handed this container its devices as device specs (or CDI
+    /// devices), which put them in the OCI spec; `None` when the response is absent or
+    /// unreadable. Plugins that only set a variable (NVIDIA's without `--pass-device-specs`)
+    /// answer `Some(false)`.
+    pub fn passes_device_specs(&self) -> Option<bool> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.alloc_resp.as_deref().filter(|r| !r.is_empty())?)
+            .ok()?;
+        let fields = top_level_fields(&bytes)?;
+        // ContainerAllocateResponse: 1 envs, 2 mounts, 3 devices, 4 annotations, 5 cdi_devices.
+        Some(fields.iter().any(|f| *f == 3 || *f == 5))
+    }
+}
+
+fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Field numbers of a protobuf message's top-level fields, in order; `None` if malformed.
+/// Enough of the wire format to tell which fields a message has, without its schema.
+fn top_level_fields(b: &[u8]) -> Option<Vec<u64>> {
+    let mut pos = 0;
+    let mut out = Vec::new();
+    while pos < b.len() {
+        let key = varint(b, &mut pos)?;
+        match key & 7 {
+            0 => {
+                varint(b, &mut pos)?;
+            }
+            1 => pos = pos.checked_add(8)?,
+            2 => {
+                let len = usize::try_from(varint(b, &mut pos)?).ok()?;
+                pos = pos.checked_add(len)?;
+            }
+            5 => pos = pos.checked_add(4)?,
+            _ => return None,
+        }
+        if pos > b.len() {
+            return None;
+        }
+        out.push(key >> 3);
+    }
+    Some(out)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -333,6 +392,27 @@ mod tests {
             "replicas of GPU-a are GPU-a"
         );
         assert_eq!(gpu.unknown_allocated, ["GPU-old"]);
+    }
+
+    #[test]
+    fn alloc_resp_device_specs() {
+        let entry = |resp: Option<&str>| PodDeviceEntry {
+            pod_uid: "p".into(),
+            container_name: "c".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: None,
+            alloc_resp: resp.map(String::from),
+        };
+        // envs {NVIDIA_VISIBLE_DEVICES: GPU-...0001}, then the same plus one DeviceSpec.
+        let env = "CkIKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSKEdQVS04ZTViMWYzYS0wMDAwLTQwMDAtODAwMC0wMDAwMDAwMDAwMDE=";
+        let dev = "CkIKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSKEdQVS04ZTViMWYzYS0wMDAwLTQwMDAtODAwMC0wMDAwMDAwMDAwMDEaIAoML2Rldi9udmlkaWEwEgwvZGV2L252aWRpYTAaAnJ3";
+        assert_eq!(entry(Some(env)).passes_device_specs(), Some(false));
+        assert_eq!(entry(Some(dev)).passes_device_specs(), Some(true));
+        assert_eq!(entry(Some("")).passes_device_specs(), None);
+        assert_eq!(entry(None).passes_device_specs(), None);
+        assert_eq!(entry(Some("not base64!")).passes_device_specs(), None);
+        // A length running past the end.
+        assert_eq!(entry(Some("GkwKLg==")).passes_device_specs(), None);
     }
 
     #[test]

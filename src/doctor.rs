@@ -646,7 +646,9 @@ pub fn check_low_level(ctx: &Ctx, config: &Config) -> Finding {
 
 /// kubelet's CPU manager `static` policy rewrites containers' cgroups; devices that were
 /// never in the OCI spec (a device plugin that sets only a variable, no device specs) are
-/// lost then. Containers started through this runtime have them in the spec.
+/// lost then. Containers started through this runtime have them in the spec. Whether the
+/// plugins pass device specs is read from the allocations in kubelet's checkpoint when there
+/// are any; otherwise it can only be a warning.
 pub fn check_cpu_manager(ctx: &Ctx, runtime_is_default: bool) -> Finding {
     const C: &str = "kubelet-cpu-manager";
     let file = ctx.path("/var/lib/kubelet/config.yaml");
@@ -683,10 +685,33 @@ pub fn check_cpu_manager(ctx: &Ctx, runtime_is_default: bool) -> Finding {
     if runtime_is_default {
         return Finding::ok(C, format!("cpuManagerPolicy \"static\"; {RUNTIME_BIN} is containerd's default, so every container has its devices in its spec and keeps them when the CPU manager updates its cgroup"));
     }
+    let entries: Vec<_> = Checkpoint::load(&ctx.path(checkpoint::DEFAULT_PATH))
+        .map(|cp| cp.data.pod_device_entries.unwrap_or_default())
+        .unwrap_or_default();
+    let resources = |want: bool| -> std::collections::BTreeSet<String> {
+        entries
+            .iter()
+            .filter(|e| e.passes_device_specs() == Some(want))
+            .map(|e| e.resource_name.clone())
+            .collect()
+    };
+    let (without, with) = (resources(false), resources(true));
+    let fix = "run the device plugin with device specs (NVIDIA: PASS_DEVICE_SPECS=true / --pass-device-specs), or make the runtime the default: accel-ctk runtime configure --runtime containerd --set-as-default";
+    if !without.is_empty() {
+        let list: Vec<_> = without.into_iter().collect();
+        return Finding::warn(
+            C,
+            format!("cpuManagerPolicy \"static\" and the device plugin(s) for {} pass no device specs (their allocations in kubelet's checkpoint carry none): containers started through {RUNTIME_BIN} are safe (it puts the devices in the OCI spec), containers started by another runtime lose device access at the CPU manager's next cgroup update", list.join(", ")),
+            fix,
+        );
+    }
+    if !with.is_empty() {
+        return Finding::ok(C, "cpuManagerPolicy \"static\"; the device plugins pass device specs (kubelet's checkpoint), so containers keep their devices on cgroup updates");
+    }
     Finding::warn(
         C,
-        format!("cpuManagerPolicy \"static\": containers started through {RUNTIME_BIN} are safe (their devices are in the OCI spec, so cgroup updates keep them); containers started by another runtime from a device plugin that does not pass device specs lose device access at the CPU manager's next update"),
-        "run the device plugin with device specs (NVIDIA: PASS_DEVICE_SPECS=true / --pass-device-specs), or make the runtime the default: accel-ctk runtime configure --runtime containerd --set-as-default",
+        format!("cpuManagerPolicy \"static\": containers started through {RUNTIME_BIN} are safe (their devices are in the OCI spec, so cgroup updates keep them); containers started by another runtime from a device plugin that does not pass device specs lose device access at the CPU manager's next update (no allocation in kubelet's checkpoint to tell which kind this node's plugins are)"),
+        fix,
     )
 }
 
@@ -1141,6 +1166,22 @@ mod tests {
             "{f:?}"
         );
         assert_eq!(check_cpu_manager(&t.ctx(), true).status, Status::Ok);
+        // Allocations in the checkpoint tell which kind of plugin this is.
+        let cp = |resp: &str| {
+            format!(
+                r#"{{"Data":{{"PodDeviceEntries":[{{"PodUID":"p","ContainerName":"c","ResourceName":"nvidia.com/gpu","DeviceIDs":["GPU-a"],"AllocResp":"{resp}"}}]}},"Checksum":1}}"#
+            )
+        };
+        t.write(checkpoint::DEFAULT_PATH, &cp("CgA="));
+        let f = check_cpu_manager(&t.ctx(), false);
+        assert_eq!(f.status, Status::Warn);
+        assert!(
+            f.message.contains("nvidia.com/gpu pass no device specs"),
+            "{f:?}"
+        );
+        t.write(checkpoint::DEFAULT_PATH, &cp("GgsKAS8SAS8aA3J3bQ=="));
+        assert_eq!(check_cpu_manager(&t.ctx(), false).status, Status::Ok);
+        std::fs::remove_file(t.ctx().path(checkpoint::DEFAULT_PATH)).unwrap();
         t.write(
             "/var/lib/kubelet/config.yaml",
             &cfg.replace("static", "none"),
