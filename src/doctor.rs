@@ -268,7 +268,7 @@ pub fn check_driver(profile: &Profile) -> Finding {
     let module = module_name(profile);
     let loaded = version_file.is_none_or(|(_, exists)| exists);
     if devices.is_empty() {
-        if !control && version_file.is_some_and(|(_, e)| !e) {
+        if !control && !version_file.is_some_and(|(_, e)| e) {
             return Finding::info(
                 c,
                 format!(
@@ -304,7 +304,7 @@ pub fn check_driver(profile: &Profile) -> Finding {
             .collect();
         let fix = match (&profile.discovery, d.device.minor) {
             (Discovery::NvidiaProcfs { .. }, Some(minor)) => {
-                format!("nvidia-modprobe -u -c={minor}")
+                format!("nvidia-modprobe -u -c {minor}")
             }
             _ => format!(
                 "udevadm trigger --action=add && udevadm settle   (creates {})",
@@ -975,6 +975,13 @@ mod tests {
         let t = Tree::new();
         let f = check_driver(&t.profile("nvidia"));
         assert_eq!(f.status, Status::Info, "{f:?}");
+        let mut bare = t.profile("enflame");
+        bare.version_file = None;
+        assert_eq!(check_driver(&bare).status, Status::Info);
+        // A control node alone is a partial trace.
+        t.node("/dev/gcuctl", 240, 255);
+        assert_eq!(check_driver(&bare).status, Status::Fail);
+        std::fs::remove_file(t.ctx().path("/dev/gcuctl")).unwrap();
 
         // Module loaded, no GPU bound.
         t.write(
@@ -988,7 +995,7 @@ mod tests {
         let f = check_driver(&t.profile("nvidia"));
         assert_eq!(f.status, Status::Fail);
         assert!(f.message.contains("/dev/nvidia3"), "{f:?}");
-        assert_eq!(f.fix.as_deref(), Some("nvidia-modprobe -u -c=3"));
+        assert_eq!(f.fix.as_deref(), Some("nvidia-modprobe -u -c 3"));
 
         t.node("/dev/nvidia3", 195, 3);
         let f = check_driver(&t.profile("nvidia"));

@@ -69,6 +69,18 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let cp = Checkpoint::load(path)?;
+    for p in &config.profiles {
+        if let (Some(resource), None) = (&p.resource_name, &p.device_plugin_id) {
+            if args.resources.is_empty() || args.resources.contains(resource) {
+                log(
+                    "warning",
+                    "found",
+                    "profile has no device-plugin-id: its device IDs are unknown, resource not checked",
+                    json!({"resource": resource, "vendor": p.name}),
+                );
+            }
+        }
+    }
     let expected = expected_ids(&config.profiles, &args.resources)?;
     for (resource, (vendor, ids)) in &expected {
         log(
