@@ -3,16 +3,20 @@
 //!
 //! Floors, lowest first (a module only uses those below it):
 //! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
-//! → `plan` → `spec` → `cdi` → `create` (the `create` command's straight line) → `ctk` (accel-ctk's
-//! subcommands) → binaries.
+//! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
+//! device checkpoint) → `spec`, `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
+//! → binaries.
 
 pub mod argv;
 pub mod atomic;
 pub mod cdi;
+pub mod checkpoint;
 pub mod config;
 pub mod create;
 pub mod ctk;
 pub mod discovery;
+pub mod doctor;
 pub mod exec;
 pub mod ldcache;
 pub mod libraries;
@@ -21,3 +25,4 @@ pub mod plan;
 pub mod profile;
 pub mod request;
 pub mod spec;
+pub mod topology;

@@ -85,8 +85,7 @@ pub fn libraries(profile: &Profile, stems: &[String], cache: &[ldcache::Entry]) 
             .iter()
             .filter(|e| e.is_native() && matches_stem(&e.name, stem))
         {
-            // The loader looks up sonames; an unversioned dev link is not one.
-            if e.name.ends_with(".so") || from_cache.iter().any(|f| f.name == e.name) {
+            if from_cache.iter().any(|f| f.name == e.name) {
                 continue;
             }
             if let Ok(host) = resolve_in_root(root, &e.path) {
@@ -96,6 +95,7 @@ pub fn libraries(profile: &Profile, stems: &[String], cache: &[ldcache::Entry]) 
                 });
             }
         }
+        drop_dev_links(&mut from_cache);
         if from_cache.is_empty() {
             from_cache = search_dirs(root, &profile.library_search_dirs, stem);
         }
@@ -108,6 +108,15 @@ pub fn libraries(profile: &Profile, stems: &[String], cache: &[ldcache::Entry]) 
     out
 }
 
+/// The loader looks up sonames. `libcuda.so` next to `libcuda.so.1` is the linker's dev link,
+/// not a soname, so it is dropped; a library whose soname *is* unversioned (Ascend ships
+/// `libascend_hal.so` so) has no versioned sibling and is kept.
+fn drop_dev_links(found: &mut Vec<Found>) {
+    if found.iter().any(|f| !f.name.ends_with(".so")) {
+        found.retain(|f| !f.name.ends_with(".so"));
+    }
+}
+
 fn search_dirs(root: &Path, dirs: &[PathBuf], stem: &str) -> Vec<Found> {
     for dir in dirs {
         let Ok(rd) = std::fs::read_dir(Profile::under(root, dir)) else {
@@ -115,19 +124,21 @@ fn search_dirs(root: &Path, dirs: &[PathBuf], stem: &str) -> Vec<Found> {
         };
         let mut names: Vec<String> = rd
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| matches_stem(n, stem) && !n.ends_with(".so"))
+            .filter(|n| matches_stem(n, stem))
             .collect();
         if names.is_empty() {
             continue;
         }
         names.sort();
-        return names
+        let mut found: Vec<Found> = names
             .into_iter()
             .filter_map(|name| {
                 let host = resolve_in_root(root, &dir.join(&name)).ok()?;
                 host.is_file().then_some(Found { host, name })
             })
             .collect();
+        drop_dev_links(&mut found);
+        return found;
     }
     Vec::new()
 }
@@ -258,5 +269,42 @@ mod tests {
             found[0].host,
             r.join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14")
         );
+    }
+
+    /// Ascend's driver libraries have unversioned sonames (`libascend_hal.so`): they are the
+    /// soname and must be found; a dev link next to a versioned soname must not.
+    #[test]
+    fn unversioned_soname_is_kept_dev_link_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let lib = r.join("usr/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libascend_hal.so"), "elf").unwrap();
+        std::fs::write(lib.join("libcuda.so.1"), "elf").unwrap();
+        symlink("libcuda.so.1", lib.join("libcuda.so")).unwrap();
+        let mut p = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone();
+        p.driver_root = r.to_path_buf();
+        let flags = ldcache::native_flags();
+        let cache = ldcache::parse(&ldcache::build(&[
+            ("libascend_hal.so", "/usr/lib/libascend_hal.so", flags),
+            ("libcuda.so.1", "/usr/lib/libcuda.so.1", flags),
+            ("libcuda.so", "/usr/lib/libcuda.so", flags),
+        ]))
+        .unwrap();
+        let stems = ["libascend_hal".to_string(), "libcuda".to_string()];
+        let names =
+            |found: Vec<Found>| -> Vec<String> { found.into_iter().map(|f| f.name).collect() };
+        assert_eq!(
+            names(libraries(&p, &stems, &cache)),
+            ["libascend_hal.so", "libcuda.so.1"]
+        );
+        // The same through the search directories (no cache).
+        p.library_search_dirs = vec!["/usr/lib".into()];
+        assert_eq!(names(libraries(&p, &stems[..1], &[])), ["libascend_hal.so"]);
+        assert_eq!(names(libraries(&p, &stems[1..], &[])), ["libcuda.so.1"]);
     }
 }

@@ -142,12 +142,14 @@ fn obj_path<'a>(obj: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
     Some(cur)
 }
 
-/// The value of `name` in `process.env` as the container's getenv would see it (first entry);
-/// entries without `=` are skipped.
+/// The value of `name` in `process.env` as the container sees it: runc sets the entries in
+/// order, so the last one wins (`docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all` writes
+/// both). Entries without `=` are skipped.
 pub fn env<'a>(spec: &'a Value, name: &str) -> Option<&'a str> {
     spec.pointer("/process/env")?
         .as_array()?
         .iter()
+        .rev()
         .filter_map(Value::as_str)
         .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
 }
@@ -449,9 +451,9 @@ mod tests {
     }
 
     #[test]
-    fn env_first_entry_wins_and_bad_entries_skip() {
-        let spec = json!({"process": {"env": ["NOEQUALS", 5, "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all"]}});
-        assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some("1"));
+    fn env_last_entry_wins_and_bad_entries_skip() {
+        let spec = json!({"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5]}});
+        assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some("all"));
         assert_eq!(env(&spec, "NVIDIA_VISIBLE"), None);
     }
 

@@ -371,7 +371,7 @@ fn generated_specs_validate_and_list() {
     node.generate();
     let nvidia_yaml = node.cdi_dirs[0].join("nvidia.com-gpu.yaml");
     let enflame_json = node.cdi_dirs[0].join("enflame.com-gcu.json");
-    let nvidia: Value = serde_norway::from_slice(&std::fs::read(&nvidia_yaml).unwrap()).unwrap();
+    let nvidia: Value = serde_yaml_ng::from_slice(&std::fs::read(&nvidia_yaml).unwrap()).unwrap();
     let enflame = read_json(&enflame_json);
     let stdout_json = node.ctk_ok(&["cdi", "generate", "--vendor", "nvidia", "--format", "json"]);
     let stdout_json: Value = serde_json::from_str(&stdout_json).unwrap();

@@ -2,6 +2,11 @@
 //! `runc spec`, docker 20.10 and containerd 1.6 `ctr run` on this project's CI distro), plus one
 //! with invented future fields: after the shim's edit, the document is the input plus exactly
 //! the injected entries, with every other key, value and key order intact.
+//!
+//! `docker-20.10-run-gpus.json` is `docker run -d --gpus all -e NVIDIA_VISIBLE_DEVICES=0
+//! busybox sleep 1000` on docker 20.10.24 (dockerd with `--bridge=none`, a clean environment and
+//! a stand-in `nvidia-container-runtime-hook` in its PATH, so docker wrote its GPU hook): the
+//! real shape of the hook the shim replaces, and of the variable docker writes twice.
 
 use std::path::PathBuf;
 
@@ -13,6 +18,7 @@ const FIXTURES: &[&str] = &[
     "runc-1.1-spec.json",
     "docker-20.10-run.json",
     "containerd-1.6-ctr-run.json",
+    "docker-20.10-run-gpus.json",
     "future-fields.json",
 ];
 
@@ -170,4 +176,32 @@ fn oci_spec_round_trip_loses_unknown_fields() {
     );
     let ours = spec::parse(&bytes).unwrap();
     assert!(ours.get("org.example.future").is_some());
+}
+
+/// docker's `--gpus` hook, as docker 20.10 really writes it, is removed and nothing else is;
+/// other prestart hooks (libnetwork's) are kept.
+#[test]
+fn docker_gpu_hook_is_removed_and_nothing_else() {
+    let input = spec::parse(&fixture("docker-20.10-run-gpus.json")).unwrap();
+    assert_eq!(
+        input["hooks"]["prestart"][0]["args"][0],
+        "nvidia-container-runtime-hook"
+    );
+    let mut edited = input.clone();
+    assert!(spec::remove_docker_gpu_hook(&mut edited));
+    assert_eq!(edited["hooks"], serde_json::json!({}));
+    let mut expected = input.clone();
+    expected["hooks"] = serde_json::json!({});
+    assert_eq!(
+        serde_json::to_string(&edited).unwrap(),
+        serde_json::to_string(&expected).unwrap()
+    );
+    // docker appends `NVIDIA_VISIBLE_DEVICES=all` after the user's `-e`; runc applies the
+    // entries in order, so the container sees `all`.
+    assert_eq!(spec::env(&input, "NVIDIA_VISIBLE_DEVICES"), Some("all"));
+
+    let mut plain = spec::parse(&fixture("docker-20.10-run.json")).unwrap();
+    let before = plain.clone();
+    assert!(!spec::remove_docker_gpu_hook(&mut plain));
+    assert_eq!(plain, before, "libnetwork's prestart hook must stay");
 }

@@ -2,7 +2,7 @@
 //!
 //! CDI's rules, not the variable path's "keep what is there": a device node replaces the
 //! spec's node at the same path, a mount replaces the spec's mounts at the same destination,
-//! an `env` entry replaces the variable of the same name. Every node is checked on the host
+//! an `env` entry sets every entry of that name. Every node is checked on the host
 //! (`plan::stat_node`): the host path must be a char or block device, and type, numbers, mode
 //! and owner the spec leaves out are taken from it, so a generated spec gives the same entries
 //! as the variable. Entries are built by the same functions `spec::apply` uses.
@@ -191,9 +191,15 @@ fn write(doc: &mut Value, r: &Resolved) -> Result<(), String> {
                     .and_then(|s| s.strip_prefix(key))
                     .is_some_and(|rest| rest.starts_with('='))
             };
-            match env.iter_mut().find(|v| same(v)) {
-                Some(v) => *v = Value::from(entry.as_str()),
-                None => env.push(Value::from(entry.as_str())),
+            // Every entry of that name gets the value, so the result does not depend on
+            // whether the first or the last of duplicated entries is the one that counts.
+            let mut found = false;
+            for v in env.iter_mut().filter(|v| same(v)) {
+                *v = Value::from(entry.as_str());
+                found = true;
+            }
+            if !found {
+                env.push(Value::from(entry.as_str()));
             }
         }
     }
@@ -286,11 +292,14 @@ mod tests {
             (1, 3),
             "filled from the host node"
         );
-        let mut doc = json!({"process": {"env": ["A=image", "B=1"]},
+        let mut doc = json!({"process": {"env": ["A=image", "B=1", "A=again"]},
             "mounts": [{"destination": "/usr/lib64/x.so.1", "source": "/old", "type": "bind"}],
             "linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 9, "minor": 9}]}});
         apply(&mut doc, &r).unwrap();
-        assert_eq!(doc["process"]["env"], json!(["A=cdi", "B=1", "NEW=1"]));
+        assert_eq!(
+            doc["process"]["env"],
+            json!(["A=cdi", "B=1", "A=cdi", "NEW=1"])
+        );
         assert_eq!(doc["linux"]["devices"].as_array().unwrap().len(), 1);
         assert_eq!(doc["linux"]["devices"][0]["major"], 1);
         assert_eq!(

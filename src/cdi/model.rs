@@ -117,7 +117,7 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<Spec, String> {
     if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_slice(data).map_err(|e| e.to_string())
     } else {
-        serde_norway::from_slice(data).map_err(|e| e.to_string())
+        serde_yaml_ng::from_slice(data).map_err(|e| e.to_string())
     }
 }
 

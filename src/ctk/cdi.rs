@@ -200,7 +200,7 @@ fn render(specs: &[Spec], format: Format) -> anyhow::Result<String> {
             let mut text = String::new();
             for s in specs {
                 text.push_str("---\n");
-                text.push_str(&serde_norway::to_string(s)?);
+                text.push_str(&serde_yaml_ng::to_string(s)?);
             }
             Ok(text)
         }

@@ -1,10 +1,59 @@
-//! `accel-ctk doctor` (not written yet).
+//! `accel-ctk doctor [--root DIR] [--runc PATH] [--json]`: runs every node check
+//! (`crate::doctor`) and prints, per check, OK or the problem and the command that fixes it.
+//! Exit status 1 when any check failed (warnings and info do not count), 0 otherwise.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use crate::doctor::{run_all, Ctx, Status};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`doctor` is not available in this build yet")
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Check this directory tree instead of `/` (config, driver files, engine configs,
+    /// kubelet state and binaries are all read under it).
+    #[arg(long, default_value = "/")]
+    pub root: PathBuf,
+    /// Low-level runtime binary to run for `--version` (default: the config's
+    /// `low-level-runtime` looked up under the root).
+    #[arg(long)]
+    pub runc: Option<PathBuf>,
+    /// Print the findings as a JSON array of {check, status, message, fix}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if !args.root.is_absolute() {
+        anyhow::bail!("--root {} must be an absolute path", args.root.display());
+    }
+    let mut ctx = Ctx::host(args.root);
+    ctx.runc = args.runc;
+    let findings = run_all(&ctx);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+    } else {
+        for f in &findings {
+            let tag = match f.status {
+                Status::Info => "INFO",
+                Status::Ok => " OK ",
+                Status::Warn => "WARN",
+                Status::Fail => "FAIL",
+            };
+            println!("[{tag}] {}: {}", f.check, f.message);
+            if let (Some(fix), Status::Warn | Status::Fail) = (&f.fix, f.status) {
+                println!("       fix: {fix}");
+            }
+        }
+        let count = |s| findings.iter().filter(|f| f.status == s).count();
+        println!(
+            "\n{} problem(s), {} warning(s)",
+            count(Status::Fail),
+            count(Status::Warn)
+        );
+    }
+    Ok(if findings.iter().any(|f| f.status == Status::Fail) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -1,10 +1,241 @@
-//! `accel-ctk list` (not written yet).
+//! `accel-ctk list [--json]`: every device each profile finds under its `driver-root`, with
+//! its nodes, ids, NUMA node and the PCIe switch it shares with other devices.
+//!
+//! Discovery is the runtime's own (`discovery::discover`), so what this prints is what a
+//! container asking for these indices would get. The JSON form is a contract for scripts:
+//! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
+//! pci_root, switch, driver_version}], "errors":[{vendor, error}]}`; absent values are `null`,
+//! fields are only ever added.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use serde::Serialize;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`list` is not available in this build yet")
+use crate::config::Config;
+use crate::discovery::driver_version;
+use crate::topology::{discover_located, shared_switches, Node};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print JSON (stable schema, see the README) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub vendor: String,
+    pub index: u32,
+    pub nodes: Vec<Node>,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub numa_node: Option<u32>,
+    /// Root complex (`pci0000:00`).
+    pub pci_root: Option<String>,
+    /// Upstream port of the nearest PCIe switch (bridge) shared with another listed device.
+    pub switch: Option<String>,
+    pub driver_version: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Listing {
+    pub devices: Vec<Row>,
+    pub errors: Vec<VendorError>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VendorError {
+    pub vendor: String,
+    pub error: String,
+}
+
+/// Discovers every profile's devices and works out which share a switch.
+pub fn collect(config: &Config) -> Listing {
+    let mut devices = Vec::new();
+    let mut bridges = Vec::new();
+    let mut errors = Vec::new();
+    for profile in &config.profiles {
+        let found = match discover_located(profile) {
+            Ok(f) => f,
+            Err(e) => {
+                errors.push(VendorError {
+                    vendor: profile.name.clone(),
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let version = driver_version(profile);
+        for d in found {
+            bridges.push(d.pci.as_ref().map(|p| p.bridges.clone()));
+            devices.push(Row {
+                vendor: profile.name.clone(),
+                index: d.device.index,
+                nodes: d.nodes,
+                uuid: d.device.uuid,
+                pci_bus_id: d.device.pci_bus_id,
+                numa_node: d.pci.as_ref().and_then(|p| p.numa_node),
+                pci_root: d.pci.as_ref().and_then(|p| p.root.clone()),
+                switch: None,
+                driver_version: version.clone(),
+            });
+        }
+    }
+    let refs: Vec<Option<&[String]>> = bridges.iter().map(|b| b.as_deref()).collect();
+    for (row, sw) in devices.iter_mut().zip(shared_switches(&refs)) {
+        row.switch = sw;
+    }
+    Listing { devices, errors }
+}
+
+fn or_dash(s: Option<String>) -> String {
+    s.unwrap_or_else(|| "-".into())
+}
+
+/// The table, then a legend naming each switch and NUMA node with the devices under it.
+pub fn table(listing: &Listing) -> String {
+    let mut labels: BTreeMap<&str, String> = BTreeMap::new();
+    for row in &listing.devices {
+        if let Some(sw) = row.switch.as_deref() {
+            let n = labels.len() + 1;
+            labels.entry(sw).or_insert_with(|| format!("S{n}"));
+        }
+    }
+    let header = [
+        "VENDOR",
+        "IDX",
+        "NODES",
+        "UUID",
+        "PCI BUS ID",
+        "NUMA",
+        "SWITCH",
+        "DRIVER",
+    ];
+    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
+    for r in &listing.devices {
+        let nodes = r
+            .nodes
+            .iter()
+            .map(|n| match (n.major, n.minor) {
+                (Some(a), Some(b)) => format!("{} ({a}:{b})", n.path.display()),
+                _ => format!("{} (missing)", n.path.display()),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        rows.push([
+            r.vendor.clone(),
+            r.index.to_string(),
+            nodes,
+            or_dash(r.uuid.clone()),
+            or_dash(r.pci_bus_id.clone()),
+            or_dash(r.numa_node.map(|n| n.to_string())),
+            or_dash(r.switch.as_deref().map(|s| labels[s].clone())),
+            or_dash(r.driver_version.clone()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    let name = |r: &Row| format!("{} {}", r.vendor, r.index);
+    if !labels.is_empty() {
+        out.push_str("\nPCIe switches (devices behind the same switch talk peer-to-peer without crossing the CPU):\n");
+        for (sw, label) in &labels {
+            let members: Vec<String> = listing
+                .devices
+                .iter()
+                .filter(|r| r.switch.as_deref() == Some(sw))
+                .map(name)
+                .collect();
+            let _ = writeln!(out, "  {label} = {sw}: {}", members.join(", "));
+        }
+    }
+    let mut numa: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for r in &listing.devices {
+        if let Some(n) = r.numa_node {
+            numa.entry(n).or_default().push(name(r));
+        }
+    }
+    if !numa.is_empty() {
+        out.push_str("\nNUMA nodes (pin a container's CPUs to its devices' node):\n");
+        for (n, members) in numa {
+            let _ = writeln!(out, "  {n}: {}", members.join(", "));
+        }
+    }
+    out
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = Config::load()?;
+    let listing = collect(&config);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+    } else if listing.devices.is_empty() {
+        let roots: Vec<String> = config
+            .profiles
+            .iter()
+            .map(|p| format!("{} under {}", p.name, p.driver_root.display()))
+            .collect();
+        println!("no devices found ({})", roots.join("; "));
+    } else {
+        print!("{}", table(&listing));
+    }
+    for e in &listing.errors {
+        eprintln!("accel-ctk: {}: {}", e.vendor, e.error);
+    }
+    Ok(if listing.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn row(vendor: &str, index: u32, switch: Option<&str>, numa: Option<u32>) -> Row {
+        Row {
+            vendor: vendor.into(),
+            index,
+            nodes: vec![Node {
+                path: PathBuf::from(format!("/dev/x{index}")),
+                major: Some(195),
+                minor: Some(index as u64),
+            }],
+            uuid: None,
+            pci_bus_id: None,
+            numa_node: numa,
+            pci_root: None,
+            switch: switch.map(String::from),
+            driver_version: Some("1.2".into()),
+        }
+    }
+
+    #[test]
+    fn table_shows_switch_groups_and_numa() {
+        let listing = Listing {
+            devices: vec![
+                row("nvidia", 0, Some("0000:01:00.0"), Some(0)),
+                row("nvidia", 1, Some("0000:01:00.0"), Some(0)),
+                row("enflame", 0, None, Some(1)),
+            ],
+            errors: vec![],
+        };
+        let t = table(&listing);
+        assert!(t.contains("/dev/x1 (195:1)"), "{t}");
+        assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
+        assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
+    }
 }

@@ -1,0 +1,606 @@
+//! The operator subcommands (`list`, `doctor`, `checkpoint check`), run as the real
+//! `accel-ctk` binary against a simulated node: a temp dir with NVIDIA's procfs files, device
+//! nodes made with mknod (real majors), a sysfs PCI tree of directories and relative symlinks,
+//! and a config.toml pointing every profile's driver-root at it.
+//!
+//! Needs root for mknod; CI runs as root and a non-root run fails loudly.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use serde_json::Value;
+
+const UUID1: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000001";
+const UUID2: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000002";
+const UUID3: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000003";
+const UUID4: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000004";
+
+struct Node {
+    dir: tempfile::TempDir,
+}
+
+fn mknod(path: &Path, major: u64, minor: u64) {
+    use nix::sys::stat::{makedev, Mode, SFlag};
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    nix::sys::stat::mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(major, minor),
+    )
+    .unwrap_or_else(|e| panic!("mknod {} (these tests need root): {e}", path.display()));
+}
+
+/// `sys/devices/<chain>/<bdf>` plus the `sys/bus/pci/devices/<bdf>` link, as the kernel has them.
+fn pci(root: &Path, chain: &[&str], bdf: &str, numa: i32) -> PathBuf {
+    let mut rel = PathBuf::from("../../../devices");
+    rel.extend(chain);
+    rel.push(bdf);
+    let links = root.join("sys/bus/pci/devices");
+    let real = links.join(&rel);
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
+    symlink(&rel, links.join(bdf)).unwrap();
+    real
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let n = Node { dir };
+        std::fs::create_dir_all(n.root().join("sys/bus/pci/devices")).unwrap();
+        let cfg = format!(
+            "profiles-dir = \"{r}/etc/accel-container-runtime/profiles.d\"\n\
+             [profiles.nvidia]\ndriver-root = \"{r}\"\n\
+             [profiles.enflame]\ndriver-root = \"{r}\"\n",
+            r = n.root().display()
+        );
+        let etc = n.root().join("etc/accel-container-runtime");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(etc.join("config.toml"), cfg).unwrap();
+        n
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config(&self) -> PathBuf {
+        self.root().join("etc/accel-container-runtime/config.toml")
+    }
+
+    fn nvidia(&self, bus: &str, minor: u64, uuid: &str, chain: &[&str], numa: i32) {
+        let d = self.root().join("proc/driver/nvidia/gpus").join(bus);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("information"),
+            format!("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 42\nGPU UUID: \t\t {uuid}\nVideo BIOS: \t\t 96.00.74.00.0d\nBus Type: \t\t PCIe\nDMA Size: \t\t 52 bits\nBus Location: \t\t {bus}\nDevice Minor: \t\t {minor}\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            self.root().join("proc/driver/nvidia/version"),
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n",
+        )
+        .unwrap();
+        mknod(&self.root().join(format!("dev/nvidia{minor}")), 195, minor);
+        pci(self.root(), chain, bus, numa);
+    }
+
+    /// An Enflame GCU: its node, and its class device under the PCI function as the driver
+    /// registers it, reachable from `/sys/dev/char/<major>:<minor>`.
+    fn enflame(&self, index: u64, bdf: &str, chain: &[&str], numa: i32) {
+        mknod(&self.root().join(format!("dev/gcu{index}")), 240, index);
+        let real = pci(self.root(), chain, bdf, numa);
+        let class = real.join(format!("enflame/gcu{index}"));
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join("dev"), format!("240:{index}\n")).unwrap();
+        let chardir = self.root().join("sys/dev/char");
+        std::fs::create_dir_all(&chardir).unwrap();
+        let mut rel = PathBuf::from("../../devices");
+        rel.extend(chain);
+        rel.push(bdf);
+        rel.push(format!("enflame/gcu{index}"));
+        symlink(rel, chardir.join(format!("240:{index}"))).unwrap();
+        let module = self.root().join("sys/module/enflame");
+        std::fs::create_dir_all(&module).unwrap();
+        std::fs::write(module.join("version"), "1.2.3\n").unwrap();
+    }
+
+    /// Two GPUs behind one PCIe switch on NUMA 0, one GCU on its own root port on NUMA 1.
+    fn standard(uuids: [&str; 2]) -> Node {
+        let n = Node::new();
+        let sw = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"];
+        n.nvidia(
+            "0000:03:00.0",
+            0,
+            uuids[0],
+            &[&sw[..], &["0000:02:08.0"]].concat(),
+            0,
+        );
+        n.nvidia(
+            "0000:04:00.0",
+            1,
+            uuids[1],
+            &[&sw[..], &["0000:02:10.0"]].concat(),
+            0,
+        );
+        n.enflame(0, "0000:81:00.0", &["pci0000:80", "0000:80:02.0"], 1);
+        n
+    }
+
+    fn ctk(&self, args: &[&str]) -> Output {
+        self.ctk_env(args, &[])
+    }
+
+    fn ctk_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+            .args(args)
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.config())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        eprintln!(
+            "accel-ctk {args:?} -> {:?}\n--- stdout\n{}--- stderr\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Copies a fixture checkpoint into the node's kubelet dir.
+    fn checkpoint(&self, fixture: &str) -> PathBuf {
+        let dir = self.root().join("var/lib/kubelet/device-plugins");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kubelet_internal_checkpoint");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/checkpoint")
+                .join(fixture),
+            &path,
+        )
+        .unwrap();
+        path
+    }
+}
+
+fn backups(cp: &Path) -> Vec<PathBuf> {
+    let name = cp.file_name().unwrap().to_str().unwrap().to_string();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(cp.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&format!("{name}.bak-"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn list_json_has_nodes_numa_and_shared_switch() {
+    let n = Node::standard([UUID1, UUID2]);
+    let out = n.ctk(&["list", "--json"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devs = v["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 3, "{v:#}");
+    let gpu1 = &devs[1];
+    assert_eq!(gpu1["vendor"], "nvidia");
+    assert_eq!(gpu1["index"], 1);
+    assert_eq!(gpu1["uuid"], UUID2);
+    assert_eq!(gpu1["pci_bus_id"], "0000:04:00.0");
+    assert_eq!(gpu1["numa_node"], 0);
+    assert_eq!(gpu1["pci_root"], "pci0000:00");
+    assert_eq!(gpu1["switch"], "0000:01:00.0");
+    assert_eq!(gpu1["driver_version"], "550.54.14");
+    assert_eq!(
+        gpu1["nodes"],
+        serde_json::json!([{"path": "/dev/nvidia1", "major": 195, "minor": 1}])
+    );
+    assert_eq!(devs[0]["switch"], "0000:01:00.0");
+    let gcu = &devs[2];
+    assert_eq!(gcu["vendor"], "enflame");
+    assert_eq!(
+        gcu["pci_bus_id"], "0000:81:00.0",
+        "bus id from /sys/dev/char/240:0"
+    );
+    assert_eq!(gcu["numa_node"], 1);
+    assert_eq!(gcu["switch"], Value::Null, "alone under its root port");
+    assert_eq!(gcu["uuid"], Value::Null);
+    assert_eq!(gcu["driver_version"], "1.2.3");
+    assert_eq!(v["errors"], serde_json::json!([]));
+}
+
+#[test]
+fn list_table_groups_by_switch_and_numa() {
+    let n = Node::standard([UUID1, UUID2]);
+    let out = n.ctk(&["list"]);
+    assert!(out.status.success());
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.starts_with("VENDOR"), "{t}");
+    assert!(t.contains("/dev/nvidia0 (195:0)"), "{t}");
+    assert!(t.contains("/dev/gcu0 (240:0)"), "{t}");
+    assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
+    assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
+}
+
+#[test]
+fn checkpoint_consistent_changes_nothing() {
+    let n = Node::standard([UUID1, UUID2]);
+    for fixture in ["list-form.json", "numa-form-several.json"] {
+        let cp = n.checkpoint(fixture);
+        let before = std::fs::read(&cp).unwrap();
+        let out = n.ctk(&[
+            "checkpoint",
+            "check",
+            "--fix",
+            "--checkpoint",
+            cp.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{fixture}");
+        assert_eq!(
+            std::fs::read(&cp).unwrap(),
+            before,
+            "{fixture}: bytes changed"
+        );
+        assert!(backups(&cp).is_empty(), "{fixture}: backup made");
+        let lines = json_lines(&out);
+        let last = lines.last().unwrap();
+        assert_eq!(last["verdict"], "consistent", "{fixture}");
+        assert!(lines.iter().any(|l| l["step"] == "found"
+            && l["resource"] == "nvidia.com/gpu"
+            && l["ids"] == serde_json::json!([UUID1, UUID2])));
+    }
+}
+
+#[test]
+fn checkpoint_changed_uuids_fixed_with_backup() {
+    // The board was swapped: the node's GPUs now have new UUIDs.
+    let n = Node::standard([UUID3, UUID4]);
+    let cp = n.checkpoint("list-form.json");
+    let before = std::fs::read(&cp).unwrap();
+
+    // Without --fix: reported, exit 1, untouched.
+    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read(&cp).unwrap(), before);
+    assert!(backups(&cp).is_empty());
+    let lines = json_lines(&out);
+    assert!(lines.iter().any(|l| l["step"] == "allocated"
+        && l["pod_uid"] == "6b3f2a9e-1c4d-4e8f-9a0b-1c2d3e4f5a6b"
+        && l["ids"] == serde_json::json!([UUID1])));
+    assert!(lines
+        .iter()
+        .any(|l| l["verdict"] == "stale" && l["resource"] == "nvidia.com/gpu"));
+
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--fix",
+        "--checkpoint",
+        cp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!cp.exists(), "stale checkpoint still in place");
+    let b = backups(&cp);
+    assert_eq!(b.len(), 1);
+    assert_eq!(std::fs::read(&b[0]).unwrap(), before);
+    let last = json_lines(&out).pop().unwrap();
+    assert_eq!(last["verdict"], "repaired");
+    assert_eq!(last["backup"], b[0].to_str().unwrap());
+}
+
+#[test]
+fn checkpoint_numa_form_several_resources() {
+    let n = Node::standard([UUID3, UUID4]);
+    let cp = n.checkpoint("numa-form-several.json");
+    let before = std::fs::read(&cp).unwrap();
+    // enflame.com/gcu alone is consistent (GCU-0 is still there) ...
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--fix",
+        "--resource",
+        "enflame.com/gcu",
+        "--checkpoint",
+        cp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read(&cp).unwrap(), before);
+    // ... but all resources together are not: the NUMA-keyed GPU allocation is stale.
+    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let lines = json_lines(&out);
+    let verdict = |r: &str| {
+        lines
+            .iter()
+            .find(|l| l["step"] == "verdict" && l["resource"] == r)
+            .map(|l| l["verdict"].clone())
+    };
+    assert_eq!(verdict("nvidia.com/gpu"), Some("stale".into()));
+    assert_eq!(verdict("enflame.com/gcu"), Some("consistent".into()));
+    assert_eq!(verdict("rdma/hca_shared_devices_a"), None, "not ours");
+    assert!(lines.iter().any(|l| l["step"] == "allocated"
+        && l["container"] == "infer"
+        && l["ids"] == serde_json::json!([UUID2])));
+    assert_eq!(std::fs::read(&cp).unwrap(), before);
+}
+
+#[test]
+fn checkpoint_fix_restarts_kubelet_through_systemctl() {
+    let n = Node::standard([UUID3, UUID4]);
+    let cp = n.checkpoint("list-form.json");
+    // A stand-in systemctl first on PATH records its arguments.
+    let bin = n.root().join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let record = n.root().join("systemctl.args");
+    let script = bin.join("systemctl");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = n.ctk_env(
+        &[
+            "checkpoint",
+            "check",
+            "--fix",
+            "--restart-kubelet",
+            "--checkpoint",
+            cp.to_str().unwrap(),
+        ],
+        &[("PATH", &path)],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(record).unwrap(),
+        "restart kubelet\n"
+    );
+    assert!(!cp.exists());
+}
+
+#[test]
+fn checkpoint_malformed_is_error_and_untouched() {
+    let n = Node::standard([UUID3, UUID4]);
+    let cp = n.checkpoint("malformed.json");
+    let before = std::fs::read(&cp).unwrap();
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--fix",
+        "--checkpoint",
+        cp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(cp.to_str().unwrap()) && err.contains("untouched"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&cp).unwrap(), before);
+    assert!(backups(&cp).is_empty());
+}
+
+#[test]
+fn checkpoint_unknown_resource_is_error() {
+    let n = Node::standard([UUID1, UUID2]);
+    let cp = n.checkpoint("list-form.json");
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--resource",
+        "example.com/fpga",
+        "--checkpoint",
+        cp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("example.com/fpga"));
+}
+
+/// A healthy node under `--root`: every check passes; then two typical breakages each fail
+/// their check and the exit status.
+#[test]
+fn doctor_root_healthy_then_broken() {
+    let n = Node::standard([UUID1, UUID2]);
+    let root = n.root();
+    let write = |host: &str, text: &str, mode: u32| {
+        let p = root.join(host.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    };
+    // Under --root the config uses the node's own paths: driver-root "/" is the root.
+    write(
+        "/etc/accel-container-runtime/config.toml",
+        "log-level = \"info\"\n",
+        0o644,
+    );
+    write("/usr/bin/accel-container-runtime", "", 0o755);
+    write(
+        "/usr/sbin/runc",
+        "#!/bin/sh\necho 'runc version 1.1.12'\necho 'spec: 1.0.2-dev'\n",
+        0o755,
+    );
+    write(
+        "/etc/docker/daemon.json",
+        r#"{"default-runtime":"accel","runtimes":{"accel":{"path":"/usr/bin/accel-container-runtime"}},"log-driver":"json-file"}"#,
+        0o644,
+    );
+    write(
+        "/etc/containerd/config.toml",
+        "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"accel\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel.options]\nBinaryName = \"/usr/bin/accel-container-runtime\"\n",
+        0o644,
+    );
+    write(
+        "/var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n",
+        0o644,
+    );
+    n.checkpoint("numa-form-several.json");
+    let plugins = root.join("var/lib/kubelet/device-plugins");
+    let _kubelet = std::os::unix::net::UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
+
+    let doctor = || {
+        n.ctk_env(
+            &["doctor", "--root", root.to_str().unwrap(), "--json"],
+            &[(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                "/etc/accel-container-runtime/config.toml",
+            )],
+        )
+    };
+    let status_of = |v: &Value, check: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == check)
+            .map(|f| f["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let out = doctor();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in v.as_array().unwrap() {
+        assert!(
+            f["status"] == "ok",
+            "healthy node, yet {}: {} ({})",
+            f["check"],
+            f["status"],
+            f["message"]
+        );
+    }
+    for check in [
+        "config",
+        "driver/nvidia",
+        "driver/enflame",
+        "runtime-binary",
+        "low-level-runtime",
+        "docker",
+        "containerd",
+        "kubelet-cpu-manager",
+        "kubelet-checkpoint",
+        "device-plugin-sockets",
+    ] {
+        assert_eq!(status_of(&v, check), ["ok"], "{check}");
+    }
+    assert_eq!(out.status.code(), Some(0));
+
+    // The node comes back with other GPUs, and a plugin died leaving its socket.
+    std::fs::write(
+        root.join("proc/driver/nvidia/gpus/0000:03:00.0/information"),
+        format!("GPU UUID: {UUID3}\nBus Location: 0000:03:00.0\nDevice Minor: 0\n"),
+    )
+    .unwrap();
+    drop(std::os::unix::net::UnixListener::bind(plugins.join("nvidia-gpu.sock")).unwrap());
+    let out = doctor();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status_of(&v, "kubelet-checkpoint"), ["fail"]);
+    assert_eq!(status_of(&v, "device-plugin-sockets"), ["fail"]);
+    assert_eq!(status_of(&v, "docker"), ["ok"]);
+
+    // The plain-text form names the fix.
+    let out = n.ctk_env(
+        &["doctor", "--root", root.to_str().unwrap()],
+        &[(
+            "ACCEL_CONTAINER_RUNTIME_CONFIG",
+            "/etc/accel-container-runtime/config.toml",
+        )],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("fix: accel-ctk checkpoint check --fix --restart-kubelet"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "fix: rm {}",
+            plugins.join("nvidia-gpu.sock").display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("2 problem(s)"), "{text}");
+}
+
+/// The boot unit runs the repair before kubelet without restarting it, and the DaemonSet
+/// ships exactly that unit, installs the binary from its image onto the host and enables the
+/// unit without a daemon-reload.
+#[test]
+fn packaging_unit_and_daemonset() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging");
+    let unit = std::fs::read_to_string(dir.join("systemd/accel-ctk-checkpoint.service")).unwrap();
+    let key = |k: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(key("Type"), ["oneshot"]);
+    assert_eq!(key("Before"), ["kubelet.service"]);
+    assert_eq!(
+        key("ExecStart"),
+        ["/usr/bin/accel-ctk checkpoint check --fix"]
+    );
+    assert_eq!(key("WantedBy"), ["multi-user.target kubelet.service"]);
+
+    let text =
+        std::fs::read_to_string(dir.join("kubernetes/accel-checkpoint-daemonset.yaml")).unwrap();
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2);
+    let cm = &docs[0];
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(
+        cm["data"]["accel-ctk-checkpoint.service"].as_str().unwrap(),
+        unit,
+        "the DaemonSet's copy of the unit drifted from packaging/systemd"
+    );
+    let ds = &docs[1];
+    assert_eq!(ds["kind"], "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["securityContext"]["privileged"], true);
+    let script = init["args"][0].as_str().unwrap();
+    assert!(script.contains("/host/usr/local/bin/accel-ctk"), "{script}");
+    assert!(
+        script.contains("chroot /host systemctl --no-reload enable accel-ctk-checkpoint.service")
+    );
+    assert!(!script.contains("daemon-reload"));
+    let host = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host")
+        .unwrap();
+    assert_eq!(host["hostPath"]["path"], "/");
+    let cm_vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "unit")
+        .unwrap();
+    assert_eq!(cm_vol["configMap"]["name"], cm["metadata"]["name"]);
+}

@@ -1,0 +1,601 @@
+//! End-to-end through real runc (issue 2): the shim is called as runc would be, on a simulated
+//! accelerator host (tests/common), and what the container gets is checked from inside it.
+//! Needs root, runc, busybox-static, gcc; fails (never skips) without them.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// `ls /dev`, open every node the tests care about, the library and binary dirs.
+fn nvidia_probe(sim: &SimRoot) -> Probe {
+    let mut p = Probe::new()
+        .ls("/dev")
+        .ls("/usr/lib64")
+        .ls("/usr/bin")
+        .open("/dev/nvidiactl");
+    for g in sim.gpus() {
+        p = p.open(&g.node());
+    }
+    p
+}
+
+#[test]
+fn nvidia_index_1_gives_the_second_gpu_by_bus_order() {
+    require_root();
+    let sim = SimRoot::standard();
+    // Bus order: index 0 = 0000:3b:00.0 (minor 3), index 1 = 0000:af:00.0 (minor 1).
+    let second = &sim.gpus()[1];
+    let first = &sim.gpus()[0];
+    assert_eq!((first.minor, second.minor), (3, 1));
+
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=1");
+    let probe = nvidia_probe(&sim).cmd(
+        "mknod",
+        // The unrequested GPU, made by hand: the device cgroup must refuse to open it.
+        &format!(
+            "mknod /dev/probe c 195 {} && echo made && dd if=/dev/probe of=/dev/null count=0",
+            first.minor
+        ),
+    );
+    b.sh(&probe.script());
+    // CAP_MKNOD so the container can try to make the node it was not given.
+    b.edit(|s| {
+        for set in ["bounding", "effective", "permitted"] {
+            s["process"]["capabilities"][set]
+                .as_array_mut()
+                .unwrap()
+                .push("CAP_MKNOD".into());
+        }
+    });
+    let runc = Runc::new(&sim);
+    let id = runc.id("nv1");
+    let out = runc.run(&b, &id);
+    out.ok();
+    let r = Report::parse(&out.stdout);
+
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open(&second.node()), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open(&first.node()), Open::Absent, "{}", r.raw);
+    let mknod = r.section("mknod").join("\n");
+    assert!(
+        mknod.starts_with("made\n")
+            && mknod.contains("can't open '/dev/probe': Operation not permitted"),
+        "opening an unrequested GPU made with mknod must be EPERM (cgroup), got: {mknod}"
+    );
+    // Libraries at their sonames in glibc's default dir for this (non-Debian) image, binaries.
+    let libs = r.ls("/usr/lib64");
+    assert!(libs.contains("libcuda.so.1"), "{}", r.raw);
+    assert!(libs.contains("libnvidia-ml.so.1"), "{}", r.raw);
+    assert!(!libs.contains("libefml.so.1"), "{}", r.raw);
+    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+}
+
+/// Runs `probe` in a fresh busybox container with `env` set; returns the report and the bundle.
+fn run_probe(sim: &SimRoot, env: &[&str], probe: &Probe) -> (Report, Bundle) {
+    let mut b = Bundle::busybox();
+    for kv in env {
+        b.env(kv);
+    }
+    b.sh(&probe.script());
+    let runc = Runc::new(sim);
+    let id = runc.id("probe");
+    let out = runc.run(&b, &id);
+    out.ok();
+    assert!(
+        out.stdout.starts_with("== "),
+        "something besides the container wrote to stdout: {:?}",
+        out.stdout
+    );
+    (Report::parse(&out.stdout), b)
+}
+
+#[test]
+fn nvidia_by_uuid_all_none_void_unset() {
+    require_root();
+    let sim = SimRoot::standard();
+    let probe = nvidia_probe(&sim);
+    let uuid1 = format!("NVIDIA_VISIBLE_DEVICES={}", sim.gpus()[1].uuid);
+
+    // By UUID: the same GPU as index 1.
+    let (r, _) = run_probe(&sim, &[&uuid1], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open("/dev/nvidia1"), Open::Enxio, "{}", r.raw);
+    assert!(r.ls("/usr/lib64").contains("libcuda.so.1"), "{}", r.raw);
+
+    // all: both GPUs.
+    let (r, _) = run_probe(&sim, &["NVIDIA_VISIBLE_DEVICES=all"], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open("/dev/nvidia1"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/nvidia3"), Open::Enxio, "{}", r.raw);
+
+    // Index and UUID of the same GPU, and both indices: deduplicated, bus order.
+    let mixed = format!("NVIDIA_VISIBLE_DEVICES=0,{},1", sim.gpus()[1].uuid);
+    let (r, b) = run_probe(&sim, &[&mixed], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    let spec = b.read_spec();
+    let gpu_nodes = spec["linux"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["major"] == 195 && d["minor"] != 255)
+        .count();
+    assert_eq!(gpu_nodes, 2, "duplicates in linux.devices: {spec:#}");
+
+    // none: control nodes, libraries and binaries, no GPU.
+    let (r, _) = run_probe(&sim, &["NVIDIA_VISIBLE_DEVICES=none"], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
+    assert!(r.ls("/usr/lib64").contains("libcuda.so.1"), "{}", r.raw);
+    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+
+    // void, empty and unset: nothing at all, config.json not rewritten.
+    for env in [
+        &["NVIDIA_VISIBLE_DEVICES=void"][..],
+        &["NVIDIA_VISIBLE_DEVICES="][..],
+        &[][..],
+    ] {
+        let mut b = Bundle::busybox();
+        for kv in env {
+            b.env(kv);
+        }
+        b.sh(&probe.script());
+        let before = b.config_bytes();
+        let runc = Runc::new(&sim);
+        let id = runc.id("nothing");
+        let out = runc.run(&b, &id);
+        out.ok();
+        let r = Report::parse(&out.stdout);
+        assert_eq!(extra_dev(&r.ls("/dev")), names(&[]), "{env:?}: {}", r.raw);
+        assert!(r.ls("/usr/lib64").is_empty(), "{env:?}: {}", r.raw);
+        assert!(!r.ls("/usr/bin").contains("nvidia-smi"), "{env:?}");
+        assert_eq!(b.config_bytes(), before, "{env:?}: config.json changed");
+    }
+}
+
+#[test]
+fn bad_index_is_one_clear_error_and_no_container() {
+    require_root();
+    let sim = SimRoot::standard();
+    for value in ["9", "GPU-00000000-dead-beef"] {
+        let mut b = Bundle::busybox();
+        b.env(&format!("NVIDIA_VISIBLE_DEVICES={value}"))
+            .sh("echo should-not-run");
+        let meta_before = std::fs::metadata(b.config_path()).unwrap();
+        let before = b.config_bytes();
+        let runc = Runc::new(&sim);
+        let id = runc.id("bad");
+        let log = runc.scratch().join("engine.log");
+        // containerd's global flags: the error must also land in its log as a JSON line.
+        let out = runc.shim(&[
+            "--log".as_ref(),
+            log.as_os_str(),
+            "--log-format".as_ref(),
+            "json".as_ref(),
+            "run".as_ref(),
+            "--bundle".as_ref(),
+            b.path().as_os_str(),
+            id.as_ref(),
+        ]);
+        assert_ne!(out.code, 0, "{value}: {out:#?}");
+        assert_eq!(out.stdout, "", "{value}: the shim wrote to stdout");
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{value}: not one line: {:?}", out.stderr);
+        let line = lines[0];
+        assert!(
+            line.contains("NVIDIA_VISIBLE_DEVICES") && line.contains(value),
+            "{value}: the error does not name the variable and value: {line}"
+        );
+        // ... and what exists: both GPUs' UUIDs (or indices).
+        for g in sim.gpus() {
+            assert!(
+                line.contains(&g.uuid[..12]),
+                "{value}: the error does not say what exists ({}): {line}",
+                g.uuid
+            );
+        }
+
+        assert_eq!(
+            b.config_bytes(),
+            before,
+            "{value}: config.json changed on error"
+        );
+        let meta_after = std::fs::metadata(b.config_path()).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            meta_before.ino(),
+            meta_after.ino(),
+            "{value}: file replaced"
+        );
+        assert!(!runc.exists(&id), "{value}: runc state knows {id}");
+        let list = runc.runc(&["list", "-q"]);
+        list.ok();
+        assert!(
+            !list.stdout.lines().any(|l| l == id),
+            "{value}: runc list shows {id}"
+        );
+
+        let engine_log = std::fs::read_to_string(&log).expect("the engine's --log file");
+        let last: Value = serde_json::from_str(engine_log.lines().last().unwrap())
+            .unwrap_or_else(|e| panic!("{value}: not a JSON line ({e}): {engine_log}"));
+        assert_eq!(last["level"], "error", "{engine_log}");
+        assert!(
+            last["msg"].as_str().unwrap().contains(value),
+            "{engine_log}"
+        );
+        assert!(last["time"].is_string(), "{engine_log}");
+        assert!(
+            runc.shim_log().contains(value),
+            "the shim's own log lacks the error: {}",
+            runc.shim_log()
+        );
+    }
+}
+
+#[test]
+fn enflame_1_3_gives_gcu1_gcu3_gcuctl_only() {
+    require_root();
+    let sim = SimRoot::standard();
+    let probe = Probe::new()
+        .ls("/dev")
+        .ls("/usr/lib64")
+        .ls("/usr/bin")
+        .open("/dev/gcu1")
+        .open("/dev/gcu3")
+        .open("/dev/gcuctl")
+        .open("/dev/gcu0")
+        .cmd("efsmi", "efsmi");
+    let (r, _) = run_probe(&sim, &["ENFLAME_VISIBLE_DEVICES=1,3"], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["gcu1", "gcu3", "gcuctl"]),
+        "{}",
+        r.raw
+    );
+    for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
+        assert_eq!(r.open(node), Open::Enxio, "{node}: {}", r.raw);
+    }
+    assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{}", r.raw);
+    assert_eq!(r.ls("/usr/lib64"), names(&["libefml.so.1"]), "{}", r.raw);
+    assert_eq!(r.section("efsmi"), ["efsmi (simulated)"], "{}", r.raw);
+}
+
+#[test]
+fn device_still_opens_after_runc_update_cpuset() {
+    require_root();
+    let sim = SimRoot::standard();
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=1").args(&["sleep", "1000"]);
+    let runc = Runc::new(&sim);
+    let id = runc.id("update");
+    let created = runc.create(&b, &id);
+    created.ok();
+    assert_eq!(created.stdout, "", "the shim wrote to stdout on create");
+    runc.start(&id).ok();
+
+    // cgroup v1 and v2 keep these files in different places.
+    let probe = Probe::new()
+        .open("/dev/nvidia1")
+        .open("/dev/nvidiactl")
+        .cmd(
+            "cpus",
+            "cat /sys/fs/cgroup/cpuset/cpuset.cpus 2>/dev/null || cat /sys/fs/cgroup/cpuset.cpus",
+        )
+        .cmd(
+            "pids",
+            "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+        )
+        .cmd("devices", "cat /sys/fs/cgroup/devices/devices.list");
+    let before = Report::parse(&runc.exec(&id, &probe.script()).ok().stdout);
+    assert_eq!(before.open("/dev/nvidia1"), Open::Enxio, "{}", before.raw);
+
+    // What kubelet's CPU manager (static policy) does to every running container.
+    runc.update(&id, &["--cpuset-cpus", "0"]).ok();
+
+    let after = Report::parse(&runc.exec(&id, &probe.script()).ok().stdout);
+    assert_eq!(
+        after.section("cpus"),
+        ["0"],
+        "update did not apply: {}",
+        after.raw
+    );
+    assert_eq!(after.open("/dev/nvidia1"), Open::Enxio, "{}", after.raw);
+    assert_eq!(after.open("/dev/nvidiactl"), Open::Enxio, "{}", after.raw);
+    if cgroup_v1() {
+        assert!(
+            after.section("devices").iter().any(|l| l == "c 195:1 rwm"),
+            "the device rule is gone after update: {}",
+            after.raw
+        );
+    }
+
+    // `update --resources -` streams JSON on stdin: the shim must leave it all to runc.
+    let out = runc.shim_stdin(
+        &["update", "--resources", "-", id.as_str()],
+        br#"{"pids": {"limit": 321}}"#,
+    );
+    out.ok();
+    let after = Report::parse(&runc.exec(&id, &probe.script()).ok().stdout);
+    assert_eq!(after.section("pids"), ["321"], "{}", after.raw);
+    assert_eq!(after.open("/dev/nvidia1"), Open::Enxio, "{}", after.raw);
+
+    runc.delete(&id).ok();
+    assert!(!runc.exists(&id));
+}
+
+#[test]
+fn ascend_profile_file_works_without_code() {
+    require_root();
+    let sim = SimRoot::builder()
+        .ascend(2)
+        .library(
+            "/usr/local/Ascend/driver/lib64",
+            "libascend_hal.so",
+            "libascend_hal.so",
+        )
+        .binary(
+            "/usr/local/bin/npu-smi",
+            "#!/bin/sh\necho 'npu-smi (simulated)'\n",
+        )
+        .build();
+    let probe = Probe::new()
+        .ls("/dev")
+        .ls("/usr/lib64")
+        .open("/dev/davinci0")
+        .open("/dev/davinci1")
+        .open("/dev/davinci_manager")
+        .cmd("npu-smi", "npu-smi");
+    // Runc::new installs config/profiles/ascend.toml into the config's profiles-dir.
+    let (r, _) = run_probe(&sim, &["ASCEND_VISIBLE_DEVICES=0"], &probe);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["davinci0", "davinci_manager", "devmm_svm", "hisi_hdc"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open("/dev/davinci0"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/davinci_manager"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/davinci1"), Open::Absent, "{}", r.raw);
+    assert_eq!(
+        r.ls("/usr/lib64"),
+        names(&["libascend_hal.so"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.section("npu-smi"), ["npu-smi (simulated)"], "{}", r.raw);
+}
+
+#[test]
+fn no_variable_leaves_config_json_untouched() {
+    use std::os::unix::fs::MetadataExt;
+    require_root();
+    let sim = SimRoot::standard();
+    let mut b = Bundle::busybox();
+    b.sh("ls /dev");
+    // Make any rewrite visible in the mtime even on coarse clocks.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(b.config_path())
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let before = std::fs::metadata(b.config_path()).unwrap();
+    let bytes = b.config_bytes();
+    let runc = Runc::new(&sim);
+    let id = runc.id("plain");
+    runc.run(&b, &id).ok();
+    let after = std::fs::metadata(b.config_path()).unwrap();
+    assert_eq!(b.config_bytes(), bytes);
+    assert_eq!(before.ino(), after.ino(), "config.json was replaced");
+    assert_eq!(before.mtime(), after.mtime(), "config.json was rewritten");
+    assert_eq!(before.mtime_nsec(), after.mtime_nsec());
+    assert_eq!(before.mode(), after.mode());
+}
+
+const DLOPEN_PROGRAM: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
+    int (*f)(void) = (int (*)(void))dlsym(h, "accel_sim_marker");
+    if (!f) { printf("dlsym failed: %s\n", dlerror()); return 1; }
+    printf("accel_sim_marker=%d\n", f());
+    return 0;
+}
+"#;
+
+#[test]
+fn glibc_dlopen_by_soname_with_the_images_own_ld_so_cache() {
+    require_root();
+    let sim = SimRoot::standard();
+    let src = tempfile::tempdir().unwrap();
+    let program = compile_program(src.path(), "dlprobe", DLOPEN_PROGRAM);
+    let mut b = Bundle::glibc(&program);
+    b.args(&["/usr/bin/dlprobe"]);
+    let cache = std::fs::read(b.rootfs().join("etc/ld.so.cache")).unwrap();
+    assert!(
+        cache.windows(6).any(|w| w == b"libc.s"),
+        "the image's cache should list its own libc"
+    );
+    assert!(
+        !cache.windows(7).any(|w| w == b"libcuda"),
+        "the image's cache must know nothing of the driver"
+    );
+    let runc = Runc::new(&sim);
+
+    // Control: without a request the image cannot load the library.
+    let id = runc.id("dl-none");
+    let out = runc.run(&b, &id);
+    assert_ne!(out.code, 0, "{out:#?}");
+    assert!(out.stdout.starts_with("dlopen failed"), "{out:#?}");
+
+    b.env("NVIDIA_VISIBLE_DEVICES=0");
+    let id = runc.id("dl");
+    let out = runc.run(&b, &id);
+    out.ok();
+    assert_eq!(out.stdout, format!("accel_sim_marker={MARKER_VALUE}\n"));
+    // It came through glibc's default path, not through an edit of the image's cache.
+    let mounts = b.read_spec()["mounts"].clone();
+    assert!(
+        mounts
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{mounts:#}"
+    );
+    assert_eq!(
+        std::fs::read(b.rootfs().join("etc/ld.so.cache")).unwrap(),
+        cache
+    );
+}
+
+#[test]
+fn group_of_a_restricted_node_is_added_for_a_non_root_user() {
+    require_root();
+    let sim = SimRoot::standard_builder()
+        .gpu_node_access(0o660, 44)
+        .build();
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=1")
+        .sh(&Probe::new().open("/dev/nvidia1").cmd("id", "id").script())
+        .edit(|s| s["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000}));
+    let runc = Runc::new(&sim);
+    let id = runc.id("gid");
+    let out = runc.run(&b, &id);
+    out.ok();
+    let r = Report::parse(&out.stdout);
+    assert_eq!(r.open("/dev/nvidia1"), Open::Enxio, "{}", r.raw);
+    let spec = b.read_spec();
+    assert_eq!(
+        spec["process"]["user"]["additionalGids"],
+        serde_json::json!([44]),
+        "{spec:#}"
+    );
+    let node = spec["linux"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["path"] == "/dev/nvidia1")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (node["fileMode"].as_u64(), node["gid"].as_u64()),
+        (Some(0o660), Some(44))
+    );
+
+    // Control, with plain runc: the same spec without the group cannot open the node.
+    b.edit(|s| {
+        *s = spec.clone();
+        s["process"]["user"]
+            .as_object_mut()
+            .unwrap()
+            .remove("additionalGids");
+    });
+    let id = runc.id("gid-control");
+    let out = runc.runc(&["run", "--bundle", b.path().to_str().unwrap(), &id]);
+    out.ok();
+    let r = Report::parse(&out.stdout);
+    assert_eq!(r.open("/dev/nvidia1"), Open::Eacces, "{}", r.raw);
+}
+
+/// `docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all` writes the variable twice (captured in
+/// tests/fixtures/specs/docker-20.10-run-gpus.json); runc sets the entries in order, so the
+/// container sees the last one. The devices must match what the container sees.
+#[test]
+fn duplicate_variable_last_entry_wins_as_in_the_container() {
+    require_root();
+    let sim = SimRoot::standard();
+    let probe = nvidia_probe(&sim).cmd("env", "echo $NVIDIA_VISIBLE_DEVICES");
+    let (r, _) = run_probe(
+        &sim,
+        &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"],
+        &probe,
+    );
+    assert_eq!(r.section("env"), ["1"], "{}", r.raw);
+    // Index 1 is the GPU on bus 0000:af:00.0, minor 1.
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+}
+
+/// Engines retry a failed start on the same bundle: a second create adds nothing twice.
+#[test]
+fn second_create_on_the_same_bundle_adds_nothing() {
+    require_root();
+    let sim = SimRoot::standard();
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=all")
+        .env("ENFLAME_VISIBLE_DEVICES=0")
+        .sh(&Probe::new().ls("/dev").script());
+    let runc = Runc::new(&sim);
+    let first = runc.id("twice");
+    runc.run(&b, &first).ok();
+    let once = b.config_bytes();
+    let second = runc.id("twice");
+    let out = runc.run(&b, &second);
+    out.ok();
+    assert_eq!(
+        String::from_utf8_lossy(&b.config_bytes()),
+        String::from_utf8_lossy(&once)
+    );
+    let r = Report::parse(&out.stdout);
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&[
+            "nvidia1",
+            "nvidia3",
+            "nvidia-uvm",
+            "nvidiactl",
+            "gcu0",
+            "gcuctl"
+        ]),
+        "{}",
+        r.raw
+    );
+}
+
+/// containerd parses runc's `runc version X` from stdout: it must come through untouched.
+#[test]
+fn version_keeps_runcs_stdout() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let runc = Runc::new(&sim);
+    let ours = runc.shim(&["--version"]);
+    ours.ok();
+    let real = output(std::process::Command::new("runc").arg("--version"));
+    assert_eq!(ours.stdout, real.stdout);
+    assert!(ours.stdout.starts_with("runc version "), "{ours:#?}");
+}
