@@ -104,15 +104,6 @@ fn configure(args: &Args) -> anyhow::Result<ExitCode> {
         path: runtime_path(args)?,
         set_as_default: args.set_as_default,
     };
-    if !args.dry_run && !std::path::Path::new(&reg.path).exists() {
-        // Not an error: a DaemonSet or a package writes the path as the host will see it.
-        eprintln!(
-            "accel-ctk: warning: {} does not exist (yet); {} will fail to start containers with runtime `{}` until it does",
-            reg.path,
-            kind.name(),
-            reg.name
-        );
-    }
     let out = engine::configure(kind, &path, &reg, &host(kind), args.dry_run)?;
     report(
         kind,

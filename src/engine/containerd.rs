@@ -182,6 +182,53 @@ fn copy_values(from: &Table, into: &mut Table) {
     }
 }
 
+/// Indentation of `t`'s header and of its first key: a new sibling table is laid out the same.
+fn indents(t: &Table) -> (String, String) {
+    let last_line_ws = |raw: Option<&toml_edit::RawString>| {
+        let s = raw.and_then(|r| r.as_str()).unwrap_or("");
+        let last = s.rsplit('\n').next().unwrap_or("");
+        if last.chars().all(|c| c == ' ' || c == '\t') {
+            last.to_owned()
+        } else {
+            String::new()
+        }
+    };
+    let header = last_line_ws(t.decor().prefix());
+    let key = t
+        .iter()
+        .find(|(_, item)| item.is_value())
+        .and_then(|(k, _)| t.key(k))
+        .map(|k| last_line_ws(k.leaf_decor().prefix()))
+        .unwrap_or_default();
+    (header, key)
+}
+
+/// A new table laid out like `like` (header and key indentation), holding `like`'s values
+/// (not its sub-tables) without their comments.
+fn table_like(like: Option<&Table>) -> (Table, String) {
+    let mut t = Table::new();
+    let Some(like) = like else {
+        return (t, String::new());
+    };
+    copy_values(like, &mut t);
+    let (header, key) = indents(like);
+    t.decor_mut().set_prefix(format!("\n{header}"));
+    (t, key)
+}
+
+fn indent_keys(t: &mut Table, indent: &str) {
+    let keys: Vec<String> = t
+        .iter()
+        .filter(|(_, item)| item.is_value())
+        .map(|(k, _)| k.to_owned())
+        .collect();
+    for k in keys {
+        if let Some(mut key) = t.key_mut(&k) {
+            key.leaf_decor_mut().set_prefix(indent);
+        }
+    }
+}
+
 /// `current` (None: no file) with the runtime registered.
 pub fn configure(
     current: Option<&str>,
@@ -218,8 +265,26 @@ pub fn configure(
     let root = doc.as_table_mut();
     let runtimes_path = [cri[0], cri[1], cri[2], "runtimes"];
     let runc = table_at(root, &[cri[0], cri[1], cri[2], "runtimes", "runc"])?.cloned();
+    let default_name = table_at(root, &cri)?
+        .and_then(|t| t.get("default_runtime_name"))
+        .and_then(Item::as_str)
+        .unwrap_or("runc")
+        .to_owned();
     let runtimes =
         table_at_mut(root, &runtimes_path, true)?.ok_or_else(|| not_a_table(&runtimes_path))?;
+
+    // containerd replaces (does not merge) its built-in runtimes with a file's `runtimes`
+    // table: a file that had none would lose `runc` once ours is added, and the CRI plugin
+    // does not start while `default_runtime_name` ("runc" unless set) names a missing one.
+    if runc.is_none()
+        && default_name == "runc"
+        && reg.name != "runc"
+        && !runtimes.contains_key("runc")
+    {
+        let mut plain = Table::new();
+        plain.insert("runtime_type", toml_edit::value(RUNC_V2));
+        runtimes.insert("runc", Item::Table(plain));
+    }
 
     match runtimes.get_mut(&reg.name) {
         Some(Item::Table(rt)) => {
@@ -238,16 +303,13 @@ pub fn configure(
             return Err(not_a_table(&p));
         }
         None => {
-            let mut rt = Table::new();
-            let mut opts = Table::new();
-            if let Some(runc) = &runc {
-                copy_values(runc, &mut rt);
-                if let Some(Item::Table(o)) = runc.get("options") {
-                    copy_values(o, &mut opts);
-                }
-            }
+            let (mut rt, rt_indent) = table_like(runc.as_ref());
+            let runc_opts = runc.as_ref().and_then(|r| r.get("options")?.as_table());
+            let (mut opts, opts_indent) = table_like(runc_opts);
             rt.insert("runtime_type", toml_edit::value(RUNC_V2));
             opts.insert("BinaryName", toml_edit::value(reg.path.as_str()));
+            indent_keys(&mut rt, &rt_indent);
+            indent_keys(&mut opts, &opts_indent);
             rt.insert("options", Item::Table(opts));
             runtimes.insert(&reg.name, Item::Table(rt));
         }
@@ -375,7 +437,7 @@ mod tests {
             ))
         );
         assert!(out.contains(
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.accel.options]\nSystemdCgroup = true\nBinaryName = \"/usr/bin/accel-container-runtime\"\n"
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.accel.options]\n  SystemdCgroup = true\n  BinaryName = \"/usr/bin/accel-container-runtime\"\n"
         ));
         assert!(out.ends_with("[metrics]\n  address = \"127.0.0.1:1338\"\n"));
         assert_eq!(
