@@ -140,6 +140,22 @@ fn start(config: &Path, dir: &Path) -> (Daemon, PathBuf) {
     (Daemon { child }, sock)
 }
 
+/// Copies an operator file for a private daemon: the `opt` plugin creates its directory at
+/// start, so it goes under the test's temp dir instead of the node's.
+fn copy_for_daemon(from: &Path, to: &Path, dir: &Path) {
+    let text = std::fs::read_to_string(from).unwrap();
+    let opt = format!("path = \"{}\"", dir.join("opt").display());
+    let text = text
+        .replace("path = \"/opt/containerd\"", &opt)
+        .replace("path = \"/var/lib/containerd/opt\"", &opt);
+    assert!(
+        text.contains(&opt),
+        "{} has no opt plugin path",
+        from.display()
+    );
+    std::fs::write(to, text).unwrap();
+}
+
 /// Starts a private containerd on `file` and returns the line in which its CRI plugin logs
 /// its whole effective config as it starts.
 fn cri_start_line(file: &Path, dir: &Path) -> String {
@@ -183,7 +199,7 @@ fn runtime_in_log(name: &str) -> String {
 fn private_containerd_starts_cri_with_the_runtime_as_default() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.toml");
-    std::fs::copy(fixture("containerd-v2.toml"), &file).unwrap();
+    copy_for_daemon(&fixture("containerd-v2.toml"), &file, dir.path());
     configure(&file, &["--set-as-default"]);
     let line = cri_start_line(&file, dir.path());
     assert!(line.contains("DefaultRuntimeName:accel"), "{line}");
@@ -199,7 +215,7 @@ fn private_containerd_starts_cri_with_the_runtime_as_default() {
 fn private_containerd_starts_cri_on_distro_default_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.toml");
-    std::fs::copy(fixture("containerd-debian12.toml"), &file).unwrap();
+    copy_for_daemon(&fixture("containerd-debian12.toml"), &file, dir.path());
     configure(&file, &[]);
     let line = cri_start_line(&file, dir.path());
     assert!(line.contains("DefaultRuntimeName:runc"), "{line}");
