@@ -229,7 +229,13 @@ fn plain_then_default_then_unconfigure_restores_input() {
         ok(&run("configure", case.engine, &file, &[]));
         ok(&run("configure", case.engine, &file, &["--set-as-default"]));
         check_golden(&std::fs::read_to_string(&file).unwrap(), case.default);
-        ok(&run("unconfigure", case.engine, &file, &[]));
+        // Scripts may undo with configure's own flags; they change nothing.
+        ok(&run(
+            "unconfigure",
+            case.engine,
+            &file,
+            &["--set-as-default", "--runtime-path", "/elsewhere"],
+        ));
         assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
     }
 }

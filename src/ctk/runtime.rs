@@ -17,9 +17,10 @@ pub const RUNTIME_BINARY: &str = "accel-container-runtime";
 #[derive(Debug, clap::Subcommand)]
 pub enum Cmd {
     /// Register accel-container-runtime in the engine's configuration (backup kept beside it).
-    Configure(Args),
-    /// Remove what `configure` added; a file not edited since gets its previous bytes back.
-    Unconfigure(Args),
+    Configure(ConfigureArgs),
+    /// Remove what `configure` added; a file not edited since gets its previous bytes back, and
+    /// a default runtime configure set goes back to the previous one.
+    Unconfigure(UnconfigureArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -39,28 +40,55 @@ impl From<Engine> for Kind {
     }
 }
 
+/// Which engine file, and which runtime name in it.
 #[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The engine to register with.
+pub struct Target {
+    /// The engine whose configuration is edited.
     #[arg(long, value_enum)]
     pub runtime: Engine,
     /// The file to edit [default: /etc/docker/daemon.json, /etc/containerd/config.toml,
     /// /etc/crio/crio.conf.d/99-<runtime-name>.conf].
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Also make it the engine's default runtime (unconfigure puts the previous default back
-    /// whatever is given here).
-    #[arg(long)]
-    pub set_as_default: bool,
-    /// The name the engine knows the runtime by (`docker run --runtime <name>`).
+    /// The name the engine knows the runtime by (`docker run --runtime <name>`, the
+    /// Kubernetes RuntimeClass handler).
     #[arg(long, value_name = "NAME", default_value = "accel")]
     pub runtime_name: String,
-    /// The runtime binary the engine runs [default: accel-container-runtime beside accel-ctk].
-    #[arg(long, value_name = "PATH")]
-    pub runtime_path: Option<PathBuf>,
     /// Print the resulting file on stdout and change nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+impl Target {
+    fn path(&self) -> PathBuf {
+        self.config
+            .clone()
+            .unwrap_or_else(|| Kind::from(self.runtime).default_config(&self.runtime_name))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConfigureArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Also make it the engine's default runtime.
+    #[arg(long)]
+    pub set_as_default: bool,
+    /// The runtime binary the engine runs [default: accel-container-runtime beside accel-ctk].
+    #[arg(long, value_name = "PATH")]
+    pub runtime_path: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UnconfigureArgs {
+    #[command(flatten)]
+    pub target: Target,
+    // Accepted so that scripts can undo with configure's own arguments; what to undo is read
+    // from the file and its backup, not from these.
+    #[arg(long, hide = true)]
+    pub set_as_default: bool,
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub runtime_path: Option<PathBuf>,
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
@@ -81,7 +109,7 @@ fn host(kind: Kind) -> Host {
 }
 
 /// `--runtime-path`, or `accel-container-runtime` in the directory `accel-ctk` runs from.
-fn runtime_path(args: &Args) -> anyhow::Result<String> {
+fn runtime_path(args: &ConfigureArgs) -> anyhow::Result<String> {
     let path = match &args.runtime_path {
         Some(p) => p.clone(),
         None => std::env::current_exe()
@@ -93,18 +121,15 @@ fn runtime_path(args: &Args) -> anyhow::Result<String> {
         .with_context(|| format!("--runtime-path {}: not UTF-8", path.display()))
 }
 
-fn configure(args: &Args) -> anyhow::Result<ExitCode> {
-    let kind = Kind::from(args.runtime);
-    let path = args
-        .config
-        .clone()
-        .unwrap_or_else(|| kind.default_config(&args.runtime_name));
+fn configure(args: &ConfigureArgs) -> anyhow::Result<ExitCode> {
+    let t = &args.target;
+    let kind = Kind::from(t.runtime);
     let reg = Registration {
-        name: args.runtime_name.clone(),
+        name: t.runtime_name.clone(),
         path: runtime_path(args)?,
         set_as_default: args.set_as_default,
     };
-    let out = engine::configure(kind, &path, &reg, &host(kind), args.dry_run)?;
+    let out = engine::configure(kind, &t.path(), &reg, &host(kind), t.dry_run)?;
     report(
         kind,
         &out,
@@ -113,14 +138,11 @@ fn configure(args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn unconfigure(args: &Args) -> anyhow::Result<ExitCode> {
-    let kind = Kind::from(args.runtime);
-    let path = args
-        .config
-        .clone()
-        .unwrap_or_else(|| kind.default_config(&args.runtime_name));
-    let out = engine::unconfigure(kind, &path, &args.runtime_name, &host(kind), args.dry_run)?;
-    report(kind, &out, &format!("runtime `{}`", args.runtime_name));
+fn unconfigure(args: &UnconfigureArgs) -> anyhow::Result<ExitCode> {
+    let t = &args.target;
+    let kind = Kind::from(t.runtime);
+    let out = engine::unconfigure(kind, &t.path(), &t.runtime_name, &host(kind), t.dry_run)?;
+    report(kind, &out, &format!("runtime `{}`", t.runtime_name));
     Ok(ExitCode::SUCCESS)
 }
 
