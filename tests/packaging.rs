@@ -597,3 +597,77 @@ fn install_sh_never_touches_an_existing_hook() {
     );
     assert!(!root.join("usr/bin/accel-ctk").exists());
 }
+
+/// The installer image's entrypoint, run outside a container: the image layout and the
+/// node's root are temp dirs, and containerd is not restarted (RESTART_CONTAINERD=false).
+fn entrypoint(image: &Path, host: &Path, mode: &str) -> String {
+    let out = Command::new("sh")
+        .arg(repo().join("packaging/container/entrypoint.sh"))
+        .arg(mode)
+        .env("ACCEL_IMAGE_DIR", image)
+        .env("HOST_ROOT", host)
+        .env("RESTART_CONTAINERD", "false")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "entrypoint {mode} failed:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn image_entrypoint_installs_on_the_node_and_uninstalls() {
+    let dir = tempfile::tempdir().unwrap();
+    // The image, laid out as packaging/Dockerfile lays it out.
+    let image = dir.path().join("image");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
+    std::fs::create_dir_all(image.join("bin")).unwrap();
+    std::fs::create_dir_all(image.join("etc/profiles")).unwrap();
+    for b in ["accel-container-runtime", "accel-ctk"] {
+        std::fs::copy(bin_dir.join(b), image.join("bin").join(b)).unwrap();
+    }
+    std::fs::copy(
+        repo().join("config/config.toml"),
+        image.join("etc/config.toml"),
+    )
+    .unwrap();
+    for p in std::fs::read_dir(repo().join("config/profiles")).unwrap() {
+        let p = p.unwrap().path();
+        std::fs::copy(&p, image.join("etc/profiles").join(p.file_name().unwrap())).unwrap();
+    }
+    // The node.
+    let host = dir.path().join("host");
+    let containerd = host.join("etc/containerd/config.toml");
+    std::fs::create_dir_all(containerd.parent().unwrap()).unwrap();
+    let before = read("tests/fixtures/engine/containerd-v2.toml");
+    std::fs::write(&containerd, &before).unwrap();
+
+    let log = entrypoint(&image, &host, "install");
+    assert!(log.contains("restart containerd on the node"), "{log}");
+    let installed = host.join("usr/local/accel-container-runtime");
+    for b in ["accel-container-runtime", "accel-ctk"] {
+        assert_eq!(
+            std::fs::read(installed.join(b)).unwrap(),
+            std::fs::read(bin_dir.join(b)).unwrap()
+        );
+    }
+    let after = std::fs::read_to_string(&containerd).unwrap();
+    assert!(
+        after.contains(
+            "BinaryName = \"/usr/local/accel-container-runtime/accel-container-runtime\""
+        ),
+        "{after}"
+    );
+    let etc = host.join("etc/accel-container-runtime");
+    assert!(etc.join("config.toml").is_file());
+    assert!(etc.join("profiles.d/ascend.toml").is_file());
+    assert!(!etc.join("profiles.d/nvidia.toml").exists());
+
+    // A pod restart on an installed node changes nothing, so containerd is left alone.
+    let log = entrypoint(&image, &host, "install");
+    assert!(!log.contains("restart containerd"), "{log}");
+    assert_eq!(std::fs::read_to_string(&containerd).unwrap(), after);
+
+    entrypoint(&image, &host, "uninstall");
+    assert_eq!(std::fs::read_to_string(&containerd).unwrap(), before);
+    assert!(!installed.exists());
+}

@@ -12,6 +12,7 @@
 #   RUNTIME_NAME [accel]  the RuntimeClass handler name
 #   SET_AS_DEFAULT [false]  also make it containerd's default runtime
 #   RESTART_CONTAINERD [true]  `systemctl restart containerd` on the node (needs hostPID)
+#   ACCEL_IMAGE_DIR [/opt/accel-container-runtime]  the image's bin/ and etc/ (tests set it)
 set -eu
 
 HOST_ROOT="${HOST_ROOT:-/host}"
@@ -21,8 +22,8 @@ RUNTIME_NAME="${RUNTIME_NAME:-accel}"
 SET_AS_DEFAULT="${SET_AS_DEFAULT:-false}"
 RESTART_CONTAINERD="${RESTART_CONTAINERD:-true}"
 
-image_bin=/opt/accel-container-runtime/bin
-image_etc=/opt/accel-container-runtime/etc
+image_bin="${ACCEL_IMAGE_DIR:-/opt/accel-container-runtime}/bin"
+image_etc="${ACCEL_IMAGE_DIR:-/opt/accel-container-runtime}/etc"
 ctk="$image_bin/accel-ctk"
 node_config="$HOST_ROOT$CONTAINERD_CONFIG"
 
