@@ -276,16 +276,12 @@ pub fn configure(
     // containerd replaces (does not merge) its built-in runtimes with a file's `runtimes`
     // table: a file that had none would lose `runc` once ours is added, and the CRI plugin
     // does not start while `default_runtime_name` ("runc" unless set) names a missing one.
-    if runc.is_none()
-        && default_name == "runc"
-        && reg.name != "runc"
-        && !runtimes.contains_key("runc")
-    {
+    // Only that case is ours to mend; a file that already lists runtimes is left as it is.
+    if runtimes.is_empty() && default_name == "runc" && reg.name != "runc" {
         let mut plain = Table::new();
         plain.insert("runtime_type", toml_edit::value(RUNC_V2));
         runtimes.insert("runc", Item::Table(plain));
     }
-
     match runtimes.get_mut(&reg.name) {
         Some(Item::Table(rt)) => {
             // Already there: correct what we own, leave the rest as the operator made it.
@@ -504,5 +500,17 @@ mod tests {
             out,
             text.replace("/old/path", "/usr/bin/accel-container-runtime")
         );
+    }
+
+    #[test]
+    fn first_runtime_keeps_containerds_runc() {
+        let out = configure(Some("version = 2\n"), &reg(false), &Host::default()).unwrap();
+        assert!(out.contains(
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\nruntime_type = \"io.containerd.runc.v2\"\n"
+        ));
+        // Another default named: runc is not needed, nothing is added for it.
+        let other = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\ndefault_runtime_name = \"crun\"\n";
+        let out = configure(Some(other), &reg(false), &Host::default()).unwrap();
+        assert!(!out.contains("runtimes.runc"), "{out}");
     }
 }
