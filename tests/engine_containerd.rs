@@ -108,6 +108,32 @@ fn config_dump_shows_runtime_from_new_file() {
     );
 }
 
+/// A file without `version` is schema 1 (`plugins.cri`), which containerd 1.x still loads.
+#[test]
+fn config_dump_shows_runtime_from_schema_1_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        "# no version key\n[plugins.cri.containerd]\n  snapshotter = \"overlayfs\"\n[plugins.cri.containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.cri.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n",
+    )
+    .unwrap();
+    configure(&file, &["--set-as-default"]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("[plugins.cri.containerd.runtimes.accel]"),
+        "{text}"
+    );
+    let dump = config_dump(&file);
+    let accel = cri_runtime(&dump, "accel");
+    assert_eq!(accel["options"]["BinaryName"].as_str(), Some(RUNTIME_PATH));
+    assert_eq!(accel["options"]["SystemdCgroup"].as_bool(), Some(true));
+    assert_eq!(
+        dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"].as_str(),
+        Some("accel")
+    );
+}
+
 /// A containerd of our own, killed and reaped when dropped (test failure included).
 struct Daemon {
     child: Child,

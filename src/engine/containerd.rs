@@ -9,11 +9,14 @@
 //! Schemas, from the file's `version` key:
 //! - 3 (containerd 2.x): `plugins."io.containerd.cri.v1.runtime".containerd`
 //! - 2 (containerd 1.x): `plugins."io.containerd.grpc.v1.cri".containerd`
-//! - no `version` key: schema 1, `plugins.cri.containerd`. Still what containerd 1.x reads
-//!   from older distribution files, and containerd 2.x migrates it on load, so it is edited in
-//!   its own schema rather than refused or rewritten. A file without `version` and without any
-//!   `plugins` has no schema yet: it gets the installed containerd's (`version = 2` for 1.x or
-//!   when none is installed, `3` for 2.x), as does a file written from nothing.
+//! - no `version` key: schema 1, `plugins.cri.containerd`. containerd 1.x still reads it
+//!   (older distribution and hand-written files), so it is edited in its own schema: same
+//!   tables under another prefix; refusing would leave those nodes without a way to register,
+//!   and rewriting to version 2 would touch every line of the operator's file. (containerd 2.x
+//!   documents automatic conversion for version 2 only; a version-1 file there is a problem
+//!   the node already has.) A file without `version` and without any `plugins` has no schema
+//!   yet: it gets the installed containerd's (`version = 2` for 1.x or when none is
+//!   installed, `3` for 2.x), as does a file written from nothing.
 //!
 //! Ref: <https://github.com/containerd/containerd/blob/main/docs/cri/config.md>
 
@@ -166,7 +169,11 @@ fn set_value(t: &mut Table, key: &str, new: impl Into<Value>) {
             *item = Item::Value(new);
         }
         _ => {
+            let (_, indent) = indents(t);
             t.insert(key, Item::Value(new));
+            if let Some(mut k) = t.key_mut(key) {
+                k.leaf_decor_mut().set_prefix(indent);
+            }
         }
     }
 }
