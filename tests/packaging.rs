@@ -506,6 +506,17 @@ fn install_sh_installs_reinstalls_and_uninstalls_into_a_destdir() {
         std::fs::read_link(bin.join("nvidia-container-runtime-hook")).unwrap(),
         Path::new("accel-container-runtime")
     );
+    // Called by that name (docker's --gpus prestart hook run by plain runc), the runtime says
+    // it was bypassed, on one line, and fails.
+    let hook = Command::new(bin.join("nvidia-container-runtime-hook"))
+        .arg("prestart")
+        .output()
+        .unwrap();
+    assert_eq!(hook.status.code(), Some(1));
+    assert!(hook.stdout.is_empty());
+    let msg = String::from_utf8_lossy(&hook.stderr);
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    assert!(msg.contains("--runtime accel"), "{msg}");
     let etc = root.join("etc/accel-container-runtime");
     assert_eq!(
         std::fs::read_to_string(etc.join("config.toml")).unwrap(),
