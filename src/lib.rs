@@ -4,7 +4,7 @@
 //! Floors, lowest first (a module only uses those below it):
 //! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -17,6 +17,7 @@ pub mod create;
 pub mod ctk;
 pub mod discovery;
 pub mod doctor;
+pub mod engine;
 pub mod exec;
 pub mod ldcache;
 pub mod libraries;

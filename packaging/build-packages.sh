@@ -1,0 +1,93 @@
+#!/bin/sh
+# Build the .deb (cargo-deb) and .rpm (cargo-generate-rpm) from Cargo.toml's metadata and check
+# what is in them; fails if a file, a conffile / %config(noreplace) mark or a maintainer
+# script is missing.
+#
+#   packaging/build-packages.sh [--no-build] [OUT_DIR]     (OUT_DIR default: target/packages)
+#
+# Needs: cargo install --locked cargo-deb cargo-generate-rpm; dpkg-deb (dpkg); rpm (apt-get
+# install rpm) to read the .rpm back. --no-build packages the binaries already in
+# target/release (built by `cargo build --release --locked --bins`).
+set -eu
+cd "$(dirname "$0")/.."
+
+build=1
+if [ "${1:-}" = --no-build ]; then
+    build=0
+    shift
+fi
+out="${1:-target/packages}"
+mkdir -p "$out"
+
+for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm; do
+    command -v "$tool" >/dev/null 2>&1 || {
+        echo "build-packages.sh: $tool not found (see the header of this script)" >&2
+        exit 1
+    }
+done
+
+if [ "$build" = 1 ]; then
+    cargo build --release --locked --bins
+fi
+rm -f "$out"/*.deb "$out"/*.rpm
+cargo deb --no-build --output "$out/"
+cargo generate-rpm --output "$out/"
+deb="$(ls "$out"/*.deb)"
+rpm="$(ls "$out"/*.rpm)"
+
+fail=0
+bad() {
+    echo "build-packages.sh: $*" >&2
+    fail=1
+}
+
+# Files both packages must ship (the config and the profiles: see Cargo.toml's metadata).
+expected="/usr/bin/accel-container-runtime
+/usr/bin/accel-ctk
+/etc/accel-container-runtime/config.toml
+/usr/share/accel-container-runtime/engines.sh
+/usr/share/doc/accel-container-runtime/README.md
+/usr/share/doc/accel-container-runtime/examples/daemon.json
+/usr/share/doc/accel-container-runtime/examples/containerd-config-v2.toml
+/usr/share/doc/accel-container-runtime/examples/containerd-config-v3.toml
+/usr/share/doc/accel-container-runtime/examples/crio-99-accel.conf"
+for p in config/profiles/*.toml; do
+    case "$(basename "$p")" in
+        nvidia.toml|enflame.toml) ;;
+        *) expected="$expected
+/etc/accel-container-runtime/profiles.d/$(basename "$p")" ;;
+    esac
+done
+
+deb_files="$(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|')"
+deb_info="$(dpkg-deb -I "$deb")"
+rpm_files="$(rpm -qlp "$rpm" 2>/dev/null)"
+rpm_config="$(rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$rpm" 2>/dev/null)"
+rpm_scripts="$(rpm -qp --scripts "$rpm" 2>/dev/null)"
+
+echo "$expected" | while read -r f; do
+    echo "$deb_files" | grep -qx "$f" || echo "missing in .deb: $f"
+    echo "$rpm_files" | grep -qx "$f" || echo "missing in .rpm: $f"
+done >"$out/missing.txt"
+if [ -s "$out/missing.txt" ]; then
+    bad "$(cat "$out/missing.txt")"
+fi
+rm -f "$out/missing.txt"
+
+# Operator-editable files survive upgrades: dpkg conffiles, rpm %config(noreplace) ("cn").
+conffiles="$(dpkg-deb -f "$deb" Package >/dev/null && dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles 2>/dev/null || true)"
+for f in $(echo "$expected" | grep '^/etc/'); do
+    echo "$conffiles" | grep -qx "$f" || bad ".deb: $f is not a conffile"
+    echo "$rpm_config" | grep -qx "$f cn" || bad ".rpm: $f is not %config(noreplace)"
+done
+for s in postinst prerm postrm; do
+    echo "$deb_info" | grep -q " $s$\| $s " || bad ".deb: no $s maintainer script"
+done
+echo "$rpm_scripts" | grep -q "^postinstall scriptlet" || bad ".rpm: no %post"
+echo "$rpm_scripts" | grep -q "^preuninstall scriptlet" || bad ".rpm: no %preun"
+echo "$rpm_scripts" | grep -q "accel_configure_engines" || bad ".rpm: %post does not configure engines"
+
+if [ "$fail" = 0 ]; then
+    echo "build-packages.sh: ok: $deb $rpm" >&2
+fi
+exit "$fail"

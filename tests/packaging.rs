@@ -1,0 +1,684 @@
+//! Checks of everything under `packaging/` that cannot be run for real here (no registry, no
+//! cluster): the Kubernetes manifests parse and hang together, the Dockerfile copies files
+//! that exist and runs what it copies, every accel-ctk flag a script passes exists in the
+//! clap definition, the templates parse and say what `accel-ctk runtime configure` writes, the
+//! package metadata names files that exist. And `packaging/install.sh` run for real into a
+//! temp root (`--destdir`): install, idempotent re-install, an operator's edit kept, uninstall
+//! giving back the engines' files byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_yaml_ng::Value as Yaml;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn cargo_toml() -> toml::Table {
+    toml::from_str(&read("Cargo.toml")).unwrap()
+}
+
+fn bin_names() -> BTreeSet<String> {
+    cargo_toml()["bin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The long flags `accel-ctk <args> --help` lists.
+fn ctk_flags(args: &[&str]) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    long_flags(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn long_flags(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Shell text with `\`-continued lines joined.
+fn logical_lines(script: &str) -> Vec<String> {
+    script
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn yaml_docs(rel: &str) -> Vec<Yaml> {
+    let text = read(rel);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| {
+            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{rel}: bad YAML: {e}"))
+        })
+        .collect()
+}
+
+fn s<'a>(v: &'a Yaml, path: &[&str]) -> &'a str {
+    let mut cur = v;
+    for k in path {
+        cur = &cur[*k];
+    }
+    cur.as_str()
+        .unwrap_or_else(|| panic!("{} is not a string", path.join(".")))
+}
+
+fn seq<'a>(v: &'a Yaml, key: &str) -> &'a Vec<Yaml> {
+    v[key]
+        .as_sequence()
+        .unwrap_or_else(|| panic!("{key} is not a list"))
+}
+
+/// `COPY` instructions of the Dockerfile: (from-stage, sources, destination).
+fn dockerfile_copies() -> Vec<(Option<String>, Vec<String>, String)> {
+    logical_lines(&read("packaging/Dockerfile"))
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("COPY "))
+        .map(|rest| {
+            let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+            let from = (words[0].starts_with("--from="))
+                .then(|| words.remove(0)["--from=".len()..].to_owned());
+            let dest = words.pop().unwrap();
+            (from, words, dest)
+        })
+        .collect()
+}
+
+#[test]
+fn kubernetes_manifests_hang_together() {
+    let dir = repo().join("packaging/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    // Every manifest parses and every document has the basic shape.
+    for f in &files {
+        let rel = f.strip_prefix(repo()).unwrap().to_str().unwrap();
+        for doc in yaml_docs(rel) {
+            assert!(!s(&doc, &["apiVersion"]).is_empty(), "{rel}");
+            assert!(!s(&doc, &["kind"]).is_empty(), "{rel}");
+            assert!(!s(&doc, &["metadata", "name"]).is_empty(), "{rel}");
+        }
+    }
+
+    let docs = yaml_docs("packaging/kubernetes/accel-runtime-daemonset.yaml");
+    let by_kind: BTreeMap<&str, &Yaml> = docs.iter().map(|d| (s(d, &["kind"]), d)).collect();
+    let ns = s(by_kind["Namespace"], &["metadata", "name"]);
+    let sa = by_kind["ServiceAccount"];
+    assert_eq!(s(sa, &["metadata", "namespace"]), ns);
+    let rc = by_kind["RuntimeClass"];
+    assert_eq!(s(rc, &["handler"]), "accel");
+
+    let ds = by_kind["DaemonSet"];
+    assert_eq!(s(ds, &["apiVersion"]), "apps/v1");
+    assert_eq!(s(ds, &["metadata", "namespace"]), ns);
+    let spec = &ds["spec"];
+    let pod = &spec["template"]["spec"];
+    // The selector selects the template.
+    for (k, v) in spec["selector"]["matchLabels"].as_mapping().unwrap() {
+        assert_eq!(
+            &spec["template"]["metadata"]["labels"][k.as_str().unwrap()],
+            v
+        );
+    }
+    assert_eq!(
+        s(pod, &["serviceAccountName"]),
+        s(sa, &["metadata", "name"])
+    );
+    assert!(
+        !pod["nodeSelector"].as_mapping().unwrap().is_empty(),
+        "must select accelerator nodes only"
+    );
+    assert_eq!(
+        pod["nodeSelector"], rc["scheduling"]["nodeSelector"],
+        "RuntimeClass must schedule onto the nodes the DaemonSet installs on"
+    );
+    assert!(!seq(pod, "tolerations").is_empty());
+    assert_eq!(
+        pod["hostPID"].as_bool(),
+        Some(true),
+        "nsenter needs hostPID"
+    );
+
+    let volumes: BTreeMap<&str, &str> = seq(pod, "volumes")
+        .iter()
+        .map(|v| (s(v, &["name"]), s(v, &["hostPath", "path"])))
+        .collect();
+    assert!(volumes.values().any(|p| *p == "/etc/containerd"));
+
+    let entrypoint = read("packaging/container/entrypoint.sh");
+    let copies = dockerfile_copies();
+    let entry_dest = copies
+        .iter()
+        .find(|(_, src, _)| src == &["packaging/container/entrypoint.sh"])
+        .map(|(_, _, d)| d.clone())
+        .expect("Dockerfile copies the entrypoint");
+    let init = &seq(pod, "initContainers")[0];
+    assert_eq!(init["securityContext"]["privileged"].as_bool(), Some(true));
+    let command: Vec<&str> = seq(init, "command")
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(command, [entry_dest.as_str(), "install"]);
+    assert!(entrypoint.contains("install) install_runtime"));
+
+    let env: BTreeMap<&str, &str> = seq(init, "env")
+        .iter()
+        .map(|e| (s(e, &["name"]), s(e, &["value"])))
+        .collect();
+    for name in env.keys() {
+        assert!(
+            entrypoint.contains(&format!("{name}=\"${{{name}:-")),
+            "entrypoint.sh does not read {name}"
+        );
+    }
+    // Each mount is HOST_ROOT + the node path of its hostPath volume, and the directories the
+    // entrypoint writes to are mounted.
+    let host_root = env["HOST_ROOT"];
+    let mounts: Vec<&str> = seq(init, "volumeMounts")
+        .iter()
+        .map(|m| {
+            let path = s(m, &["mountPath"]);
+            let node = volumes[s(m, &["name"])];
+            assert_eq!(path, format!("{host_root}{node}"));
+            path
+        })
+        .collect();
+    for node_dir in [
+        env["INSTALL_DIR"],
+        "/etc/accel-container-runtime",
+        Path::new(env["CONTAINERD_CONFIG"])
+            .parent()
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    ] {
+        assert!(
+            mounts.contains(&format!("{host_root}{node_dir}").as_str()),
+            "{node_dir} is not mounted"
+        );
+    }
+    for c in seq(pod, "containers")
+        .iter()
+        .chain(seq(pod, "initContainers"))
+    {
+        assert!(s(c, &["image"]).contains("accel-container-runtime:"));
+    }
+}
+
+#[test]
+fn scripts_pass_only_flags_accel_ctk_has() {
+    let configure = ctk_flags(&["runtime", "configure"]);
+    let unconfigure = ctk_flags(&["runtime", "unconfigure"]);
+    let mut checked = 0;
+    for rel in [
+        "packaging/container/entrypoint.sh",
+        "packaging/scripts/engines.sh",
+    ] {
+        let mut in_configure_args = false;
+        for line in logical_lines(&read(rel)) {
+            let known = if line.contains("runtime configure") {
+                in_configure_args = true;
+                &configure
+            } else if line.contains("runtime unconfigure") {
+                &unconfigure
+            } else if in_configure_args && line.contains("set -- \"$@\"") {
+                // More arguments appended to an accel-ctk command line built with `set --`.
+                &configure
+            } else {
+                continue;
+            };
+            for flag in long_flags(&line) {
+                assert!(
+                    known.contains(&flag),
+                    "{rel}: accel-ctk has no {flag}: {line}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 10,
+        "found only {checked} flags: the scan is broken"
+    );
+}
+
+#[test]
+fn dockerfile_copies_what_exists_and_uses_the_msrv() {
+    let bins = bin_names();
+    let copies = dockerfile_copies();
+    assert!(copies.len() >= 4);
+    for (from, sources, _) in &copies {
+        for src in sources {
+            match from {
+                Some(stage) => {
+                    assert_eq!(stage, "build");
+                    let name = src
+                        .strip_prefix("/src/target/release/")
+                        .unwrap_or_else(|| panic!("unexpected build-stage source {src}"));
+                    assert!(bins.contains(name), "{name} is not a [[bin]]");
+                }
+                None if src == "." => {}
+                None => assert!(
+                    repo().join(src).exists(),
+                    "COPY source {src} does not exist"
+                ),
+            }
+        }
+    }
+    let docker = read("packaging/Dockerfile");
+    let msrv = cargo_toml()["package"]["rust-version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        docker.contains(&format!("FROM rust:{msrv}-")),
+        "the builder image should be the crate's rust-version ({msrv})"
+    );
+    let entry = docker
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+        .unwrap();
+    let entry: Vec<String> = serde_json::from_str(entry).unwrap();
+    assert!(copies.iter().any(|(_, _, d)| *d == entry[0]));
+    assert!(read("packaging/Dockerfile.dockerignore")
+        .lines()
+        .any(|l| l.trim() == "target"));
+}
+
+/// `accel-ctk runtime configure --dry-run` output for a config file holding `start`
+/// (None: a missing file).
+fn dry_run(engine: &str, start: Option<&str>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config");
+    if let Some(text) = start {
+        std::fs::write(&file, text).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+        .args(["runtime", "configure", "--runtime", engine, "--config"])
+        .arg(&file)
+        .args([
+            "--runtime-path",
+            "/usr/bin/accel-container-runtime",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn toml_at<'a>(t: &'a toml::Table, path: &[&str]) -> &'a toml::Value {
+    let mut cur = &t[path[0]];
+    for k in &path[1..] {
+        cur = &cur[*k];
+    }
+    cur
+}
+
+#[test]
+fn templates_parse_and_match_what_configure_writes() {
+    let daemon = read("packaging/docker/daemon.json");
+    let _: serde_json::Value = serde_json::from_str(&daemon).unwrap();
+    assert_eq!(daemon, dry_run("docker", None));
+
+    for (rel, version, plugin) in [
+        (
+            "packaging/containerd/config-v2.toml",
+            2,
+            "io.containerd.grpc.v1.cri",
+        ),
+        (
+            "packaging/containerd/config-v3.toml",
+            3,
+            "io.containerd.cri.v1.runtime",
+        ),
+    ] {
+        let template: toml::Table = toml::from_str(&read(rel)).unwrap();
+        assert_eq!(template["version"].as_integer(), Some(version), "{rel}");
+        let written: toml::Table = toml::from_str(&dry_run(
+            "containerd",
+            Some(&format!("version = {version}\n")),
+        ))
+        .unwrap();
+        let path = ["plugins", plugin, "containerd", "runtimes"];
+        assert_eq!(
+            toml_at(&template, &path),
+            toml_at(&written, &path),
+            "{rel} differs from what accel-ctk writes"
+        );
+    }
+
+    let template: toml::Table = toml::from_str(&read("packaging/crio/99-accel.conf")).unwrap();
+    let written: toml::Table = toml::from_str(&dry_run("crio", None)).unwrap();
+    assert_eq!(
+        template["crio"]["runtime"]["runtimes"],
+        written["crio"]["runtime"]["runtimes"]
+    );
+}
+
+#[test]
+fn package_metadata_names_real_files() {
+    let cargo = cargo_toml();
+    let meta = &cargo["package"]["metadata"];
+    let bins = bin_names();
+    let check_source = |src: &str| match src.strip_prefix("target/release/") {
+        Some(name) => assert!(bins.contains(name), "{name} is not a [[bin]]"),
+        None => assert!(repo().join(src).is_file(), "package asset {src} missing"),
+    };
+
+    let deb = &meta["deb"];
+    let mut deb_dests = BTreeSet::new();
+    for a in deb["assets"].as_array().unwrap() {
+        let a = a.as_array().unwrap();
+        check_source(a[0].as_str().unwrap());
+        deb_dests.insert(a[1].as_str().unwrap().to_owned());
+    }
+    let scripts = repo().join(deb["maintainer-scripts"].as_str().unwrap());
+    for s in ["postinst", "prerm", "postrm"] {
+        let mode = std::fs::metadata(scripts.join(s))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert!(mode & 0o111 != 0, "{s} is not executable");
+    }
+
+    let rpm = &meta["generate-rpm"];
+    let mut rpm_dests = BTreeSet::new();
+    for a in rpm["assets"].as_array().unwrap() {
+        let src = a["source"].as_str().unwrap();
+        let dest = a["dest"].as_str().unwrap();
+        check_source(src);
+        if dest.starts_with("/etc/") {
+            assert_eq!(
+                a.get("config").and_then(|c| c.as_str()),
+                Some("noreplace"),
+                "{dest} must be %config(noreplace)"
+            );
+        }
+        rpm_dests.insert(dest.trim_start_matches('/').to_owned());
+    }
+    for s in ["post_install_script", "pre_uninstall_script"] {
+        assert!(repo().join(rpm[s].as_str().unwrap()).is_file(), "{s}");
+    }
+    assert_eq!(
+        deb_dests, rpm_dests,
+        "the .deb and .rpm ship different files"
+    );
+    // Every file profile ships; the compiled-in ones don't.
+    for p in std::fs::read_dir(repo().join("config/profiles")).unwrap() {
+        let name = p.unwrap().file_name().into_string().unwrap();
+        let dest = format!("etc/accel-container-runtime/profiles.d/{name}");
+        let builtin = name == "nvidia.toml" || name == "enflame.toml";
+        assert_eq!(deb_dests.contains(&dest), !builtin, "{dest}");
+    }
+}
+
+/// Every regular file and link under `root`, with its content (a link: its target).
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_owned();
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&p).unwrap();
+                out.insert(rel, target.into_os_string().into_encoded_bytes());
+            } else {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn install_sh(root: &Path, extra: &[&str]) -> String {
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
+    assert!(bin_dir.join("accel-container-runtime").is_file());
+    let out = Command::new("sh")
+        .arg(repo().join("packaging/install.sh"))
+        .arg("--destdir")
+        .arg(root)
+        .arg("--no-build")
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .args(["--engines", "docker containerd crio"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "install.sh {extra:?} failed:\n{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
+    stderr
+}
+
+#[test]
+fn install_sh_installs_reinstalls_and_uninstalls_into_a_destdir() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let daemon = root.join("etc/docker/daemon.json");
+    let containerd = root.join("etc/containerd/config.toml");
+    std::fs::create_dir_all(daemon.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(containerd.parent().unwrap()).unwrap();
+    let daemon_before = "{\n    \"log-driver\": \"journald\"\n}\n";
+    std::fs::write(&daemon, daemon_before).unwrap();
+    let containerd_before = read("tests/fixtures/engine/containerd-debian12.toml");
+    std::fs::write(&containerd, &containerd_before).unwrap();
+
+    let log = install_sh(root, &[]);
+    assert!(log.contains("systemctl restart docker"), "{log}");
+    let bin = root.join("usr/bin");
+    for b in ["accel-container-runtime", "accel-ctk"] {
+        let mode = std::fs::metadata(bin.join(b)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{b}");
+    }
+    assert_eq!(
+        std::fs::read_link(bin.join("nvidia-container-runtime-hook")).unwrap(),
+        Path::new("accel-container-runtime")
+    );
+    // Called by that name (docker's --gpus prestart hook run by plain runc), the runtime says
+    // it was bypassed, on one line, and fails.
+    let hook = Command::new(bin.join("nvidia-container-runtime-hook"))
+        .arg("prestart")
+        .output()
+        .unwrap();
+    assert_eq!(hook.status.code(), Some(1));
+    assert!(hook.stdout.is_empty());
+    let msg = String::from_utf8_lossy(&hook.stderr);
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    assert!(msg.contains("--runtime accel"), "{msg}");
+    let etc = root.join("etc/accel-container-runtime");
+    assert_eq!(
+        std::fs::read_to_string(etc.join("config.toml")).unwrap(),
+        read("config/config.toml")
+    );
+    let profiles: BTreeSet<String> = std::fs::read_dir(etc.join("profiles.d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let shipped: BTreeSet<String> = std::fs::read_dir(repo().join("config/profiles"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "nvidia.toml" && n != "enflame.toml")
+        .collect();
+    assert_eq!(profiles, shipped);
+    assert!(root.join("var/log").is_dir());
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&daemon).unwrap()).unwrap();
+    assert_eq!(d["log-driver"], "journald");
+    assert_eq!(
+        d["runtimes"]["accel"]["path"], "/usr/bin/accel-container-runtime",
+        "the path written is the final one, not under --destdir"
+    );
+    assert!(std::fs::read_to_string(&containerd)
+        .unwrap()
+        .contains("BinaryName = \"/usr/bin/accel-container-runtime\""));
+    let crio = root.join("etc/crio/crio.conf.d/99-accel.conf");
+    assert!(std::fs::read_to_string(&crio)
+        .unwrap()
+        .contains("runtime_path = \"/usr/bin/accel-container-runtime\""));
+
+    // Idempotent: a second run leaves every file as it was.
+    let first = snapshot(root);
+    install_sh(root, &[]);
+    assert_eq!(snapshot(root), first);
+
+    // The operator's config edit survives a re-install; the shipped file goes beside it.
+    let edited =
+        read("config/config.toml").replace("log-level = \"info\"", "log-level = \"debug\"");
+    std::fs::write(etc.join("config.toml"), &edited).unwrap();
+    let log = install_sh(root, &[]);
+    assert!(log.contains("kept"), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(etc.join("config.toml")).unwrap(),
+        edited
+    );
+    assert_eq!(
+        std::fs::read_to_string(etc.join("config.toml.new")).unwrap(),
+        read("config/config.toml")
+    );
+
+    install_sh(root, &["--uninstall"]);
+    assert_eq!(std::fs::read_to_string(&daemon).unwrap(), daemon_before);
+    assert_eq!(
+        std::fs::read_to_string(&containerd).unwrap(),
+        containerd_before
+    );
+    assert!(!crio.exists());
+    assert!(std::fs::symlink_metadata(bin.join("nvidia-container-runtime-hook")).is_err());
+    assert!(!bin.join("accel-ctk").exists());
+    assert!(!bin.join("accel-container-runtime").exists());
+    // The operator's config stays; what was still as shipped goes.
+    let left: Vec<PathBuf> = snapshot(root)
+        .into_keys()
+        .filter(|p| p.starts_with("etc/accel-container-runtime"))
+        .collect();
+    assert_eq!(
+        left,
+        [PathBuf::from("etc/accel-container-runtime/config.toml")]
+    );
+}
+
+#[test]
+fn install_sh_never_touches_an_existing_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let hook = root.join("usr/bin/nvidia-container-runtime-hook");
+    std::fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    std::fs::write(&hook, "#!/bin/sh\n# NVIDIA's\n").unwrap();
+    install_sh(root, &["--engines", "none"]);
+    assert_eq!(
+        std::fs::read_to_string(&hook).unwrap(),
+        "#!/bin/sh\n# NVIDIA's\n"
+    );
+    install_sh(root, &["--engines", "none", "--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(&hook).unwrap(),
+        "#!/bin/sh\n# NVIDIA's\n"
+    );
+    assert!(!root.join("usr/bin/accel-ctk").exists());
+}
+
+/// The installer image's entrypoint, run outside a container: the image layout and the
+/// node's root are temp dirs, and containerd is not restarted (RESTART_CONTAINERD=false).
+fn entrypoint(image: &Path, host: &Path, mode: &str) -> String {
+    let out = Command::new("sh")
+        .arg(repo().join("packaging/container/entrypoint.sh"))
+        .arg(mode)
+        .env("ACCEL_IMAGE_DIR", image)
+        .env("HOST_ROOT", host)
+        .env("RESTART_CONTAINERD", "false")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "entrypoint {mode} failed:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn image_entrypoint_installs_on_the_node_and_uninstalls() {
+    let dir = tempfile::tempdir().unwrap();
+    // The image, laid out as packaging/Dockerfile lays it out.
+    let image = dir.path().join("image");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
+    std::fs::create_dir_all(image.join("bin")).unwrap();
+    std::fs::create_dir_all(image.join("etc/profiles")).unwrap();
+    for b in ["accel-container-runtime", "accel-ctk"] {
+        std::fs::copy(bin_dir.join(b), image.join("bin").join(b)).unwrap();
+    }
+    std::fs::copy(
+        repo().join("config/config.toml"),
+        image.join("etc/config.toml"),
+    )
+    .unwrap();
+    for p in std::fs::read_dir(repo().join("config/profiles")).unwrap() {
+        let p = p.unwrap().path();
+        std::fs::copy(&p, image.join("etc/profiles").join(p.file_name().unwrap())).unwrap();
+    }
+    // The node.
+    let host = dir.path().join("host");
+    let containerd = host.join("etc/containerd/config.toml");
+    std::fs::create_dir_all(containerd.parent().unwrap()).unwrap();
+    let before = read("tests/fixtures/engine/containerd-v2.toml");
+    std::fs::write(&containerd, &before).unwrap();
+
+    let log = entrypoint(&image, &host, "install");
+    assert!(log.contains("restart containerd on the node"), "{log}");
+    let installed = host.join("usr/local/accel-container-runtime");
+    for b in ["accel-container-runtime", "accel-ctk"] {
+        assert_eq!(
+            std::fs::read(installed.join(b)).unwrap(),
+            std::fs::read(bin_dir.join(b)).unwrap()
+        );
+    }
+    let after = std::fs::read_to_string(&containerd).unwrap();
+    assert!(
+        after.contains(
+            "BinaryName = \"/usr/local/accel-container-runtime/accel-container-runtime\""
+        ),
+        "{after}"
+    );
+    let etc = host.join("etc/accel-container-runtime");
+    assert!(etc.join("config.toml").is_file());
+    assert!(etc.join("profiles.d/ascend.toml").is_file());
+    assert!(!etc.join("profiles.d/nvidia.toml").exists());
+
+    // A pod restart on an installed node changes nothing, so containerd is left alone.
+    let log = entrypoint(&image, &host, "install");
+    assert!(!log.contains("restart containerd"), "{log}");
+    assert_eq!(std::fs::read_to_string(&containerd).unwrap(), after);
+
+    entrypoint(&image, &host, "uninstall");
+    assert_eq!(std::fs::read_to_string(&containerd).unwrap(), before);
+    assert!(!installed.exists());
+}
