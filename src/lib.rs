@@ -3,7 +3,7 @@
 //!
 //! Floors, lowest first (a module only uses those below it):
 //! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
-//! → `plan` → `spec` → `create` (the `create` command's straight line) → `ctk` (accel-ctk's
+//! → `plan` → `spec`, `engine` (engine config files) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's
 //! subcommands) → binaries.
 
 pub mod argv;
@@ -12,6 +12,7 @@ pub mod config;
 pub mod create;
 pub mod ctk;
 pub mod discovery;
+pub mod engine;
 pub mod exec;
 pub mod ldcache;
 pub mod libraries;
