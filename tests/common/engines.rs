@@ -23,10 +23,11 @@
 //!   `nvidia-container-runtime-hook` link there turns on `docker run --gpus`).
 //!   [`Dockerd::docker`] runs Debian's docker client (20.10, the daemon's API) against it;
 //!   [`Dockerd::reload`] sends SIGHUP (dockerd re-reads `runtimes` and `default-runtime`).
-//! - [`Containerd`]: `Containerd::start(extra_toml, env)` runs `containerd` with a version 2
-//!   config whose root, state, grpc/ttrpc sockets and opt dir are in its temp dir, the CRI
-//!   plugin disabled unless `extra_toml` is given as [`Containerd::start_with_config`] (a
-//!   complete file the test wrote). [`Containerd::ctr`] runs `ctr -a <socket>`.
+//! - [`Containerd`]: `Containerd::start(env)` runs `containerd` with a version 2 config whose
+//!   root, state, grpc/ttrpc sockets and opt dir are in its temp dir
+//!   ([`Containerd::base_config`]) and the CRI plugin disabled;
+//!   [`Containerd::start_with_config`] starts it with a file the test writes in that dir
+//!   (e.g. one `accel-ctk runtime configure` edited). [`Containerd::ctr`] runs `ctr -a <socket>`.
 //! - [`Steps`]: runs named sub-steps of one `#[test]` (the daemon is shared by them and torn
 //!   down when the test returns or panics: Rust tests have no global teardown), catching each
 //!   step's panic so every step runs; [`Steps::finish`] fails the test listing the failed
