@@ -369,9 +369,10 @@ fn docker_runs_containers_through_the_shim() {
     );
 
     steps.run(
-        "accel-ctk runtime configure --set-as-default, SIGHUP: no --runtime needed; unconfigure restores",
+        "accel-ctk runtime configure --runtime-name accel-default --set-as-default, SIGHUP: no --runtime needed; unconfigure restores the file",
         || {
             let file = d.daemon_json_path();
+            // A name of its own, so the entry docker uses is the one configure wrote.
             let args = |verb: &'static str| -> Vec<&OsStr> {
                 vec![
                     OsStr::new("runtime"),
@@ -380,6 +381,8 @@ fn docker_runs_containers_through_the_shim() {
                     OsStr::new("docker"),
                     OsStr::new("--config"),
                     file.as_os_str(),
+                    OsStr::new("--runtime-name"),
+                    OsStr::new("accel-default"),
                     OsStr::new("--runtime-path"),
                     OsStr::new(SHIM),
                     OsStr::new("--set-as-default"),
@@ -387,7 +390,15 @@ fn docker_runs_containers_through_the_shim() {
             };
             accel_ctk(&args("configure")).ok();
             d.reload();
-            assert_eq!(default_runtime(&d), "accel", "{}", d.log_tail(10));
+            assert_eq!(default_runtime(&d), "accel-default", "{}", d.log_tail(10));
+            let runtimes = d.docker(&["info", "--format", "{{json .Runtimes}}"]);
+            let runtimes: serde_json::Value = serde_json::from_str(&runtimes.stdout).unwrap();
+            assert_eq!(
+                runtimes["accel-default"]["path"].as_str(),
+                Some(SHIM),
+                "{runtimes:#}"
+            );
+            assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM), "{runtimes:#}");
 
             let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &nvidia_probe(&sim));
             assert_eq!(
@@ -410,8 +421,9 @@ fn docker_runs_containers_through_the_shim() {
                 String::from_utf8_lossy(&original_daemon_json),
                 "unconfigure must give daemon.json its bytes back"
             );
-            // dockerd's SIGHUP reload only applies keys present in the file (a removed
-            // `default-runtime` keeps its value until a restart), so the file is the check.
+            // Not reloaded: dockerd's SIGHUP applies only keys present in the file, so a
+            // removed `default-runtime` would stay pointing at a runtime the file no longer
+            // has until a restart. The file is the check here.
         },
     );
 
