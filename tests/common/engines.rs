@@ -394,7 +394,8 @@ impl Dockerd {
     fn spawn(dir: TempDir, env: &[(&str, &OsStr)]) -> Dockerd {
         let d = dir.path();
         let log = std::fs::File::create(d.join("dockerd.log")).unwrap();
-        let mut cmd = Command::new("dockerd");
+        // By full path: a test runner's PATH may lack /usr/sbin.
+        let mut cmd = Command::new(which("dockerd").expect("dockerd"));
         cmd.args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
             .arg("--data-root")
             .arg(d.join("data"))
@@ -567,7 +568,7 @@ impl Containerd {
     fn spawn(dir: TempDir, env: &[(&str, &OsStr)]) -> Containerd {
         let d = dir.path();
         let log = std::fs::File::create(d.join("containerd.log")).unwrap();
-        let mut cmd = Command::new("containerd");
+        let mut cmd = Command::new(which("containerd").expect("containerd"));
         cmd.arg("--config")
             .arg(d.join("config.toml"))
             .env("PATH", daemon_path(None))
