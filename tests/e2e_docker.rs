@@ -221,6 +221,49 @@ fn docker_runs_containers_through_the_shim() {
                 "{}",
                 conf.shim_log()
             );
+
+            // The bundle containerd handed the runtime, as the shim left it: docker's hook
+            // gone, the GPU nodes and their cgroup rules in.
+            let out = d.docker(&[
+                "run",
+                "-d",
+                "--network",
+                "none",
+                "--runtime",
+                "accel",
+                "--gpus",
+                "all",
+                IMAGE,
+                "sleep",
+                "600",
+            ]);
+            out.ok();
+            let id = out.stdout.trim().to_string();
+            let bundle = d
+                .dir()
+                .join("exec/containerd/daemon/io.containerd.runtime.v2.task/moby")
+                .join(&id)
+                .join("config.json");
+            let spec: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(&bundle).unwrap_or_else(|e| panic!("{}: {e}", bundle.display())),
+            )
+            .unwrap();
+            d.docker(&["rm", "-f", &id]).ok();
+            let hooks = spec["hooks"].to_string();
+            assert!(
+                !hooks.contains("nvidia-container-runtime-hook"),
+                "docker's hook is still in config.json: {hooks}"
+            );
+            let paths: Vec<&str> = spec["linux"]["devices"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|d| d["path"].as_str()).collect())
+                .unwrap_or_default();
+            for node in ["/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl"] {
+                assert!(
+                    paths.contains(&node),
+                    "{node} not in linux.devices: {paths:?}"
+                );
+            }
         },
     );
 
