@@ -47,6 +47,8 @@ pub enum CreateError {
     Edit { path: PathBuf, msg: String },
 }
 
+const UNPRIVILEGED_REFUSED: &str = "device requests through the environment or annotations are refused for unprivileged containers on this node (accept-envvar-unprivileged = false); use the device plugin's volume-mount list";
+
 /// What a create did, for the one log line.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -72,6 +74,17 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
     let mut cdi_requests = cdi::annotation_requests(&spec)?;
+    // Annotations are as much the container's own input as its environment (CRI-O passes pod
+    // annotations through), so the node's policy on unprivileged requests covers them too.
+    if let Some((key, name)) = cdi_requests.first() {
+        if !privileged && !cfg.accept_envvar_unprivileged {
+            return Err(CreateError::Refused {
+                var: key.clone(),
+                value: name.clone(),
+                msg: UNPRIVILEGED_REFUSED.into(),
+            });
+        }
+    }
 
     for profile in &cfg.profiles {
         let Some((var, value, request)) = vendor_request(cfg, profile, &spec, privileged)? else {
@@ -176,7 +189,7 @@ fn vendor_request(
         return Err(CreateError::Refused {
             var: var.clone(),
             value: value.chars().take(64).collect(),
-            msg: "device requests through the environment are refused for unprivileged containers on this node (accept-envvar-unprivileged = false); use the device plugin's volume-mount list".into(),
+            msg: UNPRIVILEGED_REFUSED.into(),
         });
     }
     Ok(Some((var.clone(), value.to_string(), request)))

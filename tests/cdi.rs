@@ -239,11 +239,16 @@ impl Node {
 
     /// Runs the shim's create on a bundle: (success, stderr, config.json afterwards).
     fn create(&self, bundle: &Path) -> (bool, String, Value) {
+        self.create_with(bundle, &self.config)
+    }
+
+    /// The same with another shim config file.
+    fn create_with(&self, bundle: &Path, config: &Path) -> (bool, String, Value) {
         let out = Command::new(SHIM)
             .args(["create", "--bundle"])
             .arg(bundle)
             .arg("cdi-test")
-            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &self.config)
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)
             .output()
             .unwrap();
         assert!(
@@ -637,6 +642,56 @@ fn bad_cdi_requests_leave_config_untouched() {
             "containerPath",
         ],
     );
+}
+
+/// `accept-envvar-unprivileged = false` covers CDI annotations as well as the variable: both
+/// are the container's own input. The same requests from a privileged container pass.
+#[test]
+fn unprivileged_cdi_annotations_follow_the_envvar_policy() {
+    let node = node();
+    node.generate();
+    let strict = node.dir.join("strict.toml");
+    let text = std::fs::read_to_string(&node.config).unwrap();
+    std::fs::write(
+        &strict,
+        format!("accept-envvar-unprivileged = false\n{text}"),
+    )
+    .unwrap();
+    for (name, env, ann) in [
+        ("ann", vec![], json!({"cdi.k8s.io/x": "nvidia.com/gpu=1"})),
+        (
+            "var",
+            vec!["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"],
+            Value::Null,
+        ),
+    ] {
+        let b = node.bundle(name, &env, ann.clone());
+        let before = std::fs::read(b.join("config.json")).unwrap();
+        let (ok, stderr, _) = node.create_with(&b, &strict);
+        assert!(!ok, "{name}: an unprivileged request was accepted");
+        assert_eq!(stderr.trim().lines().count(), 1, "{name}: {stderr}");
+        assert!(
+            stderr.contains("refused for unprivileged containers"),
+            "{name}: {stderr}"
+        );
+        assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
+
+        let p = node.bundle(&format!("{name}-privileged"), &env, ann);
+        let mut spec = read_json(&p.join("config.json"));
+        spec["process"]["capabilities"]["bounding"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("CAP_SYS_ADMIN"));
+        std::fs::write(p.join("config.json"), serde_json::to_vec(&spec).unwrap()).unwrap();
+        let (ok, stderr, after) = node.create_with(&p, &strict);
+        assert!(ok, "{name}: privileged create failed: {stderr}");
+        assert!(
+            after["linux"]["devices"]
+                .to_string()
+                .contains("/dev/nvidia1"),
+            "{name}: {after}"
+        );
+    }
 }
 
 /// A third-party spec of the toolkit's shape loads (and lists), but a request for one of its
