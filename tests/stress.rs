@@ -599,7 +599,7 @@ fn soak_create_start_delete_leaks_nothing_and_rss_stays_flat() {
     // Each cycle is a new process, so growth can only come from state that grows on the host
     // (a log read back, a cache): allow page-granularity noise, not a trend.
     assert!(
-        last_med <= first_med + 256 && last_max <= first_max + 512,
+        last_med <= first_med + 256 && last_max <= first_max + 1024,
         "shim peak RSS grew: first {w} creates median {first_med} KiB max {first_max} KiB, \
          last {w} median {last_med} KiB max {last_max} KiB"
     );
