@@ -412,6 +412,23 @@ impl Drop for Cleanup<'_> {
     }
 }
 
+/// On drop (also when a check panics): deletes every container runc still knows in this
+/// state dir and removes the test's cgroup parent, so a failing soak leaves the host clean.
+struct SoakTeardown<'a> {
+    runc: &'a Runc,
+    cg_parent: String,
+}
+
+impl Drop for SoakTeardown<'_> {
+    fn drop(&mut self) {
+        let list = self.runc.runc(&["list", "-q"]);
+        for id in list.stdout.lines().filter(|l| !l.is_empty()) {
+            let _ = self.runc.runc(&["delete", "-f", id]);
+        }
+        remove_cgroup_parent(&self.cg_parent);
+    }
+}
+
 #[test]
 fn soak_create_start_delete_leaks_nothing_and_rss_stays_flat() {
     require_root();
@@ -456,6 +473,10 @@ fn soak_create_start_delete_leaks_nothing_and_rss_stays_flat() {
     let rss_log = image.path().join("rss.log");
     let (launch, wrapper) = rss_programs(image.path(), &rss_log, &runc_path());
     let runc = Runc::with_low_level_runtime(&sim, &wrapper);
+    let _teardown = SoakTeardown {
+        runc: &runc,
+        cg_parent: cg_parent.clone(),
+    };
     let our_paths: Vec<String> = [sim.path(), image.path(), with_dev.path(), plain.path()]
         .iter()
         .map(|p| p.display().to_string())
