@@ -904,3 +904,230 @@ pub fn extra_dev(listing: &BTreeSet<String>) -> BTreeSet<String> {
 pub fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
+
+// =============================================================================================
+// Stress and soak helpers (tests/stress.rs): shared read-only rootfs, a low-level runtime
+// wrapper, waiting for a detached container, and host-state counters for leak checks.
+// Additive only: nothing above this line depends on it.
+// =============================================================================================
+
+/// A busybox rootfs in `dir` (created), to be shared read-only by many bundles.
+pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+    require_root();
+    install_busybox(dir);
+    dir.to_path_buf()
+}
+
+impl Bundle {
+    /// A bundle whose `config.json` (from `runc spec`) points `root.path` at the absolute
+    /// `rootfs`, read-only, so many bundles share one image; the bundle dir itself holds only
+    /// `config.json`.
+    pub fn on_rootfs(rootfs: &Path) -> Bundle {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("accel-e2e-bundle.")
+            .tempdir()
+            .expect("temp dir for the bundle");
+        let mut b = Self::from_dir(dir);
+        let root = rootfs.to_str().expect("UTF-8 rootfs path").to_string();
+        b.edit(|s| {
+            s["root"]["path"] = Value::from(root);
+            s["root"]["readonly"] = Value::Bool(true);
+        });
+        b
+    }
+
+    /// Names in the bundle dir (to find temp files left behind).
+    pub fn dir_entries(&self) -> BTreeSet<String> {
+        dir_names(self.path())
+    }
+}
+
+/// Names of the entries of `dir` (empty when it does not exist).
+pub fn dir_names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Runc {
+    /// As [`Runc::new`], with `low-level-runtime` set to `runtime` (an absolute path), e.g. a
+    /// wrapper that records something and then execs runc.
+    pub fn with_low_level_runtime(sim: &SimRoot, runtime: &Path) -> Runc {
+        let r = Runc::new(sim);
+        let text = std::fs::read_to_string(r.config_path()).unwrap();
+        let line = "low-level-runtime = \"runc\"\n";
+        assert!(text.starts_with(line), "config layout changed: {text}");
+        let text = text.replacen(
+            line,
+            &format!("low-level-runtime = {:?}\n", runtime.display().to_string()),
+            1,
+        );
+        std::fs::write(r.config_path(), text).unwrap();
+        r
+    }
+
+    /// `runc state ID`'s `status` ("created", "running", "stopped"), None when unknown.
+    pub fn status(&self, id: &str) -> Option<String> {
+        let out = self.runc(&["state", id]);
+        if out.code != 0 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&out.stdout).ok()?;
+        v["status"].as_str().map(str::to_string)
+    }
+
+    /// Polls until the container is `stopped`; panics after `timeout`.
+    #[track_caller]
+    pub fn wait_stopped(&self, id: &str, timeout: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        loop {
+            match self.status(id).as_deref() {
+                Some("stopped") => return,
+                None => panic!("container {id} vanished while waiting for it to stop"),
+                _ if t0.elapsed() > timeout => {
+                    panic!("container {id} still not stopped after {timeout:?}")
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// What a container made by [`Runc::create`] wrote to its stdout so far.
+    pub fn created_stdout(&self, id: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(id).with_extension("stdout"))
+            .unwrap_or_default()
+    }
+
+    /// As [`Runc::shim`], started as `launcher SHIM --root <state> args...`: a small program
+    /// that forks and runs the shim, so the shim's process does not inherit this (big, many
+    /// threaded) test process's memory high-water mark through `vfork` + `exec`.
+    pub fn shim_via<S: AsRef<OsStr>>(&self, launcher: &Path, args: &[S]) -> Out {
+        output(self.launched(launcher).args(args))
+    }
+
+    /// As [`Runc::create`], started through `launcher` (see [`Runc::shim_via`]).
+    pub fn create_via(&self, launcher: &Path, bundle: &Bundle, id: &str) -> Out {
+        let base = self.dir.path().join(id);
+        let file = |ext: &str| std::fs::File::create(base.with_extension(ext)).unwrap();
+        let status = self
+            .launched(launcher)
+            .arg("create")
+            .arg("--bundle")
+            .arg(bundle.path())
+            .arg("--pid-file")
+            .arg(base.with_extension("pid"))
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(file("stdout"))
+            .stderr(file("stderr"))
+            .status()
+            .expect("cannot start the launcher");
+        let read = |ext: &str| std::fs::read_to_string(base.with_extension(ext)).unwrap();
+        Out {
+            code: status.code().unwrap_or(-1),
+            stdout: read("stdout"),
+            stderr: read("stderr"),
+        }
+    }
+
+    fn launched(&self, launcher: &Path) -> Command {
+        let mut c = Command::new(launcher);
+        c.env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.config_path())
+            .arg(SHIM)
+            .arg("--root")
+            .arg(self.state_dir());
+        c
+    }
+
+    /// Removes the stdio and pid files [`Runc::create`] left in the scratch dir for `id`.
+    pub fn forget_files(&self, id: &str) {
+        for ext in ["stdout", "stderr", "pid"] {
+            let _ = std::fs::remove_file(self.dir.path().join(id).with_extension(ext));
+        }
+    }
+}
+
+/// Lines of this process's `/proc/self/mountinfo`.
+pub fn mountinfo() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("/proc/self/mountinfo")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Number of open fds of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Pids of live processes whose command line contains `needle` (this process excluded).
+pub fn pids_with_cmdline(needle: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd: Vec<u8> = cmd
+            .into_iter()
+            .map(|b| if b == 0 { b' ' } else { b })
+            .collect();
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Directories named `parent` (a cgroup path relative to the hierarchy root, e.g.
+/// `accel-soak-123`) in every mounted cgroup hierarchy: v1 has one per controller under
+/// `/sys/fs/cgroup/<controller>`, v2 one under `/sys/fs/cgroup`.
+pub fn cgroup_parent_dirs(parent: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    if !cgroup_v1() {
+        return vec![root.join(parent)];
+    }
+    std::fs::read_dir(root)
+        .expect("/sys/fs/cgroup")
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| e.path().join(parent))
+        .collect()
+}
+
+/// Child cgroups under `parent` in every hierarchy, as paths (what runc left behind).
+pub fn cgroup_children(parent: &str) -> Vec<PathBuf> {
+    cgroup_parent_dirs(parent)
+        .into_iter()
+        .flat_map(|d| {
+            std::fs::read_dir(&d)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Removes the (empty) `parent` cgroup dirs runc made with `mkdir -p`.
+pub fn remove_cgroup_parent(parent: &str) {
+    for d in cgroup_parent_dirs(parent) {
+        let _ = std::fs::remove_dir(d);
+    }
+}
