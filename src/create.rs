@@ -119,12 +119,29 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     if out.plan.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
+    let before = owned_lengths(&spec);
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
     })?;
-    spec::write(&path, &spec)?;
+    // A second create of an already edited bundle adds nothing: leave the file alone rather
+    // than rewrite the same bytes (two fsyncs on a disk-backed bundle).
+    if owned_lengths(&spec) != before || out.removed_docker_hook {
+        spec::write(&path, &spec)?;
+    }
     Ok(Some(out))
+}
+
+/// Lengths of the arrays `spec::apply` appends to (`None`: absent). `apply` only appends or
+/// creates, so equal lengths before and after mean it changed nothing.
+fn owned_lengths(spec: &Value) -> [Option<usize>; 4] {
+    [
+        "/linux/devices",
+        "/linux/resources/devices",
+        "/mounts",
+        "/process/user/additionalGids",
+    ]
+    .map(|p| spec.pointer(p).and_then(Value::as_array).map(Vec::len))
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the
