@@ -304,18 +304,37 @@ fn config_json_not_an_object() {
 #[test]
 fn config_json_wrong_section_types() {
     let e = Env::new();
+    let var = json!(["NVIDIA_VISIBLE_DEVICES=0"]);
     for (doc, key) in [
-        (json!({"process": []}), "`process`"),
         (
             json!({"process": {"env": "NVIDIA_VISIBLE_DEVICES=0"}}),
             "`process/env`",
         ),
-        (json!({"linux": {"devices": {}}}), "`linux/devices`"),
-        (json!({"mounts": {}}), "`mounts`"),
+        (
+            json!({"process": {"env": var}, "linux": {"devices": {}}}),
+            "`linux/devices`",
+        ),
+        (json!({"process": {"env": var}, "linux": []}), "`linux`"),
+        (json!({"process": {"env": var}, "mounts": {}}), "`mounts`"),
+        (
+            json!({"process": {"env": var, "user": 0}}),
+            "`process/user`",
+        ),
     ] {
         e.write_spec(doc.to_string().as_bytes());
         e.refused(&["config.json", key]);
     }
+}
+
+/// Asking for nothing, a spec the shim would not edit goes to runc as it is: runc judges
+/// its own spec, the shim adds no error of its own (it is not even parsed into a document).
+#[test]
+fn config_json_wrong_section_types_without_request_pass_through() {
+    let e = Env::new();
+    let doc = br#"{"process": [], "linux": {"devices": {}}}"#;
+    e.write_spec(doc);
+    e.accepted();
+    assert_eq!(std::fs::read(e.config_json()).unwrap(), doc);
 }
 
 #[test]

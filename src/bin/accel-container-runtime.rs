@@ -106,38 +106,66 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
 }
 
 /// True when the bundle's spec certainly asks for nothing: no variable any profile could
-/// claim, no device-list mounts accepted, no docker `--gpus` hook to replace. Then profiles
-/// are never parsed and config.json is never written. Any doubt, including a spec that does
-/// not read, goes down the full create path, which decides and reports errors.
+/// claim, no device-list mounts accepted, no docker `--gpus` hook to replace. Then neither
+/// the profiles nor config.json are parsed (each costs more than the rest of a pass-through,
+/// benches/BENCHMARKS.md) and config.json is never written.
+///
+/// The spec is screened as bytes: every `"NAME=` in it (env entries, as engines write them:
+/// names are never escaped) is offered to [`config::Quick::may_claim`]. Any doubt (a name
+/// some profile mentions, the hook's name anywhere, a file that does not read or is not a
+/// JSON object) goes down the full create path, which decides and reports errors. A spec
+/// that is a JSON object but has sections of the wrong type, and asks for nothing, goes to
+/// the low-level runtime as it is: runc judges its own spec.
 fn nothing_requested(inv: &argv::Invocation, quick: &config::Quick) -> bool {
     if quick.accept_container_devices_as_mounts {
         return false;
     }
     let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
-    let Ok(doc) = spec::read(&bundle.join("config.json")) else {
+    let Some(data) = read_spec_bytes(&bundle.join("config.json")) else {
         return false;
     };
-    let has_hook = doc
-        .pointer("/hooks/prestart")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|hooks| {
-            hooks.iter().any(|h| {
-                h.get("path")
-                    .and_then(serde_json::Value::as_str)
-                    .and_then(|p| Path::new(p).file_name())
-                    .is_some_and(|n| n == spec::DOCKER_GPU_HOOK)
-            })
-        });
-    let claimed = doc
-        .pointer("/process/env")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|env| {
-            env.iter()
-                .filter_map(serde_json::Value::as_str)
-                .filter_map(|e| e.split_once('='))
-                .any(|(name, _)| quick.may_claim(name))
-        });
-    !has_hook && !claimed
+    // Not JSON, or not an object: the full path names the file and the error. (Checked
+    // without building the document: no allocation per value.)
+    let first = data.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') || serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
+        return false;
+    }
+    let hook = spec::DOCKER_GPU_HOOK.as_bytes();
+    if data.windows(hook.len()).any(|w| w == hook) {
+        return false;
+    }
+    let is_name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    let mut rest = &data[..];
+    while let Some(q) = rest.iter().position(|&b| b == b'"') {
+        rest = &rest[q + 1..];
+        let len = rest.iter().take_while(|b| is_name(b)).count();
+        if rest.get(len) == Some(&b'=') {
+            let name = std::str::from_utf8(&rest[..len]).unwrap_or_default();
+            if quick.may_claim(name) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// config.json's bytes as `spec::read` would accept them (regular file, no symlink, never
+/// blocking on a FIFO, at most `spec::MAX_SIZE`); `None` otherwise.
+fn read_spec_bytes(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > spec::MAX_SIZE {
+        return None;
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut data).ok()?;
+    Some(data)
 }
 
 /// The `create`/`run` edit, with its one log line.
