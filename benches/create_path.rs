@@ -13,7 +13,7 @@ use std::time::Duration;
 use accel_container_runtime::config::{Config, Quick};
 use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
 use accel_container_runtime::{argv, discovery, ldcache, spec};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use serde_json::Value;
 
 fn quick() -> Criterion {
@@ -265,4 +265,33 @@ criterion_group! {
     config = quick();
     targets = bench_argv, bench_config, bench_discovery, bench_ldcache, bench_spec_edit
 }
-criterion_main!(pieces);
+/// `criterion_main!`, plus one thing: CI runs `cargo test --all-targets -- --test-threads=2`,
+/// which hands libtest's `--test-threads` to every target, and criterion's argument parser
+/// refuses it. Such a run is re-executed without it (criterion's test mode then runs each
+/// benchmark once, as `cargo test --benches` does).
+fn main() {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let mut kept: Vec<OsString> = Vec::new();
+    let mut dropped = false;
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("--test-threads") => {
+                it.next();
+                dropped = true;
+            }
+            Some(s) if s.starts_with("--test-threads=") => dropped = true,
+            _ => kept.push(a.clone()),
+        }
+    }
+    if dropped {
+        let err = std::process::Command::new("/proc/self/exe")
+            .arg0(&args[0])
+            .args(kept)
+            .exec();
+        panic!("re-exec without --test-threads: {err}");
+    }
+    pieces();
+    Criterion::default().configure_from_args().final_summary();
+}
