@@ -599,6 +599,44 @@ fn profile_with_relative_driver_root_or_dotdot_node_is_refused() {
     e.refused(&["config.toml", "enflame", ".."]);
 }
 
+#[test]
+fn profile_without_driver_root_means_slash() {
+    let e = Env::new();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    let ascend = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/profiles/ascend.toml"
+    ))
+    .unwrap();
+    let mut t: toml::Table = toml::from_str(&ascend).unwrap();
+    t.remove("driver-root");
+    t.remove("dev-root");
+    std::fs::write(e.path("profiles.d/ascend.toml"), t.to_string()).unwrap();
+    // This host has no Ascend devices under /: the error shows where it looked.
+    e.set_env(&["ASCEND_VISIBLE_DEVICES=all"]);
+    e.refused(&[
+        "ASCEND_VISIBLE_DEVICES=all",
+        "no ascend devices found under /",
+    ]);
+}
+
+/// No hook is ever added (so none can be handed the container's environment, the
+/// CVE-2025-23266 class): the edit adds devices and mounts, and hooks stay as they were.
+#[test]
+fn no_hook_is_added() {
+    let e = Env::new();
+    e.set_env(&[
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "LD_PRELOAD=/tmp/evil.so",
+        "LD_LIBRARY_PATH=/tmp",
+    ]);
+    let before = e.spec();
+    let after = e.accepted();
+    assert_eq!(after["hooks"], before["hooks"]);
+    assert_eq!(after["process"]["env"], before["process"]["env"]);
+    assert_eq!(device_paths(&after).len(), UUIDS.len() + 1);
+}
+
 // ---- mounts: sources in the driver root, destinations checked -----------------------------
 
 /// A driver root whose ld.so.cache lists `name -> path` for libcuda.
