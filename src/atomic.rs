@@ -8,6 +8,35 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
+/// The variable a `failpoints` build reads: the name of the step at which it SIGKILLs itself.
+pub const FAILPOINT_ENV: &str = "ACCEL_FAILPOINT";
+
+/// Steps of [`replace`] at which a crash is simulated, in order.
+pub const FAILPOINTS: [&str; 5] = [
+    "before-temp-create",
+    "after-partial-write",
+    "before-fsync",
+    "before-rename",
+    "before-dir-fsync",
+];
+
+/// Test-only crash injection (cargo feature `failpoints`, off in every shipped build): when
+/// `ACCEL_FAILPOINT` names this step, the process SIGKILLs itself here, as an OOM kill or a
+/// power cut would stop it, with no destructor or cleanup running.
+#[cfg(feature = "failpoints")]
+pub fn failpoint(name: &str) {
+    if std::env::var_os(FAILPOINT_ENV).is_some_and(|v| v == name) {
+        // SAFETY: raise has no memory-safety preconditions; SIGKILL does not return.
+        unsafe {
+            libc::raise(libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn failpoint(_name: &str) {}
+
 /// Atomically replaces `path` with `data`. Mode and ownership of an existing file are kept;
 /// a new file gets `new_mode`. On error nothing is left behind and `path` is untouched.
 pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
@@ -20,11 +49,21 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let old = std::fs::metadata(path).ok();
+    failpoint("before-temp-create");
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .tempfile_in(dir)?;
-    tmp.write_all(data)?;
+    // Two writes only where a crash between them is being tested.
+    let half = if cfg!(feature = "failpoints") {
+        data.len() / 2
+    } else {
+        data.len()
+    };
+    tmp.write_all(&data[..half])?;
+    failpoint("after-partial-write");
+    tmp.write_all(&data[half..])?;
+    failpoint("before-fsync");
     let file = tmp.as_file();
     match &old {
         Some(m) => {
@@ -38,7 +77,9 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         None => file.set_permissions(Permissions::from_mode(new_mode))?,
     }
     file.sync_all()?;
+    failpoint("before-rename");
     tmp.persist(path).map_err(|e| e.error)?;
+    failpoint("before-dir-fsync");
     // The rename itself is durable only once the directory is.
     File::open(dir)?.sync_all()
 }

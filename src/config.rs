@@ -56,6 +56,102 @@ struct File {
     profiles: toml::Table,
 }
 
+/// The one key a pass-through command needs; every other key (and every profile) is left
+/// unparsed, so `state`/`kill`/`delete` cost no more than finding runc.
+#[derive(Debug, Deserialize)]
+struct RuntimeOnly {
+    #[serde(default = "d_runtime", rename = "low-level-runtime")]
+    low_level_runtime: String,
+}
+
+/// The keys the quick screen of `create` reads.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct QuickFile {
+    #[serde(default = "d_runtime")]
+    low_level_runtime: String,
+    #[serde(default = "d_profiles_dir")]
+    profiles_dir: PathBuf,
+    #[serde(default)]
+    accept_container_devices_as_mounts: bool,
+}
+
+/// What `create` reads before deciding whether to load the profiles at all.
+///
+/// Parsing the profiles is most of a create's cost (TOML: about 0.2 ms for the two built-in
+/// ones, benches/BENCHMARKS.md), and most containers ask for no device. This screen parses
+/// only config.toml's top-level keys and keeps every profile source as text: a variable
+/// that appears in none of them as a TOML string (`"NAME"` or `'NAME'`) cannot be claimed
+/// by any profile. A name it finds may be a false alarm (the full load then decides); a
+/// variable name written with escape sequences in a profile would be missed, so write
+/// variable names plainly.
+#[derive(Debug, Clone)]
+pub struct Quick {
+    pub low_level_runtime: String,
+    pub accept_container_devices_as_mounts: bool,
+    /// config.toml and each `profiles-dir/*.toml`, unparsed.
+    texts: Vec<String>,
+}
+
+impl Quick {
+    pub fn load() -> Result<Quick, ConfigError> {
+        Self::load_from(&config_path())
+    }
+
+    pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
+        let Some(text) = read_text(path)? else {
+            return Ok(Quick {
+                low_level_runtime: d_runtime(),
+                accept_container_devices_as_mounts: false,
+                texts: profile_texts(&d_profiles_dir())?,
+            });
+        };
+        let file: QuickFile = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        let mut texts = profile_texts(&file.profiles_dir)?;
+        texts.push(text);
+        Ok(Quick {
+            low_level_runtime: check_runtime(&file.low_level_runtime, path)?,
+            accept_container_devices_as_mounts: file.accept_container_devices_as_mounts,
+            texts,
+        })
+    }
+
+    /// Whether some profile might select devices through the variable `name`.
+    pub fn may_claim(&self, name: &str) -> bool {
+        if name.is_empty() {
+            return false;
+        }
+        profile::BUILTIN
+            .iter()
+            .map(|(_, t)| *t)
+            .chain(self.texts.iter().map(String::as_str))
+            .any(|t| quoted_in(t, name))
+    }
+}
+
+fn quoted_in(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + name.len()..].chars().next();
+        matches!(
+            (before, after),
+            (Some('"'), Some('"')) | (Some('\''), Some('\''))
+        )
+    })
+}
+
+/// The texts of the `*.toml` files in `dir` (missing dir: none).
+fn profile_texts(dir: &Path) -> Result<Vec<String>, ConfigError> {
+    let mut warnings = Vec::new();
+    profile_files(dir, &mut warnings)
+        .into_iter()
+        .map(|p| read_text(&p).map(Option::unwrap_or_default))
+        .collect()
+}
+
 fn d_runtime() -> String {
     "runc".into()
 }
@@ -100,22 +196,32 @@ impl Config {
     /// Loads the file named by `ACCEL_CONTAINER_RUNTIME_CONFIG`, else the default path.
     /// A missing file is the defaults; an unreadable or invalid one is an error.
     pub fn load() -> Result<Config, ConfigError> {
-        let path = std::env::var_os(ENV_VAR)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH));
-        Self::load_from(&path)
+        Self::load_from(&config_path())
     }
 
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Self::parse(&text, Some(path)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Self::parse("", None),
-            Err(source) => Err(ConfigError::Read {
-                path: path.into(),
-                source,
-            }),
+        match read_text(path)? {
+            Some(text) => Self::parse(&text, Some(path)),
+            None => Self::parse("", None),
         }
+    }
+
+    /// `low-level-runtime` alone, from the file [`Config::load`] would read: what every command
+    /// but `create`/`run` needs. Profiles and the other keys are not parsed (nor validated:
+    /// a broken profile must not stop `delete` from cleaning up a container).
+    pub fn low_level_runtime() -> Result<String, ConfigError> {
+        Self::low_level_runtime_from(&config_path())
+    }
+
+    pub fn low_level_runtime_from(path: &Path) -> Result<String, ConfigError> {
+        let Some(text) = read_text(path)? else {
+            return Ok(d_runtime());
+        };
+        let parsed: RuntimeOnly = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        check_runtime(&parsed.low_level_runtime, path)
     }
 
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
@@ -137,12 +243,7 @@ impl Config {
             msg,
         };
 
-        let low = file.low_level_runtime.trim();
-        if low.is_empty() || (low.contains('/') && !Path::new(low).is_absolute()) {
-            return Err(invalid(format!(
-                "low-level-runtime {low:?} must be a name looked up in PATH or an absolute path"
-            )));
-        }
+        let low_level_runtime = check_runtime(&file.low_level_runtime, &shown)?;
         let log_level = file.log_level.parse::<log::LevelFilter>().map_err(|_| {
             invalid(format!(
                 "log-level {:?} is not one of off, error, warn, info, debug, trace",
@@ -164,7 +265,7 @@ impl Config {
         let profiles = load_profiles(&file.profiles_dir, file.profiles, &shown, &mut warnings)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
-            low_level_runtime: low.to_string(),
+            low_level_runtime,
             log_file: file.log_file,
             log_level,
             profiles_dir: file.profiles_dir,
@@ -180,6 +281,38 @@ impl Config {
     pub fn profile(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
     }
+}
+
+fn config_path() -> PathBuf {
+    std::env::var_os(ENV_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+}
+
+/// The file's text; `None` when it does not exist (the defaults apply).
+fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ConfigError::Read {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
+    let low = value.trim();
+    if low.is_empty() || (low.contains('/') && !Path::new(low).is_absolute()) {
+        return Err(ConfigError::Invalid {
+            path: path.into(),
+            msg: format!(
+                "low-level-runtime {low:?} must be a name looked up in PATH or an absolute path"
+            ),
+        });
+    }
+    Ok(low.to_string())
 }
 
 fn load_profiles(
@@ -400,6 +533,63 @@ mod tests {
             c.profile("ascend").unwrap().driver_root,
             PathBuf::from("/sim")
         );
+    }
+
+    #[test]
+    fn quick_screen_finds_every_profile_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
+        for e in std::fs::read_dir(&shipped).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), profiles.join(e.file_name())).unwrap();
+        }
+        let cfg = dir.path().join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "# HOSTNAME in a comment is no claim\nprofiles-dir = {profiles:?}\n[profiles.custom]\nvisible-devices-env = ['MY_ACCELS']\n[profiles.custom.discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/myaccel{{index}}\"]\n"
+            ),
+        )
+        .unwrap();
+        let q = Quick::load_from(&cfg).unwrap();
+        let full = Config::load_from(&cfg).unwrap();
+        assert_eq!(full.profiles.len(), 7);
+        for p in &full.profiles {
+            for v in &p.visible_devices_env {
+                assert!(q.may_claim(v), "{v} of {} missed", p.name);
+            }
+        }
+        for other in ["HOSTNAME", "PATH", "NVIDIA_VISIBLE", "VISIBLE_DEVICES", ""] {
+            assert!(!q.may_claim(other), "{other}");
+        }
+        // No file: built-ins only.
+        let q = Quick::load_from(&dir.path().join("none.toml")).unwrap();
+        assert!(q.may_claim("NVIDIA_VISIBLE_DEVICES") && !q.may_claim("MY_ACCELS"));
+    }
+
+    #[test]
+    fn runtime_only_reads_one_key_and_ignores_profiles() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        assert_eq!(Config::low_level_runtime_from(&p).unwrap(), "runc");
+        // A profile that would not load must not stop pass-through commands.
+        std::fs::write(
+            &p,
+            "low-level-runtime = \"/usr/sbin/runc\"\n[profiles.nvidia]\ndriver-root = 5\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Config::low_level_runtime_from(&p).unwrap(),
+            "/usr/sbin/runc"
+        );
+        assert!(Config::load_from(&p).is_err());
+        std::fs::write(&p, "low-level-runtime = \"sbin/runc\"\n").unwrap();
+        let err = Config::low_level_runtime_from(&p).unwrap_err().to_string();
+        assert!(err.contains("low-level-runtime"), "{err}");
+        std::fs::write(&p, "low-level-runtime = [").unwrap();
+        assert!(Config::low_level_runtime_from(&p).is_err());
     }
 
     #[test]

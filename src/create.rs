@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::argv::Invocation;
 use crate::cdi::{self, CdiError};
-use crate::config::Config;
+use crate::config::{Config, Quick};
 use crate::discovery::{self, Device, DiscoveryError};
 use crate::ldcache;
 use crate::plan::{self, Plan, PlanError};
@@ -146,13 +146,65 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
+    let before = spec.clone();
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
     })?;
     cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
-    spec::write(&path, &spec)?;
+    // A second create of an already edited bundle changes nothing: leave the file alone rather
+    // than rewrite the same bytes (two fsyncs on a disk-backed bundle). CDI edits replace
+    // entries in place, so only a comparison of the documents tells.
+    if spec != before || out.removed_docker_hook {
+        spec::write(&path, &spec)?;
+    }
     Ok(Some(out))
+}
+
+/// True when the bundle's spec certainly asks for nothing: no variable any profile could
+/// claim, no device-list mounts accepted, no docker `--gpus` hook to replace, no CDI annotation. Then neither
+/// the profiles nor config.json are parsed (each costs more than the rest of a pass-through,
+/// benches/BENCHMARKS.md) and config.json is never written.
+///
+/// The spec is screened as bytes: every `"NAME=` in it (env entries, as engines write them:
+/// names are never escaped) is offered to [`config::Quick::may_claim`]. Any doubt (a name
+/// some profile mentions, the hook's name or `cdi.k8s.io/` anywhere, a file that does not read or is not a
+/// JSON object) goes down the full create path, which decides and reports errors. A spec
+/// that is a JSON object but has sections of the wrong type, and asks for nothing, goes to
+/// the low-level runtime as it is: runc judges its own spec.
+pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
+    if quick.accept_container_devices_as_mounts {
+        return false;
+    }
+    let Ok(data) = spec::read_bytes(&bundle.join("config.json")) else {
+        return false;
+    };
+    // Not JSON, or not an object: the full path names the file and the error. (Checked
+    // without building the document: no allocation per value.)
+    let first = data.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') || serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
+        return false;
+    }
+    // Docker's --gpus hook to replace, or CDI annotations to resolve.
+    for needle in [spec::DOCKER_GPU_HOOK, cdi::model::ANNOTATION_PREFIX] {
+        let needle = needle.as_bytes();
+        if data.windows(needle.len()).any(|w| w == needle) {
+            return false;
+        }
+    }
+    let is_name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    let mut rest = &data[..];
+    while let Some(q) = rest.iter().position(|&b| b == b'"') {
+        rest = &rest[q + 1..];
+        let len = rest.iter().take_while(|b| is_name(b)).count();
+        if rest.get(len) == Some(&b'=') {
+            let name = std::str::from_utf8(&rest[..len]).unwrap_or_default();
+            if quick.may_claim(name) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the

@@ -49,9 +49,9 @@ pub enum SpecError {
     },
 }
 
-/// Reads config.json: a regular file (not a symlink, FIFO or device), at most [`MAX_SIZE`],
-/// holding a JSON object.
-pub fn read(path: &Path) -> Result<Value, SpecError> {
+/// config.json's bytes, when it is a regular file (not a symlink, FIFO or device) of at most
+/// [`MAX_SIZE`].
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
     let open_err = |source| SpecError::Open {
         path: path.into(),
         source,
@@ -85,6 +85,13 @@ pub fn read(path: &Path) -> Result<Value, SpecError> {
     }
     let mut data = Vec::with_capacity(meta.size() as usize);
     file.read_to_end(&mut data).map_err(open_err)?;
+    Ok(data)
+}
+
+/// Reads config.json: a regular file (not a symlink, FIFO or device), at most [`MAX_SIZE`],
+/// holding a JSON object.
+pub fn read(path: &Path) -> Result<Value, SpecError> {
+    let data = read_bytes(path)?;
     parse(&data).map_err(|e| match e {
         ParseError::Json(source) => SpecError::Json {
             path: path.into(),

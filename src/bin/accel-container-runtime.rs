@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     match run(&args, &inv) {
         Ok(never) => match never {},
         Err(msg) => {
+            let msg = one_line(&msg);
             eprintln!("accel-container-runtime: {msg}");
             logging::engine_error(
                 inv.log.as_deref(),
@@ -42,6 +43,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Engines show the runtime's stderr as one message: TOML errors come as a multi-line
+/// snippet (`4 | key = "value"` and a caret line). Keep the quoted source line (it names the
+/// key), drop the caret line, join the rest.
+fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter_map(|l| {
+            let rest = l.trim_start_matches(|c: char| c.is_ascii_digit());
+            match rest.trim_start().strip_prefix('|') {
+                Some(src) if rest.len() < l.len() && !src.trim().is_empty() => {
+                    Some(format!("`{}`", src.trim()))
+                }
+                Some(_) => None,
+                None if l.is_empty() => None,
+                None => Some(l.to_string()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infallible, String> {
@@ -65,36 +87,52 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
             env!("CARGO_PKG_VERSION")
         );
     }
-    let cfg = config::Config::load().map_err(|e| err_chain(&e))?;
-    if inv.creates() {
-        logging::init(&cfg.log_file, cfg.log_level);
-        for w in &cfg.warnings {
-            log::warn!("{w}");
+    // Only create/run need the profiles; everything else reads one key and execs, so a
+    // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
+    let low_level_runtime = if inv.creates() {
+        let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
+        let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
+        if create::nothing_requested(bundle, &quick) {
+            quick.low_level_runtime
+        } else {
+            let cfg = config::Config::load().map_err(|e| err_chain(&e))?;
+            create(inv, &cfg).map_err(|e| err_chain(&e))?;
+            cfg.low_level_runtime
         }
-        match create::create(inv, &cfg) {
-            Ok(Some(out)) => log::info!(
-                "create {}: {} nodes, {} mounts{}{}",
-                inv.id.as_deref().unwrap_or("?"),
-                out.plan.nodes.len() + out.cdi.nodes.len(),
-                out.plan.mounts.len() + out.cdi.mounts.len(),
-                if out.requests.is_empty() {
-                    String::new()
-                } else {
-                    format!(" for {}", out.requests.join(" "))
-                },
-                if out.removed_docker_hook {
-                    " (docker --gpus hook replaced)"
-                } else {
-                    ""
-                },
-            ),
-            Ok(None) => log::debug!(
-                "create {}: no device requested",
-                inv.id.as_deref().unwrap_or("?")
-            ),
-            Err(e) => return Err(err_chain(&e)),
-        }
-    }
-    let runtime = exec::resolve(&cfg.low_level_runtime).map_err(|e| e.to_string())?;
+    } else {
+        config::Config::low_level_runtime().map_err(|e| err_chain(&e))?
+    };
+    let runtime = exec::resolve(&low_level_runtime).map_err(|e| e.to_string())?;
     Err(err_chain(&exec::exec(&runtime, args)))
+}
+
+/// The `create`/`run` edit, with its one log line.
+fn create(inv: &argv::Invocation, cfg: &config::Config) -> Result<(), create::CreateError> {
+    logging::init(&cfg.log_file, cfg.log_level);
+    for w in &cfg.warnings {
+        log::warn!("{w}");
+    }
+    match create::create(inv, cfg)? {
+        Some(out) => log::info!(
+            "create {}: {} nodes, {} mounts{}{}",
+            inv.id.as_deref().unwrap_or("?"),
+            out.plan.nodes.len() + out.cdi.nodes.len(),
+            out.plan.mounts.len() + out.cdi.mounts.len(),
+            if out.requests.is_empty() {
+                String::new()
+            } else {
+                format!(" for {}", out.requests.join(" "))
+            },
+            if out.removed_docker_hook {
+                " (docker --gpus hook replaced)"
+            } else {
+                ""
+            },
+        ),
+        None => log::debug!(
+            "create {}: no device requested",
+            inv.id.as_deref().unwrap_or("?")
+        ),
+    }
+    Ok(())
 }

@@ -1,0 +1,947 @@
+//! Hostile and broken input, at the binary: the real `accel-container-runtime` runs against a
+//! bundle, a config.toml and a simulated NVIDIA driver root (mknod, real major 195) made here,
+//! with a low-level runtime that is a script recording that it ran. A refusal must be one line
+//! on stderr naming what was wrong, a non-zero exit, the bundle byte-for-byte unchanged and the
+//! low-level runtime never executed (so no container is made).
+//!
+//! Needs root (mknod): CI runs as root; elsewhere these tests fail loudly, never skip.
+//! Decisions pinned here (issue 5):
+//! - `linux` missing with a device request: handled, the sections are created (runc needs
+//!   nothing else there), so the container gets its devices instead of an error.
+//! - `process` missing, or an env entry without `=`: read as getenv would (no entry, entry
+//!   skipped); the shim adds no error of its own and runc judges the rest of the spec.
+//! - a profile without `driver-root` means `/` (the documented default), not an error.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
+const DOCKER_SPEC: &str = include_str!("fixtures/specs/docker-20.10-run.json");
+
+/// Three GPUs; the first two share an 8-character UUID prefix.
+const UUIDS: [&str; 3] = [
+    "GPU-12345678-aaaa-bbbb-cccc-000000000000",
+    "GPU-12345678-dddd-eeee-ffff-111111111111",
+    "GPU-87654321-aaaa-bbbb-cccc-222222222222",
+];
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    /// A simulated driver root, a bundle with docker's config.json (no device variable), a
+    /// recording low-level runtime and a config.toml pointing at both.
+    fn new() -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = Env { dir };
+        let root = e.root();
+        for (i, uuid) in UUIDS.iter().enumerate() {
+            let bus = format!("0000:{:02x}:00.0", 0x18 + i);
+            let d = root.join("proc/driver/nvidia/gpus").join(&bus);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("information"),
+                format!("Model: \t\t NVIDIA H100\nGPU UUID: \t\t {uuid}\nBus Location: \t\t {bus}\nDevice Minor: \t\t {i}\n"),
+            )
+            .unwrap();
+            mknod(&root.join(format!("dev/nvidia{i}")), 195, i as u64);
+        }
+        mknod(&root.join("dev/nvidiactl"), 195, 255);
+        std::fs::create_dir_all(e.bundle()).unwrap();
+        e.set_env(&[]);
+        let runtime = e.path("runtime");
+        std::fs::write(
+            &runtime,
+            format!(
+                "#!/bin/sh\necho \"$@\" >> {}\n",
+                e.path("runtime-called").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+        e.config("");
+        e
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    fn root(&self) -> PathBuf {
+        self.path("driver")
+    }
+    fn bundle(&self) -> PathBuf {
+        self.path("bundle")
+    }
+    fn config_json(&self) -> PathBuf {
+        self.bundle().join("config.json")
+    }
+
+    /// config.toml: the recording runtime, a private log, the simulated root, plus `extra`
+    /// top-level keys and tables.
+    fn config(&self, extra: &str) {
+        let (top, tables) = extra
+            .split_once("\n[")
+            .map_or((extra, String::new()), |(a, b)| (a, format!("\n[{b}")));
+        std::fs::write(
+            self.path("config.toml"),
+            format!(
+                "low-level-runtime = {:?}\nlog-file = {:?}\nprofiles-dir = {:?}\n{top}\n[profiles.nvidia]\ndriver-root = {:?}\n{tables}\n",
+                self.path("runtime"),
+                self.path("shim.log"),
+                self.path("profiles.d"),
+                self.root(),
+            ),
+        )
+        .unwrap();
+    }
+
+    /// docker's config.json with `env` added to process.env (device variables removed).
+    fn set_env(&self, env: &[&str]) {
+        let mut spec: Value = serde_json::from_str(DOCKER_SPEC).unwrap();
+        let list = spec["process"]["env"].as_array_mut().unwrap();
+        list.retain(|e| !e.as_str().unwrap().starts_with("NVIDIA_"));
+        list.extend(env.iter().map(|e| json!(e)));
+        self.write_spec(&serde_json::to_vec_pretty(&spec).unwrap());
+    }
+
+    fn write_spec(&self, data: &[u8]) {
+        let _ = std::fs::remove_file(self.config_json());
+        std::fs::write(self.config_json(), data).unwrap();
+    }
+
+    fn spec(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.config_json()).unwrap()).unwrap()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(SHIM);
+        c.args(args)
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.path("config.toml"))
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn create(&self) -> Output {
+        self.run(&["create", "--bundle", self.bundle().to_str().unwrap(), "ctr"])
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        wait_with_timeout(self.command(args), Duration::from_secs(20))
+    }
+
+    fn runtime_ran(&self) -> bool {
+        self.path("runtime-called").exists()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("shim.log")).unwrap_or_default()
+    }
+
+    /// Every file in the bundle, by name, with its bytes (temp files would show up here).
+    fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(self.bundle())
+            .map(|rd| {
+                rd.map(|e| {
+                    let e = e.unwrap();
+                    let ft = e.file_type().unwrap();
+                    let data = if ft.is_file() {
+                        std::fs::read(e.path()).unwrap()
+                    } else {
+                        format!("{ft:?}").into_bytes()
+                    };
+                    (e.file_name().to_string_lossy().into_owned(), data)
+                })
+                .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Runs create and checks it was refused properly; returns the stderr line.
+    fn refused(&self, what: &[&str]) -> String {
+        let before = self.snapshot();
+        let out = self.create();
+        self.check_refusal(&out, what, &before)
+    }
+
+    fn check_refusal(
+        &self,
+        out: &Output,
+        what: &[&str],
+        before: &BTreeMap<String, Vec<u8>>,
+    ) -> String {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "accepted; stderr: {stderr}");
+        assert!(out.stdout.is_empty(), "wrote to stdout: {:?}", out.stdout);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "not one line: {stderr:?}");
+        assert!(
+            lines[0].starts_with("accel-container-runtime: "),
+            "{stderr}"
+        );
+        for w in what {
+            assert!(lines[0].contains(w), "{w:?} not in {stderr:?}");
+        }
+        assert!(!self.runtime_ran(), "low-level runtime ran after: {stderr}");
+        assert!(self.snapshot() == *before, "bundle changed after: {stderr}");
+        lines[0].to_string()
+    }
+
+    /// Create succeeded and the low-level runtime ran.
+    fn accepted(&self) -> Value {
+        let out = self.create();
+        assert!(
+            out.status.success(),
+            "refused: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+        assert!(self.runtime_ran(), "low-level runtime not run");
+        std::fs::remove_file(self.path("runtime-called")).unwrap();
+        self.spec()
+    }
+}
+
+fn mknod(path: &Path, major: u64, minor: u64) {
+    use nix::sys::stat::{makedev, Mode, SFlag};
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    nix::sys::stat::mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(major, minor),
+    )
+    .unwrap_or_else(|e| panic!("mknod {} (these tests need root): {e}", path.display()));
+}
+
+/// Runs to completion, or kills the process and fails after `limit` (a FIFO must not hang).
+fn wait_with_timeout(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shim");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill(2) on the pid of our own still-unreaped child.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            panic!("shim still running after {limit:?}");
+        }
+    }
+}
+
+fn device_paths(spec: &Value) -> Vec<String> {
+    spec.pointer("/linux/devices")
+        .and_then(Value::as_array)
+        .map(|d| {
+            d.iter()
+                .map(|d| d["path"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// ---- config.json -------------------------------------------------------------------------
+
+#[test]
+fn config_json_malformed() {
+    let e = Env::new();
+    e.write_spec(br#"{"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]"#);
+    e.refused(&["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn config_json_empty() {
+    let e = Env::new();
+    e.write_spec(b"");
+    e.refused(&["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn config_json_huge_is_refused_without_reading_it() {
+    let e = Env::new();
+    let f = std::fs::File::create(e.config_json()).unwrap();
+    f.set_len(100 << 20).unwrap(); // sparse: 100 MB that costs nothing to make
+    drop(f);
+    let start = Instant::now();
+    e.refused(&["config.json", "104857600 bytes", "limit"]);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn config_json_not_an_object() {
+    let e = Env::new();
+    for doc in [
+        &b"[]"[..],
+        b"null",
+        b"\"NVIDIA_VISIBLE_DEVICES=all\"",
+        b"42",
+    ] {
+        e.write_spec(doc);
+        e.refused(&["config.json", "not a JSON object"]);
+    }
+}
+
+#[test]
+fn config_json_wrong_section_types() {
+    let e = Env::new();
+    let var = json!(["NVIDIA_VISIBLE_DEVICES=0"]);
+    for (doc, key) in [
+        (
+            json!({"process": {"env": "NVIDIA_VISIBLE_DEVICES=0"}}),
+            "`process/env`",
+        ),
+        (
+            json!({"process": {"env": var}, "linux": {"devices": {}}}),
+            "`linux/devices`",
+        ),
+        (json!({"process": {"env": var}, "linux": []}), "`linux`"),
+        (json!({"process": {"env": var}, "mounts": {}}), "`mounts`"),
+        (
+            json!({"process": {"env": var, "user": 0}}),
+            "`process/user`",
+        ),
+    ] {
+        e.write_spec(doc.to_string().as_bytes());
+        e.refused(&["config.json", key]);
+    }
+}
+
+/// Asking for nothing, a spec the shim would not edit goes to runc as it is: runc judges
+/// its own spec, the shim adds no error of its own (it is not even parsed into a document).
+#[test]
+fn config_json_wrong_section_types_without_request_pass_through() {
+    let e = Env::new();
+    let doc = br#"{"process": [], "linux": {"devices": {}}}"#;
+    e.write_spec(doc);
+    e.accepted();
+    assert_eq!(std::fs::read(e.config_json()).unwrap(), doc);
+}
+
+#[test]
+fn config_json_without_process_passes_through_unchanged() {
+    let e = Env::new();
+    let doc = br#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"linux":{}}"#;
+    e.write_spec(doc);
+    e.accepted();
+    assert_eq!(std::fs::read(e.config_json()).unwrap(), doc);
+}
+
+#[test]
+fn config_json_without_linux_gets_the_sections_it_needs() {
+    let e = Env::new();
+    let doc = json!({"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}, "root": {"path": "rootfs"}});
+    e.write_spec(doc.to_string().as_bytes());
+    let spec = e.accepted();
+    assert_eq!(device_paths(&spec), ["/dev/nvidia1", "/dev/nvidiactl"]);
+    let linux = spec["linux"].as_object().unwrap();
+    assert_eq!(
+        linux.keys().collect::<Vec<_>>(),
+        ["devices", "resources"],
+        "{spec}"
+    );
+    assert_eq!(spec["process"], doc["process"]);
+    assert_eq!(spec["root"], doc["root"]);
+}
+
+#[test]
+fn config_json_env_with_invalid_utf8_is_refused() {
+    let e = Env::new();
+    let mut raw = br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","X="#.to_vec();
+    raw.extend_from_slice(&[0xff, 0xfe, b'"', b']', b'}', b'}']);
+    e.write_spec(&raw);
+    e.refused(&["config.json", "not valid JSON"]);
+    // A lone surrogate escape decodes to no valid string either.
+    e.write_spec(br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=\ud800"]}}"#);
+    e.refused(&["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn config_json_env_entries_without_equals_are_skipped_like_getenv() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES", "JUNK", "NVIDIA_VISIBLE_DEVICES=2"]);
+    let spec = e.accepted();
+    assert_eq!(device_paths(&spec), ["/dev/nvidia2", "/dev/nvidiactl"]);
+    // Only the entry without '=': no request at all, config.json not rewritten.
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES"]);
+    let before = std::fs::read(e.config_json()).unwrap();
+    e.accepted();
+    assert_eq!(std::fs::read(e.config_json()).unwrap(), before);
+}
+
+#[test]
+fn bundle_missing() {
+    let e = Env::new();
+    let out = e.run(&["create", "--bundle", "/nonexistent/bundle", "ctr"]);
+    e.check_refusal(
+        &out,
+        &["/nonexistent/bundle/config.json", "No such file"],
+        &e.snapshot(),
+    );
+}
+
+#[test]
+fn bundle_unreadable() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    // The shim runs as an unprivileged user here, so mode bits apply; everything but the
+    // bundle is readable by it.
+    for p in [e.dir.path().to_path_buf(), e.path("runtime")] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(
+        e.path("config.toml"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::set_permissions(e.bundle(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let before = e.snapshot();
+    let mut cmd = e.command(&["create", "--bundle", e.bundle().to_str().unwrap(), "ctr"]);
+    std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+    let out = wait_with_timeout(cmd, Duration::from_secs(20));
+    e.check_refusal(&out, &["config.json", "Permission denied"], &before);
+}
+
+#[test]
+fn config_json_symlink_is_refused() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    std::fs::rename(e.config_json(), e.path("elsewhere.json")).unwrap();
+    std::os::unix::fs::symlink(e.path("elsewhere.json"), e.config_json()).unwrap();
+    let target_before = std::fs::read(e.path("elsewhere.json")).unwrap();
+    e.refused(&["config.json"]);
+    assert_eq!(
+        std::fs::read(e.path("elsewhere.json")).unwrap(),
+        target_before
+    );
+}
+
+#[test]
+fn config_json_fifo_is_refused_without_blocking() {
+    let e = Env::new();
+    std::fs::remove_file(e.config_json()).unwrap();
+    nix::unistd::mkfifo(
+        &e.config_json(),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    // No writer ever opens the FIFO: a blocking open or read would hang (caught by the timeout).
+    e.refused(&["config.json", "FIFO"]);
+}
+
+// ---- the variable ------------------------------------------------------------------------
+
+#[test]
+fn variable_values_that_name_no_device() {
+    let e = Env::new();
+    for value in [
+        "../../etc",
+        "/etc/shadow",
+        "/dev/nvidia0",
+        "-1",
+        "99999999999999999999",
+        "ALL",
+        "All",
+        "3",
+        "GPU-00000000",
+    ] {
+        e.set_env(&[&format!("NVIDIA_VISIBLE_DEVICES={value}")]);
+        let line = e.refused(&["NVIDIA_VISIBLE_DEVICES", "no device"]);
+        assert!(line.contains(&format!("{value:?}")), "{line}");
+    }
+}
+
+#[test]
+fn variable_with_too_many_items() {
+    let e = Env::new();
+    let value = vec!["0"; 10_000].join(",");
+    e.set_env(&[&format!("NVIDIA_VISIBLE_DEVICES={value}")]);
+    let line = e.refused(&["NVIDIA_VISIBLE_DEVICES", "10000 items", "1024"]);
+    assert!(
+        line.len() < 400,
+        "the whole value was echoed: {} bytes",
+        line.len()
+    );
+}
+
+#[test]
+fn variable_with_empty_items_or_whitespace() {
+    let e = Env::new();
+    for (value, why) in [
+        ("0,,1", "empty item"),
+        (",0", "empty item"),
+        ("0,", "empty item"),
+        ("0, 1", "whitespace"),
+        (" 0", "whitespace"),
+        ("0\t", "whitespace"),
+        ("all,0", "cannot be combined"),
+    ] {
+        e.set_env(&[&format!("NVIDIA_VISIBLE_DEVICES={value}")]);
+        e.refused(&["NVIDIA_VISIBLE_DEVICES", why]);
+    }
+}
+
+#[test]
+fn variable_uuid_prefix_matching_two_gpus() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=GPU-12345678"]);
+    e.refused(&[
+        "NVIDIA_VISIBLE_DEVICES",
+        "more than one",
+        UUIDS[0],
+        UUIDS[1],
+    ]);
+    // A prefix unique to one GPU selects it.
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=GPU-87654321"]);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia2", "/dev/nvidiactl"]
+    );
+}
+
+// ---- config.toml and profiles ------------------------------------------------------------
+
+#[test]
+fn unknown_config_and_profile_keys_are_logged() {
+    let e = Env::new();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    let mut ascend = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/profiles/ascend.toml"
+    ))
+    .unwrap();
+    ascend.insert_str(0, "driver-rot = \"/typo\"\n");
+    std::fs::write(e.path("profiles.d/ascend.toml"), ascend).unwrap();
+    e.config("lowlevel-runtime = \"crun\"\n[profiles.enflame]\ndriver-rot = \"/x\"");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    e.accepted();
+    let log = e.log();
+    for key in ["lowlevel-runtime", "driver-rot", "enflame", "ascend.toml"] {
+        assert!(
+            log.lines().any(|l| l.contains(" WARN ") && l.contains(key)),
+            "no warning for {key}: {log}"
+        );
+    }
+}
+
+#[test]
+fn config_wrong_types_are_refused() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    for (extra, key) in [
+        (
+            "accept-envvar-unprivileged = \"yes\"",
+            "accept-envvar-unprivileged",
+        ),
+        ("log-level = 3", "log-level"),
+        ("cdi-spec-dirs = \"/etc/cdi\"", "cdi-spec-dirs"),
+        (
+            "container-library-dir = \"usr/lib\"",
+            "container-library-dir",
+        ),
+        (
+            "container-library-dir = \"/usr/../etc\"",
+            "container-library-dir",
+        ),
+        ("[profiles.enflame]\ndriver-root = 5", "enflame"),
+        ("[profiles.nvidia.discovery]\nproc-dir = [1]", "nvidia"),
+        // The discovery table is closed: a typo there is an error, not a warning.
+        ("[profiles.nvidia.discovery]\nproc-dri = \"/x\"", "proc-dri"),
+    ] {
+        e.config(extra);
+        e.refused(&["config.toml", key]);
+    }
+}
+
+#[test]
+fn profile_with_relative_driver_root_or_dotdot_node_is_refused() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    let ascend = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/profiles/ascend.toml"
+    ))
+    .unwrap();
+    for (edit, what) in [
+        ("driver-root = \"run/ascend\"\n", "driver-root"),
+        ("driver-root = \"/run/../etc\"\n", "driver-root"),
+        ("control-nodes = [\"/dev/../etc/shadow\"]\n", ".."),
+    ] {
+        let mut t: toml::Table = toml::from_str(&ascend).unwrap();
+        let patch: toml::Table = toml::from_str(edit).unwrap();
+        t.extend(patch);
+        std::fs::write(e.path("profiles.d/ascend.toml"), t.to_string()).unwrap();
+        e.refused(&["ascend.toml", what]);
+    }
+    // The same through [profiles.<name>] in config.toml.
+    std::fs::remove_file(e.path("profiles.d/ascend.toml")).unwrap();
+    e.config("[profiles.enflame]\ncontrol-nodes = [\"/dev/gcu/../../etc/shadow\"]");
+    e.refused(&["config.toml", "enflame", ".."]);
+}
+
+#[test]
+fn profile_without_driver_root_means_slash() {
+    let e = Env::new();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    let ascend = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/profiles/ascend.toml"
+    ))
+    .unwrap();
+    let mut t: toml::Table = toml::from_str(&ascend).unwrap();
+    t.remove("driver-root");
+    t.remove("dev-root");
+    std::fs::write(e.path("profiles.d/ascend.toml"), t.to_string()).unwrap();
+    // This host has no Ascend devices under /: the error shows where it looked.
+    e.set_env(&["ASCEND_VISIBLE_DEVICES=all"]);
+    e.refused(&[
+        "ASCEND_VISIBLE_DEVICES=all",
+        "no ascend devices found under /",
+    ]);
+}
+
+/// No hook is ever added (so none can be handed the container's environment, the
+/// CVE-2025-23266 class): the edit adds devices and mounts, and hooks stay as they were.
+#[test]
+fn no_hook_is_added() {
+    let e = Env::new();
+    e.set_env(&[
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "LD_PRELOAD=/tmp/evil.so",
+        "LD_LIBRARY_PATH=/tmp",
+    ]);
+    let before = e.spec();
+    let after = e.accepted();
+    assert_eq!(after["hooks"], before["hooks"]);
+    assert_eq!(after["process"]["env"], before["process"]["env"]);
+    assert_eq!(device_paths(&after).len(), UUIDS.len() + 1);
+}
+
+// ---- mounts: sources in the driver root, destinations checked -----------------------------
+
+/// A driver root whose ld.so.cache lists `name -> path` for libcuda.
+fn with_cache(e: &Env, entries: &[(&str, &str)]) {
+    let list: Vec<(&str, &str, i32)> = entries
+        .iter()
+        .map(|(n, p)| (*n, *p, accel_container_runtime::ldcache::native_flags()))
+        .collect();
+    std::fs::create_dir_all(e.root().join("etc")).unwrap();
+    std::fs::write(
+        e.root().join("etc/ld.so.cache"),
+        accel_container_runtime::ldcache::build(&list),
+    )
+    .unwrap();
+}
+
+#[test]
+fn driver_symlinks_pointing_outside_resolve_inside_the_root() {
+    let e = Env::new();
+    let lib = e.root().join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(e.root().join("etc")).unwrap();
+    // Absolute and climbing links to the host's /etc/passwd; inside the root that path is a
+    // decoy file, which is what must be mounted.
+    std::fs::write(e.root().join("etc/passwd"), "decoy").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", lib.join("libcuda.so.1")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../../../../../../etc/passwd",
+        lib.join("libnvidia-ml.so.1"),
+    )
+    .unwrap();
+    // A link to a host path with no counterpart in the root is left out.
+    std::os::unix::fs::symlink("/etc/hostname", lib.join("libnvidia-ptxjitcompiler.so.1")).unwrap();
+    with_cache(
+        &e,
+        &[
+            ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            (
+                "libnvidia-ml.so.1",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            ),
+            (
+                "libnvidia-ptxjitcompiler.so.1",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1",
+            ),
+        ],
+    );
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    let spec = e.accepted();
+    let root = e.root();
+    let ours: Vec<(&str, &str)> = spec["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["destination"].as_str().unwrap().contains(".so."))
+        .map(|m| {
+            (
+                m["destination"].as_str().unwrap(),
+                m["source"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let decoy = root.join("etc/passwd");
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    for (dest, src) in &ours {
+        assert_eq!(Path::new(src), decoy, "{dest} mounted from {src}");
+    }
+}
+
+#[test]
+fn cache_entry_with_a_path_in_its_name_is_refused() {
+    let e = Env::new();
+    let lib = e.root().join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libcuda.so.550"), "elf").unwrap();
+    with_cache(
+        &e,
+        &[(
+            "libcuda.so.1/../../../../etc/cron.d/evil",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.550",
+        )],
+    );
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    e.refused(&["refusing mount", "plain file name"]);
+}
+
+// ---- unprivileged containers and the volume-mount device list -----------------------------
+
+fn set_privileged(e: &Env, privileged: bool) {
+    let mut spec = e.spec();
+    let caps = spec["process"]["capabilities"]["bounding"]
+        .as_array_mut()
+        .unwrap();
+    caps.retain(|c| c != "CAP_SYS_ADMIN");
+    if privileged {
+        caps.push(json!("CAP_SYS_ADMIN"));
+    }
+    e.write_spec(&serde_json::to_vec(&spec).unwrap());
+}
+
+#[test]
+fn unprivileged_variable_refused_when_configured() {
+    let e = Env::new();
+    e.config("accept-envvar-unprivileged = false");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    set_privileged(&e, false);
+    e.refused(&["NVIDIA_VISIBLE_DEVICES", "unprivileged"]);
+    // Nothing requested is not a refusal.
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=void"]);
+    set_privileged(&e, false);
+    e.accepted();
+    // A privileged container may still use the variable.
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    set_privileged(&e, true);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+    // Default (compatible with NVIDIA's toolkit): accepted.
+    e.config("");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=1"]);
+    set_privileged(&e, false);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia1", "/dev/nvidiactl"]
+    );
+}
+
+fn add_device_list_mount(e: &Env, id: &str) {
+    let mut spec = e.spec();
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": format!("/var/run/nvidia-container-devices/{id}"),
+        "type": "bind",
+        "source": "/dev/null",
+        "options": ["rbind", "ro"]
+    }));
+    e.write_spec(&serde_json::to_vec(&spec).unwrap());
+}
+
+#[test]
+fn volume_mount_device_list_both_ways() {
+    let e = Env::new();
+    // Accepted: the plugin's mounts name GPU 2 by UUID; the variable is not consulted.
+    e.config("accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=all"]);
+    set_privileged(&e, false);
+    add_device_list_mount(&e, UUIDS[2]);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia2", "/dev/nvidiactl"]
+    );
+    // Not accepted (the default): the same mounts request nothing, config.json is untouched.
+    e.config("");
+    e.set_env(&[]);
+    add_device_list_mount(&e, UUIDS[2]);
+    let before = std::fs::read(e.config_json()).unwrap();
+    e.accepted();
+    assert_eq!(std::fs::read(e.config_json()).unwrap(), before);
+    // Accepted, but naming a GPU this node does not have: refused like the variable.
+    e.config("accept-container-devices-as-mounts = true");
+    e.set_env(&[]);
+    add_device_list_mount(&e, "GPU-ffffffff-0000-0000-0000-000000000000");
+    e.refused(&["/var/run/nvidia-container-devices", "no device"]);
+}
+
+// ---- fds and stdin -----------------------------------------------------------------------
+
+/// Runs `program args` with fd 3 open on `preserved` (as an engine passing `--preserve-fds 1`)
+/// and returns the fds the listing script saw: fd -> target.
+fn fds_seen(e: &Env, program: &str, args: &[&str], preserved: &Path) -> BTreeMap<u32, String> {
+    let listing = e.path("fds");
+    let _ = std::fs::remove_file(&listing);
+    let file = std::fs::File::open(preserved).unwrap();
+    // The same environment the shim gets (the config), whichever program runs.
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", e.path("config.toml"))
+        .current_dir(e.dir.path())
+        .stdin(Stdio::null());
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: dup2/fcntl are async-signal-safe; fd 3 is what --preserve-fds 1 hands on.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            let r = if raw == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = wait_with_timeout(cmd, Duration::from_secs(20));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&listing).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let (left, target) = l.split_once(" -> ")?;
+            let fd = left.rsplit(' ').next()?.parse().ok()?;
+            Some((fd, target.to_string()))
+        })
+        // ls's own descriptor on the directory it lists.
+        .filter(|(_, t)| !(t.starts_with("/proc/") && t.ends_with("/fd")))
+        // Pipes differ between runs by inode number only.
+        .map(|(fd, t)| {
+            (
+                fd,
+                if t.starts_with("pipe:") {
+                    "pipe".into()
+                } else {
+                    t
+                },
+            )
+        })
+        .collect()
+}
+
+/// The low-level runtime sees exactly the fds it would see if the engine had started it
+/// directly: stdio, the one passed with --preserve-fds, and whatever else the caller (here
+/// cargo's jobserver) leaves open. Nothing the shim opened on create (config, profiles,
+/// spec, procfs, nodes, log) leaks; nothing inherited is closed.
+#[test]
+fn no_fd_leaks_into_the_low_level_runtime_and_inherited_fds_survive() {
+    let e = Env::new();
+    let listing = e.path("fds");
+    std::fs::write(
+        e.path("runtime"),
+        format!(
+            "#!/bin/sh\nexec /bin/ls -l /proc/self/fd > {}\n",
+            listing.display()
+        ),
+    )
+    .unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=all"]);
+    let preserved = e.path("preserved");
+    std::fs::write(&preserved, "x").unwrap();
+    let bundle = e.bundle();
+    let runtime = e.path("runtime");
+    for args in [
+        vec![
+            "create",
+            "--bundle",
+            bundle.to_str().unwrap(),
+            "--preserve-fds",
+            "1",
+            "ctr",
+        ],
+        vec!["exec", "--preserve-fds", "1", "ctr", "true"],
+    ] {
+        let direct = fds_seen(&e, runtime.to_str().unwrap(), &args, &preserved);
+        let through_shim = fds_seen(&e, SHIM, &args, &preserved);
+        assert_eq!(through_shim, direct, "{args:?}");
+        assert_eq!(Path::new(&through_shim[&3]), preserved, "{through_shim:?}");
+        for fd in [0, 1, 2] {
+            assert!(through_shim.contains_key(&fd), "{through_shim:?}");
+        }
+    }
+    // The create really did open files (it injected the GPUs).
+    assert_eq!(device_paths(&e.spec()).len(), UUIDS.len() + 1);
+}
+
+#[test]
+fn stdin_reaches_the_low_level_runtime_untouched() {
+    let e = Env::new();
+    std::fs::write(
+        e.path("runtime"),
+        format!(
+            "#!/bin/sh\necho \"$@\" > {}\nexec cat > {}\n",
+            e.path("args").display(),
+            e.path("stdin").display()
+        ),
+    )
+    .unwrap();
+    let resources: Vec<u8> = serde_json::to_vec_pretty(&json!({
+        "cpu": {"shares": 512, "cpus": "0-1"},
+        "devices": [{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]
+    }))
+    .unwrap()
+    .repeat(2000); // ~300 KB: more than a pipe holds, so a stray read would be noticed
+    let mut child = e
+        .command(&["update", "--resources=-", "ctr"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let data = resources.clone();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(e.path("args")).unwrap().trim(),
+        "update --resources=- ctr"
+    );
+    assert!(std::fs::read(e.path("stdin")).unwrap() == resources);
+}
