@@ -392,14 +392,7 @@ pub fn default_runtime(current: &str) -> Result<Option<String>, EditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn reg(default: bool) -> Registration {
-        Registration {
-            name: "accel".into(),
-            path: "/usr/bin/accel-container-runtime".into(),
-            set_as_default: default,
-        }
-    }
+    use crate::engine::tests::reg;
 
     const V2: &str = r#"version = 2
 

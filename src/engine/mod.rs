@@ -408,7 +408,8 @@ pub fn unconfigure(
 mod tests {
     use super::*;
 
-    fn reg(default: bool) -> Registration {
+    /// The registration every engine's tests use: `accel` at the packaged path.
+    pub(crate) fn reg(default: bool) -> Registration {
         Registration {
             name: "accel".into(),
             path: "/usr/bin/accel-container-runtime".into(),
