@@ -64,7 +64,8 @@ pub struct Outcome {
 pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
     let bundle = inv.bundle.clone().unwrap_or_else(|| PathBuf::from("."));
     let path = bundle.join("config.json");
-    let mut spec = spec::read(&path)?;
+    let original = spec::read_bytes(&path)?;
+    let mut spec = spec::parse_file(&path, &original)?;
 
     let mut out = Outcome {
         removed_docker_hook: spec::remove_docker_gpu_hook(&mut spec),
@@ -146,7 +147,6 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
-    let before = spec.clone();
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
@@ -154,9 +154,11 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite the same bytes (two fsyncs on a disk-backed bundle). CDI edits replace
-    // entries in place, so only a comparison of the documents tells.
-    if spec != before || out.removed_docker_hook {
-        spec::write(&path, &spec)?;
+    // entries in place, so only the result tells; comparing the bytes about to be written
+    // with those read costs far less than keeping a copy of the document to compare.
+    let edited = spec::to_bytes(&path, &spec)?;
+    if edited != original {
+        spec::write_bytes(&path, &edited)?;
     }
     Ok(Some(out))
 }
@@ -179,10 +181,8 @@ pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
     let Ok(data) = spec::read_bytes(&bundle.join("config.json")) else {
         return false;
     };
-    // Not JSON, or not an object: the full path names the file and the error. (Checked
-    // without building the document: no allocation per value.)
-    let first = data.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') || serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
+    // Not an object: the full path names the file and the error.
+    if data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return false;
     }
     // Docker's --gpus hook to replace, or CDI annotations to resolve.
@@ -204,7 +204,9 @@ pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
             }
         }
     }
-    true
+    // Not JSON: the full path names the file and the error. Checked last, as only a spec
+    // that asks for nothing needs it, and without building the document.
+    serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_ok()
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the
