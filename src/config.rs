@@ -91,6 +91,9 @@ pub struct Quick {
     pub accept_container_devices_as_mounts: bool,
     /// config.toml and each `profiles-dir/*.toml`, unparsed.
     texts: Vec<String>,
+    /// Every TOML string in the built-ins and `texts` that could be a variable name, sorted:
+    /// a create's spec holds dozens of `NAME=` entries, each looked up here.
+    quoted: Vec<String>,
 }
 
 impl Quick {
@@ -100,11 +103,11 @@ impl Quick {
 
     pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
         let Some(text) = read_text(path)? else {
-            return Ok(Quick {
-                low_level_runtime: d_runtime(),
-                accept_container_devices_as_mounts: false,
-                texts: profile_texts(&d_profiles_dir())?,
-            });
+            return Ok(Quick::new(
+                d_runtime(),
+                false,
+                profile_texts(&d_profiles_dir())?,
+            ));
         };
         let file: QuickFile = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.into(),
@@ -112,11 +115,33 @@ impl Quick {
         })?;
         let mut texts = profile_texts(&file.profiles_dir)?;
         texts.push(text);
-        Ok(Quick {
-            low_level_runtime: check_runtime(&file.low_level_runtime, path)?,
-            accept_container_devices_as_mounts: file.accept_container_devices_as_mounts,
+        Ok(Quick::new(
+            check_runtime(&file.low_level_runtime, path)?,
+            file.accept_container_devices_as_mounts,
             texts,
-        })
+        ))
+    }
+
+    fn new(
+        low_level_runtime: String,
+        accept_container_devices_as_mounts: bool,
+        texts: Vec<String>,
+    ) -> Quick {
+        let mut quoted: Vec<String> = profile::BUILTIN
+            .iter()
+            .map(|(_, t)| *t)
+            .chain(texts.iter().map(String::as_str))
+            .flat_map(quoted_names)
+            .map(str::to_string)
+            .collect();
+        quoted.sort_unstable();
+        quoted.dedup();
+        Quick {
+            low_level_runtime,
+            accept_container_devices_as_mounts,
+            texts,
+            quoted,
+        }
     }
 
     /// Whether some profile might select devices through the variable `name`.
@@ -124,12 +149,37 @@ impl Quick {
         if name.is_empty() {
             return false;
         }
+        if name.bytes().all(is_name_byte) {
+            return self
+                .quoted
+                .binary_search_by(|q| q.as_str().cmp(name))
+                .is_ok();
+        }
         profile::BUILTIN
             .iter()
             .map(|(_, t)| *t)
             .chain(self.texts.iter().map(String::as_str))
             .any(|t| quoted_in(t, name))
     }
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Each run of name bytes (`[A-Za-z0-9_]`) in `text` with the same quote right before and
+/// after it: every name `n` for which [`quoted_in`]`(text, n)` holds.
+fn quoted_names(text: &str) -> impl Iterator<Item = &str> {
+    let b = text.as_bytes();
+    b.iter().enumerate().filter_map(move |(i, &q)| {
+        if q != b'"' && q != b'\'' {
+            return None;
+        }
+        let start = i + 1;
+        let len = b[start..].iter().take_while(|&&c| is_name_byte(c)).count();
+        // Name bytes are ASCII, so both ends are char boundaries.
+        (len > 0 && b.get(start + len) == Some(&q)).then(|| &text[start..start + len])
+    })
 }
 
 fn quoted_in(text: &str, name: &str) -> bool {
@@ -224,8 +274,32 @@ impl Config {
         check_runtime(&parsed.low_level_runtime, path)
     }
 
+    /// As [`Config::load`], but builds only the profiles that may claim one of the variables
+    /// `names` (the ones a container's spec sets), as `create` needs: parsing every profile
+    /// is most of a create's cost. The profiles left out are neither parsed nor validated, so
+    /// their warnings are not reported either. A profile counts as claiming a name when its
+    /// text holds it as a TOML string (see [`Quick`]); when config.toml itself does (an
+    /// override may set `visible-devices-env`), every profile is built.
+    pub fn load_claiming(names: &[&str]) -> Result<Config, ConfigError> {
+        let path = config_path();
+        match read_text(&path)? {
+            Some(text) => Self::parse_claiming(&text, Some(&path), Some(names)),
+            None => Self::parse_claiming("", None, Some(names)),
+        }
+    }
+
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::parse_claiming(text, path, None)
+    }
+
+    /// [`Config::parse`], building only the profiles that may claim one of `names` (`None`:
+    /// all), as [`Config::load_claiming`] does.
+    pub fn parse_claiming(
+        text: &str,
+        path: Option<&Path>,
+        names: Option<&[&str]>,
+    ) -> Result<Config, ConfigError> {
         let shown = path
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("<defaults>"));
@@ -262,7 +336,14 @@ impl Config {
             }
         };
 
-        let profiles = load_profiles(&file.profiles_dir, file.profiles, &shown, &mut warnings)?;
+        let claims = names.filter(|names| !names.iter().any(|n| quoted_in(text, n)));
+        let profiles = load_profiles(
+            &file.profiles_dir,
+            file.profiles,
+            &shown,
+            claims,
+            &mut warnings,
+        )?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -315,15 +396,28 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
     Ok(low.to_string())
 }
 
+/// The profiles, from the built-ins, `dir` and config.toml's `[profiles.*]` tables. With
+/// `claims`, only those whose text may claim one of the names (config.toml's text claims none
+/// of them): a built-in that does not is skipped; a file in `dir` that does not is skipped
+/// unless it may be named after a kept built-in (which it would replace); an override of a
+/// skipped profile is dropped with it.
 fn load_profiles(
     dir: &Path,
     mut overrides: toml::Table,
     config_path: &Path,
+    claims: Option<&[&str]>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
+    let may_claim =
+        |text: &str| claims.is_none_or(|names| names.iter().any(|n| quoted_in(text, n)));
     // (origin, table) in precedence order; a later table of the same name replaces.
     let mut tables: Vec<(String, toml::Table)> = Vec::new();
+    let mut kept_builtins: Vec<&str> = Vec::new();
     for (file, text) in profile::BUILTIN {
+        if !may_claim(text) {
+            continue;
+        }
+        kept_builtins.extend(file.strip_suffix(".toml"));
         let table = toml::from_str(text).map_err(|source| ProfileError::Parse {
             origin: format!("built-in {file}"),
             source,
@@ -335,6 +429,9 @@ fn load_profiles(
             path: path.clone(),
             source,
         })?;
+        if !may_claim(&text) && !kept_builtins.iter().any(|b| quoted_in(&text, b)) {
+            continue;
+        }
         let origin = path.display().to_string();
         let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
             origin: origin.clone(),
@@ -380,7 +477,12 @@ fn load_profiles(
         );
         profiles.push(p);
     }
-    // A [profiles.<name>] table for no known profile defines a whole new one.
+    // A [profiles.<name>] table for no known profile defines a whole new one (when only
+    // claiming profiles are built, an unknown name is a skipped profile: its override goes
+    // with it, and a new one claiming a name would have made config.toml's text claim it).
+    if claims.is_some() {
+        overrides.clear();
+    }
     for (name, value) in overrides {
         let origin = format!("[profiles.{name}] in {}", config_path.display());
         let toml::Value::Table(mut table) = value else {
@@ -567,6 +669,66 @@ mod tests {
         // No file: built-ins only.
         let q = Quick::load_from(&dir.path().join("none.toml")).unwrap();
         assert!(q.may_claim("NVIDIA_VISIBLE_DEVICES") && !q.may_claim("MY_ACCELS"));
+    }
+
+    #[test]
+    fn quoted_names_are_what_quoted_in_finds() {
+        let text = "a = \"NV_X\"\nb = ['Y_1', \"Z\" ]\n# \"mixed' \"ab\"cd\" x\"\"\n";
+        let names: Vec<&str> = quoted_names(text).collect();
+        assert_eq!(names, ["NV_X", "Y_1", "Z", "ab", "cd"]);
+        for n in &names {
+            assert!(quoted_in(text, n), "{n}");
+        }
+        for n in ["NV", "mixed", "x", "b", "Y"] {
+            assert!(!quoted_in(text, n) && !names.contains(&n), "{n}");
+        }
+    }
+
+    /// `create` builds only the profiles that may claim the spec's variables: an unrelated
+    /// broken profile does not stop it, a file replacing a built-in still replaces it, and
+    /// an override of a skipped profile is dropped with it.
+    #[test]
+    fn claiming_load_builds_only_claiming_profiles() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        std::fs::write(profiles.join("broken.toml"), "name = \"broken\"\nx = [").unwrap();
+        let text =
+            format!("profiles-dir = {profiles:?}\n[profiles.enflame]\ndriver-root = \"/sim\"\n");
+        let path = Some(Path::new("c.toml"));
+        assert!(Config::parse(&text, path).is_err());
+        let nv = ["NVIDIA_VISIBLE_DEVICES"];
+        let c = Config::parse_claiming(&text, path, Some(&nv)).unwrap();
+        let names: Vec<&str> = c.profiles.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["nvidia"]);
+        let c = Config::parse_claiming(&text, path, Some(&["ENFLAME_VISIBLE_DEVICES"])).unwrap();
+        assert_eq!(c.profiles.len(), 1);
+        assert_eq!(c.profiles[0].driver_root, PathBuf::from("/sim"));
+        assert!(Config::parse_claiming(&text, path, Some(&["NOBODY"]))
+            .unwrap()
+            .profiles
+            .is_empty());
+
+        // A file named like a built-in replaces it even when it no longer claims the name.
+        std::fs::remove_file(profiles.join("broken.toml")).unwrap();
+        let nvidia = profile::BUILTIN[0]
+            .1
+            .replace("\"NVIDIA_VISIBLE_DEVICES\"", "\"MY_GPUS\"");
+        std::fs::write(profiles.join("my-nvidia.toml"), nvidia).unwrap();
+        let c = Config::parse_claiming(&text, path, Some(&nv)).unwrap();
+        assert!(c
+            .profiles
+            .iter()
+            .all(|p| !p.visible_devices_env.contains(&nv[0].to_string())));
+        let full = Config::parse(&text, path).unwrap();
+        assert!(full.profile("nvidia").unwrap().visible_devices_env == ["MY_GPUS"]);
+
+        // config.toml naming the variable (an override may claim it): every profile is built.
+        let text = format!(
+            "{text}[profiles.custom]\nvisible-devices-env = [\"NVIDIA_VISIBLE_DEVICES\"]\n"
+        );
+        let err = Config::parse_claiming(&text, path, Some(&nv)).unwrap_err();
+        assert!(err.to_string().contains("custom"), "{err}");
     }
 
     #[test]

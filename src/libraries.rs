@@ -282,6 +282,48 @@ mod tests {
         );
     }
 
+    /// A resolver shared by many lookups answers as fresh ones do, through symlinked
+    /// directories, `..` and absolute links alike.
+    #[test]
+    fn shared_resolver_matches_fresh_resolution() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("usr/lib/real")).unwrap();
+        std::fs::create_dir_all(r.join("etc")).unwrap();
+        std::fs::write(r.join("usr/lib/real/libx.so.1"), "elf").unwrap();
+        symlink("real", r.join("usr/lib/link")).unwrap();
+        symlink("/usr/lib/real", r.join("usr/lib/abs")).unwrap();
+        symlink("../../../../etc", r.join("usr/lib/real/up")).unwrap();
+        let paths = [
+            "/usr/lib/link/libx.so.1",
+            "/usr/lib/abs/libx.so.1",
+            "/usr/lib/link/../real/libx.so.1",
+            "/usr/lib/real/up",
+            "/usr/lib/link",
+            "/usr/lib/link/libx.so.1/..",
+            "/usr/lib/abs/missing",
+        ];
+        let mut shared = Resolver::new(r);
+        for _ in 0..2 {
+            for p in paths {
+                let fresh = Resolver::new(r).resolve(Path::new(p));
+                let again = shared.resolve(Path::new(p));
+                match (fresh, again) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{p}"),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{p}: {a:?} vs {b:?}"),
+                }
+            }
+        }
+        let got = shared.resolve(Path::new("/usr/lib/abs/libx.so.1")).unwrap();
+        assert_eq!(got.host, r.join("usr/lib/real/libx.so.1"));
+        assert!(got.is_file);
+        let up = shared.resolve(Path::new("/usr/lib/real/up")).unwrap();
+        assert_eq!(up.host, r.join("etc"));
+        let dir = shared.resolve(Path::new("/usr/lib/link")).unwrap();
+        assert!(!dir.is_file);
+    }
+
     #[test]
     fn symlink_loop_is_an_error() {
         let root = tempfile::tempdir().unwrap();
