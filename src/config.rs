@@ -274,12 +274,13 @@ impl Config {
         check_runtime(&parsed.low_level_runtime, path)
     }
 
-    /// As [`Config::load`], but builds only the profiles that may claim one of the variables
-    /// `names` (the ones a container's spec sets), as `create` needs: parsing every profile
-    /// is most of a create's cost. The profiles left out are neither parsed nor validated, so
-    /// their warnings are not reported either. A profile counts as claiming a name when its
-    /// text holds it as a TOML string (see [`Quick`]); when config.toml itself does (an
-    /// override may set `visible-devices-env`), every profile is built.
+    /// As [`Config::load`], for a container whose spec sets only the variables `names`: a
+    /// built-in profile nothing can involve is not built (parsing the profiles is most of a
+    /// create's cost). A built-in is involved when its text holds one of `names` as a TOML
+    /// string (see [`Quick`]), when config.toml overrides it, or when one of the operator's
+    /// profiles uses a variable it names. Every profile file and config.toml table is still
+    /// built and validated, so the result, errors and warnings are those of [`Config::load`]
+    /// for every profile that can matter.
     pub fn load_claiming(names: &[&str]) -> Result<Config, ConfigError> {
         let path = config_path();
         match read_text(&path)? {
@@ -293,8 +294,8 @@ impl Config {
         Self::parse_claiming(text, path, None)
     }
 
-    /// [`Config::parse`], building only the profiles that may claim one of `names` (`None`:
-    /// all), as [`Config::load_claiming`] does.
+    /// [`Config::parse`], skipping the built-ins nothing involves for a spec setting `names`
+    /// (`None`: skip none), as [`Config::load_claiming`] does.
     pub fn parse_claiming(
         text: &str,
         path: Option<&Path>,
@@ -336,12 +337,11 @@ impl Config {
             }
         };
 
-        let claims = names.filter(|names| !names.iter().any(|n| quoted_in(text, n)));
         let profiles = load_profiles(
             &file.profiles_dir,
             file.profiles,
             &shown,
-            claims,
+            names,
             &mut warnings,
         )?;
         Ok(Config {
@@ -397,10 +397,11 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
 }
 
 /// The profiles, from the built-ins, `dir` and config.toml's `[profiles.*]` tables. With
-/// `claims`, only those whose text may claim one of the names (config.toml's text claims none
-/// of them): a built-in that does not is skipped; a file in `dir` that does not is skipped
-/// unless it may be named after a kept built-in (which it would replace); an override of a
-/// skipped profile is dropped with it.
+/// `claims`, a built-in is skipped when nothing can involve it: its text names none of the
+/// variables, config.toml has no `[profiles.<name>]` for it, and no file in `dir` or table in
+/// config.toml uses one of the variables it names. Skipping it changes no result, error or
+/// warning (built-ins are compiled in and tested); the operator's files and tables are always
+/// built, so a broken one is reported by every create.
 fn load_profiles(
     dir: &Path,
     mut overrides: toml::Table,
@@ -408,35 +409,51 @@ fn load_profiles(
     claims: Option<&[&str]>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    let may_claim =
-        |text: &str| claims.is_none_or(|names| names.iter().any(|n| quoted_in(text, n)));
+    let mut files: Vec<(String, toml::Table)> = Vec::new();
+    for path in profile_files(dir, warnings) {
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let origin = path.display().to_string();
+        let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
+            origin: origin.clone(),
+            source,
+        })?;
+        files.push((origin, table));
+    }
+    // The variables the operator's own profiles use, as written in their tables.
+    let operator_vars: Vec<&str> = files
+        .iter()
+        .map(|(_, t)| t)
+        .chain(overrides.values().filter_map(toml::Value::as_table))
+        .filter_map(|t| t.get("visible-devices-env")?.as_array())
+        .flatten()
+        .filter_map(toml::Value::as_str)
+        .collect();
+    let involved = |name: &str, text: &str| match claims {
+        None => true,
+        Some(names) => {
+            names
+                .iter()
+                .chain(&operator_vars)
+                .any(|n| quoted_in(text, n))
+                || overrides.contains_key(name)
+        }
+    };
     // (origin, table) in precedence order; a later table of the same name replaces.
     let mut tables: Vec<(String, toml::Table)> = Vec::new();
-    let mut kept_builtins: Vec<&str> = Vec::new();
     for (file, text) in profile::BUILTIN {
-        if !may_claim(text) {
+        if !involved(file.strip_suffix(".toml").unwrap_or(file), text) {
             continue;
         }
-        kept_builtins.extend(file.strip_suffix(".toml"));
         let table = toml::from_str(text).map_err(|source| ProfileError::Parse {
             origin: format!("built-in {file}"),
             source,
         })?;
         tables.push((format!("built-in {file}"), table));
     }
-    for path in profile_files(dir, warnings) {
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        if !may_claim(&text) && !kept_builtins.iter().any(|b| quoted_in(&text, b)) {
-            continue;
-        }
-        let origin = path.display().to_string();
-        let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
-            origin: origin.clone(),
-            source,
-        })?;
+    for (origin, table) in files {
         let name = table
             .get("name")
             .and_then(|v| v.as_str())
@@ -477,12 +494,7 @@ fn load_profiles(
         );
         profiles.push(p);
     }
-    // A [profiles.<name>] table for no known profile defines a whole new one (when only
-    // claiming profiles are built, an unknown name is a skipped profile: its override goes
-    // with it, and a new one claiming a name would have made config.toml's text claim it).
-    if claims.is_some() {
-        overrides.clear();
-    }
+    // A [profiles.<name>] table for no known profile defines a whole new one.
     for (name, value) in overrides {
         let origin = format!("[profiles.{name}] in {}", config_path.display());
         let toml::Value::Table(mut table) = value else {
@@ -684,51 +696,50 @@ mod tests {
         }
     }
 
-    /// `create` builds only the profiles that may claim the spec's variables: an unrelated
-    /// broken profile does not stop it, a file replacing a built-in still replaces it, and
-    /// an override of a skipped profile is dropped with it.
+    /// `create` skips only the built-ins nothing involves: the operator's files and tables are
+    /// always built (a broken one is an error for every create), an override keeps its
+    /// built-in, and an operator profile sharing a built-in's variable still meets it.
     #[test]
-    fn claiming_load_builds_only_claiming_profiles() {
+    fn claiming_load_skips_only_uninvolved_builtins() {
+        let path = Some(Path::new("c.toml"));
+        let names = |text: &str, vars: &[&str]| -> Vec<String> {
+            Config::parse_claiming(text, path, Some(vars))
+                .unwrap()
+                .profiles
+                .into_iter()
+                .map(|p| p.name)
+                .collect()
+        };
+        let nv = ["NVIDIA_VISIBLE_DEVICES"];
+        assert_eq!(names("", &nv), ["nvidia"]);
+        assert_eq!(names("", &["ENFLAME_VISIBLE_DEVICES"]), ["enflame"]);
+        assert!(names("", &["NOBODY"]).is_empty());
+        assert_eq!(
+            names("[profiles.enflame]\ndriver-root = \"/sim\"\n", &nv),
+            ["nvidia", "enflame"]
+        );
+        let err = Config::parse_claiming("[profiles.enflame]\ndriver-root = 5\n", path, Some(&nv))
+            .unwrap_err();
+        assert!(err.to_string().contains("enflame"), "{err}");
+
         let dir = tempfile::tempdir().unwrap();
         let profiles = dir.path().join("profiles.d");
         std::fs::create_dir(&profiles).unwrap();
+        let text = format!("profiles-dir = {profiles:?}\n");
         std::fs::write(profiles.join("broken.toml"), "name = \"broken\"\nx = [").unwrap();
-        let text =
-            format!("profiles-dir = {profiles:?}\n[profiles.enflame]\ndriver-root = \"/sim\"\n");
-        let path = Some(Path::new("c.toml"));
-        assert!(Config::parse(&text, path).is_err());
-        let nv = ["NVIDIA_VISIBLE_DEVICES"];
-        let c = Config::parse_claiming(&text, path, Some(&nv)).unwrap();
-        let names: Vec<&str> = c.profiles.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["nvidia"]);
-        let c = Config::parse_claiming(&text, path, Some(&["ENFLAME_VISIBLE_DEVICES"])).unwrap();
-        assert_eq!(c.profiles.len(), 1);
-        assert_eq!(c.profiles[0].driver_root, PathBuf::from("/sim"));
-        assert!(Config::parse_claiming(&text, path, Some(&["NOBODY"]))
-            .unwrap()
-            .profiles
-            .is_empty());
-
-        // A file named like a built-in replaces it even when it no longer claims the name.
+        assert!(Config::parse_claiming(&text, path, Some(&nv)).is_err());
         std::fs::remove_file(profiles.join("broken.toml")).unwrap();
-        let nvidia = profile::BUILTIN[0]
+        // A file claiming enflame's variable under another name: two profiles claim it.
+        let copy = profile::BUILTIN[1]
             .1
-            .replace("\"NVIDIA_VISIBLE_DEVICES\"", "\"MY_GPUS\"");
-        std::fs::write(profiles.join("my-nvidia.toml"), nvidia).unwrap();
-        let c = Config::parse_claiming(&text, path, Some(&nv)).unwrap();
-        assert!(c
-            .profiles
-            .iter()
-            .all(|p| !p.visible_devices_env.contains(&nv[0].to_string())));
-        let full = Config::parse(&text, path).unwrap();
-        assert!(full.profile("nvidia").unwrap().visible_devices_env == ["MY_GPUS"]);
-
-        // config.toml naming the variable (an override may claim it): every profile is built.
-        let text = format!(
-            "{text}[profiles.custom]\nvisible-devices-env = [\"NVIDIA_VISIBLE_DEVICES\"]\n"
-        );
-        let err = Config::parse_claiming(&text, path, Some(&nv)).unwrap_err();
-        assert!(err.to_string().contains("custom"), "{err}");
+            .replace("name = \"enflame\"", "name = \"my-gcu\"");
+        std::fs::write(profiles.join("my-gcu.toml"), copy).unwrap();
+        let full = Config::parse(&text, path).unwrap_err().to_string();
+        let claiming = Config::parse_claiming(&text, path, Some(&nv))
+            .unwrap_err()
+            .to_string();
+        assert!(full.contains("claimed by two profiles"), "{full}");
+        assert_eq!(claiming, full);
     }
 
     #[test]
