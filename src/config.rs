@@ -91,6 +91,9 @@ pub struct Quick {
     pub accept_container_devices_as_mounts: bool,
     /// config.toml and each `profiles-dir/*.toml`, unparsed.
     texts: Vec<String>,
+    /// Every TOML string in the built-ins and `texts` that could be a variable name, sorted:
+    /// a create's spec holds dozens of `NAME=` entries, each looked up here.
+    quoted: Vec<String>,
 }
 
 impl Quick {
@@ -100,11 +103,11 @@ impl Quick {
 
     pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
         let Some(text) = read_text(path)? else {
-            return Ok(Quick {
-                low_level_runtime: d_runtime(),
-                accept_container_devices_as_mounts: false,
-                texts: profile_texts(&d_profiles_dir())?,
-            });
+            return Ok(Quick::new(
+                d_runtime(),
+                false,
+                profile_texts(&d_profiles_dir())?,
+            ));
         };
         let file: QuickFile = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.into(),
@@ -112,11 +115,33 @@ impl Quick {
         })?;
         let mut texts = profile_texts(&file.profiles_dir)?;
         texts.push(text);
-        Ok(Quick {
-            low_level_runtime: check_runtime(&file.low_level_runtime, path)?,
-            accept_container_devices_as_mounts: file.accept_container_devices_as_mounts,
+        Ok(Quick::new(
+            check_runtime(&file.low_level_runtime, path)?,
+            file.accept_container_devices_as_mounts,
             texts,
-        })
+        ))
+    }
+
+    fn new(
+        low_level_runtime: String,
+        accept_container_devices_as_mounts: bool,
+        texts: Vec<String>,
+    ) -> Quick {
+        let mut quoted: Vec<String> = profile::BUILTIN
+            .iter()
+            .map(|(_, t)| *t)
+            .chain(texts.iter().map(String::as_str))
+            .flat_map(quoted_names)
+            .map(str::to_string)
+            .collect();
+        quoted.sort_unstable();
+        quoted.dedup();
+        Quick {
+            low_level_runtime,
+            accept_container_devices_as_mounts,
+            texts,
+            quoted,
+        }
     }
 
     /// Whether some profile might select devices through the variable `name`.
@@ -124,12 +149,37 @@ impl Quick {
         if name.is_empty() {
             return false;
         }
+        if name.bytes().all(is_name_byte) {
+            return self
+                .quoted
+                .binary_search_by(|q| q.as_str().cmp(name))
+                .is_ok();
+        }
         profile::BUILTIN
             .iter()
             .map(|(_, t)| *t)
             .chain(self.texts.iter().map(String::as_str))
             .any(|t| quoted_in(t, name))
     }
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Each run of name bytes (`[A-Za-z0-9_]`) in `text` with the same quote right before and
+/// after it: every name `n` for which [`quoted_in`]`(text, n)` holds.
+fn quoted_names(text: &str) -> impl Iterator<Item = &str> {
+    let b = text.as_bytes();
+    b.iter().enumerate().filter_map(move |(i, &q)| {
+        if q != b'"' && q != b'\'' {
+            return None;
+        }
+        let start = i + 1;
+        let len = b[start..].iter().take_while(|&&c| is_name_byte(c)).count();
+        // Name bytes are ASCII, so both ends are char boundaries.
+        (len > 0 && b.get(start + len) == Some(&q)).then(|| &text[start..start + len])
+    })
 }
 
 fn quoted_in(text: &str, name: &str) -> bool {
@@ -224,8 +274,33 @@ impl Config {
         check_runtime(&parsed.low_level_runtime, path)
     }
 
+    /// As [`Config::load`], for a container whose spec sets only the variables `names`: a
+    /// built-in profile nothing can involve is not built (parsing the profiles is most of a
+    /// create's cost). A built-in is involved when its text holds one of `names` as a TOML
+    /// string (see [`Quick`]), when config.toml overrides it, or when one of the operator's
+    /// profiles uses a variable it names. Every profile file and config.toml table is still
+    /// built and validated, so the result, errors and warnings are those of [`Config::load`]
+    /// for every profile that can matter.
+    pub fn load_claiming(names: &[&str]) -> Result<Config, ConfigError> {
+        let path = config_path();
+        match read_text(&path)? {
+            Some(text) => Self::parse_claiming(&text, Some(&path), Some(names)),
+            None => Self::parse_claiming("", None, Some(names)),
+        }
+    }
+
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::parse_claiming(text, path, None)
+    }
+
+    /// [`Config::parse`], skipping the built-ins nothing involves for a spec setting `names`
+    /// (`None`: skip none), as [`Config::load_claiming`] does.
+    pub fn parse_claiming(
+        text: &str,
+        path: Option<&Path>,
+        names: Option<&[&str]>,
+    ) -> Result<Config, ConfigError> {
         let shown = path
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("<defaults>"));
@@ -262,7 +337,13 @@ impl Config {
             }
         };
 
-        let profiles = load_profiles(&file.profiles_dir, file.profiles, &shown, &mut warnings)?;
+        let profiles = load_profiles(
+            &file.profiles_dir,
+            file.profiles,
+            &shown,
+            names,
+            &mut warnings,
+        )?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -315,21 +396,20 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
     Ok(low.to_string())
 }
 
+/// The profiles, from the built-ins, `dir` and config.toml's `[profiles.*]` tables. With
+/// `claims`, a built-in is skipped when nothing can involve it: its text names none of the
+/// variables, config.toml has no `[profiles.<name>]` for it, and no file in `dir` or table in
+/// config.toml uses one of the variables it names. Skipping it changes no result, error or
+/// warning (built-ins are compiled in and tested); the operator's files and tables are always
+/// built, so a broken one is reported by every create.
 fn load_profiles(
     dir: &Path,
     mut overrides: toml::Table,
     config_path: &Path,
+    claims: Option<&[&str]>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    // (origin, table) in precedence order; a later table of the same name replaces.
-    let mut tables: Vec<(String, toml::Table)> = Vec::new();
-    for (file, text) in profile::BUILTIN {
-        let table = toml::from_str(text).map_err(|source| ProfileError::Parse {
-            origin: format!("built-in {file}"),
-            source,
-        })?;
-        tables.push((format!("built-in {file}"), table));
-    }
+    let mut files: Vec<(String, toml::Table)> = Vec::new();
     for path in profile_files(dir, warnings) {
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
             path: path.clone(),
@@ -340,6 +420,40 @@ fn load_profiles(
             origin: origin.clone(),
             source,
         })?;
+        files.push((origin, table));
+    }
+    // The variables the operator's own profiles use, as written in their tables.
+    let operator_vars: Vec<&str> = files
+        .iter()
+        .map(|(_, t)| t)
+        .chain(overrides.values().filter_map(toml::Value::as_table))
+        .filter_map(|t| t.get("visible-devices-env")?.as_array())
+        .flatten()
+        .filter_map(toml::Value::as_str)
+        .collect();
+    let involved = |name: &str, text: &str| match claims {
+        None => true,
+        Some(names) => {
+            names
+                .iter()
+                .chain(&operator_vars)
+                .any(|n| quoted_in(text, n))
+                || overrides.contains_key(name)
+        }
+    };
+    // (origin, table) in precedence order; a later table of the same name replaces.
+    let mut tables: Vec<(String, toml::Table)> = Vec::new();
+    for (file, text) in profile::BUILTIN {
+        if !involved(file.strip_suffix(".toml").unwrap_or(file), text) {
+            continue;
+        }
+        let table = toml::from_str(text).map_err(|source| ProfileError::Parse {
+            origin: format!("built-in {file}"),
+            source,
+        })?;
+        tables.push((format!("built-in {file}"), table));
+    }
+    for (origin, table) in files {
         let name = table
             .get("name")
             .and_then(|v| v.as_str())
@@ -567,6 +681,65 @@ mod tests {
         // No file: built-ins only.
         let q = Quick::load_from(&dir.path().join("none.toml")).unwrap();
         assert!(q.may_claim("NVIDIA_VISIBLE_DEVICES") && !q.may_claim("MY_ACCELS"));
+    }
+
+    #[test]
+    fn quoted_names_are_what_quoted_in_finds() {
+        let text = "a = \"NV_X\"\nb = ['Y_1', \"Z\" ]\n# \"mixed' \"ab\"cd\" x\"\"\n";
+        let names: Vec<&str> = quoted_names(text).collect();
+        assert_eq!(names, ["NV_X", "Y_1", "Z", "ab", "cd"]);
+        for n in &names {
+            assert!(quoted_in(text, n), "{n}");
+        }
+        for n in ["NV", "mixed", "x", "b", "Y"] {
+            assert!(!quoted_in(text, n) && !names.contains(&n), "{n}");
+        }
+    }
+
+    /// `create` skips only the built-ins nothing involves: the operator's files and tables are
+    /// always built (a broken one is an error for every create), an override keeps its
+    /// built-in, and an operator profile sharing a built-in's variable still meets it.
+    #[test]
+    fn claiming_load_skips_only_uninvolved_builtins() {
+        let path = Some(Path::new("c.toml"));
+        let names = |text: &str, vars: &[&str]| -> Vec<String> {
+            Config::parse_claiming(text, path, Some(vars))
+                .unwrap()
+                .profiles
+                .into_iter()
+                .map(|p| p.name)
+                .collect()
+        };
+        let nv = ["NVIDIA_VISIBLE_DEVICES"];
+        assert_eq!(names("", &nv), ["nvidia"]);
+        assert_eq!(names("", &["ENFLAME_VISIBLE_DEVICES"]), ["enflame"]);
+        assert!(names("", &["NOBODY"]).is_empty());
+        assert_eq!(
+            names("[profiles.enflame]\ndriver-root = \"/sim\"\n", &nv),
+            ["nvidia", "enflame"]
+        );
+        let err = Config::parse_claiming("[profiles.enflame]\ndriver-root = 5\n", path, Some(&nv))
+            .unwrap_err();
+        assert!(err.to_string().contains("enflame"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        let text = format!("profiles-dir = {profiles:?}\n");
+        std::fs::write(profiles.join("broken.toml"), "name = \"broken\"\nx = [").unwrap();
+        assert!(Config::parse_claiming(&text, path, Some(&nv)).is_err());
+        std::fs::remove_file(profiles.join("broken.toml")).unwrap();
+        // A file claiming enflame's variable under another name: two profiles claim it.
+        let copy = profile::BUILTIN[1]
+            .1
+            .replace("name = \"enflame\"", "name = \"my-gcu\"");
+        std::fs::write(profiles.join("my-gcu.toml"), copy).unwrap();
+        let full = Config::parse(&text, path).unwrap_err().to_string();
+        let claiming = Config::parse_claiming(&text, path, Some(&nv))
+            .unwrap_err()
+            .to_string();
+        assert!(full.contains("claimed by two profiles"), "{full}");
+        assert_eq!(claiming, full);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::argv::Invocation;
 use crate::cdi::{self, CdiError};
-use crate::config::{Config, Quick};
+use crate::config::{Config, ConfigError, Quick};
 use crate::discovery::{self, Device, DiscoveryError};
 use crate::ldcache;
 use crate::plan::{self, Plan, PlanError};
@@ -64,7 +64,8 @@ pub struct Outcome {
 pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
     let bundle = inv.bundle.clone().unwrap_or_else(|| PathBuf::from("."));
     let path = bundle.join("config.json");
-    let mut spec = spec::read(&path)?;
+    let original = spec::read_bytes(&path)?;
+    let mut spec = spec::parse_file(&path, &original)?;
 
     let mut out = Outcome {
         removed_docker_hook: spec::remove_docker_gpu_hook(&mut spec),
@@ -146,7 +147,6 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
-    let before = spec.clone();
     spec::apply(&mut spec, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
@@ -154,17 +154,51 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite the same bytes (two fsyncs on a disk-backed bundle). CDI edits replace
-    // entries in place, so only a comparison of the documents tells.
-    if spec != before || out.removed_docker_hook {
-        spec::write(&path, &spec)?;
+    // entries in place, so only the result tells; comparing the bytes about to be written
+    // with those read costs far less than keeping a copy of the document to compare.
+    let edited = spec::to_bytes(&path, &spec)?;
+    if edited != original {
+        spec::write_bytes(&path, &edited)?;
     }
     Ok(Some(out))
 }
 
-/// True when the bundle's spec certainly asks for nothing: no variable any profile could
-/// claim, no device-list mounts accepted, no docker `--gpus` hook to replace, no CDI annotation. Then neither
-/// the profiles nor config.json are parsed (each costs more than the rest of a pass-through,
-/// benches/BENCHMARKS.md) and config.json is never written.
+/// What a look at the bundle's spec, before any profile is parsed, says about a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Screen {
+    /// The spec certainly asks for nothing: config.json is neither parsed nor written.
+    Nothing,
+    /// Only these variables can make a request: only the profiles that may claim one of
+    /// them need building ([`Config::load_claiming`]).
+    Variables(Vec<String>),
+    /// Anything may be asked for (device-list mounts accepted, docker's `--gpus` hook, CDI
+    /// annotations, a spec that does not read): every profile is built.
+    Anything,
+}
+
+impl Screen {
+    /// The config (and profiles) the full create needs; `None` for [`Screen::Nothing`].
+    pub fn load_config(&self) -> Result<Option<Config>, ConfigError> {
+        match self {
+            Screen::Nothing => Ok(None),
+            Screen::Variables(names) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                Config::load_claiming(&names).map(Some)
+            }
+            Screen::Anything => Config::load().map(Some),
+        }
+    }
+}
+
+/// True when the bundle's spec certainly asks for nothing ([`screen`] says so).
+pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
+    screen(bundle, quick) == Screen::Nothing
+}
+
+/// Screens the bundle's spec: whether it certainly asks for nothing (then neither the
+/// profiles nor config.json are parsed, each costs more than the rest of a pass-through,
+/// benches/BENCHMARKS.md, and config.json is never written), and else which variables can
+/// make a request, so that only the profiles claiming them are parsed.
 ///
 /// The spec is screened as bytes: every `"NAME=` in it (env entries, as engines write them:
 /// names are never escaped) is offered to [`config::Quick::may_claim`]. Any doubt (a name
@@ -172,39 +206,51 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
 /// JSON object) goes down the full create path, which decides and reports errors. A spec
 /// that is a JSON object but has sections of the wrong type, and asks for nothing, goes to
 /// the low-level runtime as it is: runc judges its own spec.
-pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
+pub fn screen(bundle: &Path, quick: &Quick) -> Screen {
     if quick.accept_container_devices_as_mounts {
-        return false;
+        return Screen::Anything;
     }
     let Ok(data) = spec::read_bytes(&bundle.join("config.json")) else {
-        return false;
+        return Screen::Anything;
     };
-    // Not JSON, or not an object: the full path names the file and the error. (Checked
-    // without building the document: no allocation per value.)
-    let first = data.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') || serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
-        return false;
+    // Not an object: the full path names the file and the error.
+    if data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Screen::Anything;
     }
     // Docker's --gpus hook to replace, or CDI annotations to resolve.
     for needle in [spec::DOCKER_GPU_HOOK, cdi::model::ANNOTATION_PREFIX] {
         let needle = needle.as_bytes();
-        if data.windows(needle.len()).any(|w| w == needle) {
-            return false;
+        if data
+            .windows(needle.len())
+            .any(|w| w[0] == needle[0] && w == needle)
+        {
+            return Screen::Anything;
         }
     }
+    // Each `=` preceded by a run of name bytes and a quote is a `"NAME=`; `=` is much rarer
+    // than `"` in a spec, so the scan starts from it.
     let is_name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
-    let mut rest = &data[..];
-    while let Some(q) = rest.iter().position(|&b| b == b'"') {
-        rest = &rest[q + 1..];
-        let len = rest.iter().take_while(|b| is_name(b)).count();
-        if rest.get(len) == Some(&b'=') {
-            let name = std::str::from_utf8(&rest[..len]).unwrap_or_default();
-            if quick.may_claim(name) {
-                return false;
+    let mut names: Vec<String> = Vec::new();
+    for (eq, _) in data.iter().enumerate().filter(|(_, &b)| b == b'=') {
+        let len = data[..eq].iter().rev().take_while(|b| is_name(b)).count();
+        let start = eq - len;
+        if start > 0 && data[start - 1] == b'"' {
+            let name = std::str::from_utf8(&data[start..eq]).unwrap_or_default();
+            if quick.may_claim(name) && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
             }
         }
     }
-    true
+    if !names.is_empty() {
+        return Screen::Variables(names);
+    }
+    // Not JSON: the full path names the file and the error. Checked last, as only a spec
+    // that asks for nothing needs it, and without building the document.
+    if serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_ok() {
+        Screen::Nothing
+    } else {
+        Screen::Anything
+    }
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the
@@ -255,4 +301,41 @@ fn ranges(profile: &Profile) -> bool {
             ..
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn screen_names_the_variables_profiles_may_claim() {
+        let quick = Quick::load_from(Path::new("/nonexistent/config.toml")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let screen_of = |json: &str| {
+            std::fs::write(dir.path().join("config.json"), json).unwrap();
+            screen(dir.path(), &quick)
+        };
+        assert_eq!(
+            screen_of(
+                r#"{"process":{"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=all","ENFLAME_VISIBLE_DEVICES=0","NVIDIA_VISIBLE_DEVICES=0"]},"mounts":[{"options":["mode=755"]}]}"#
+            ),
+            Screen::Variables(vec![
+                "NVIDIA_VISIBLE_DEVICES".into(),
+                "ENFLAME_VISIBLE_DEVICES".into()
+            ])
+        );
+        assert_eq!(
+            screen_of(r#"{"process":{"env":["PATH=/bin","X_VISIBLE_DEVICES=1"]}}"#),
+            Screen::Nothing
+        );
+        assert_eq!(
+            screen_of(r#"{"process":{"env":["PATH=/bin"]}"#),
+            Screen::Anything
+        );
+        assert_eq!(screen_of(r#"["PATH=/bin"]"#), Screen::Anything);
+        assert_eq!(
+            screen_of(r#"{"annotations":{"cdi.k8s.io/x":"vendor.com/gpu=0"}}"#),
+            Screen::Anything
+        );
+    }
 }

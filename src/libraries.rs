@@ -26,37 +26,111 @@ pub struct Found {
 /// Resolves `path` (absolute, container-style) under `root` as a chroot would: `..` and
 /// absolute symlink targets stay inside `root`. Returns the host path of the final file.
 pub fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
-    let mut queue: VecDeque<OsString> = path.components().filter_map(normal).collect();
-    let mut cur = PathBuf::new();
-    let mut hops = 0;
-    while let Some(comp) = queue.pop_front() {
-        if comp == ".." {
-            cur.pop();
-            continue;
-        }
-        let candidate = cur.join(&comp);
-        let host = root.join(&candidate);
-        let meta = std::fs::symlink_metadata(&host)?;
-        if meta.file_type().is_symlink() {
-            hops += 1;
-            if hops > MAX_SYMLINKS {
-                return Err(std::io::Error::other(format!(
-                    "{}: too many levels of symbolic links",
-                    host.display()
-                )));
-            }
-            let target = std::fs::read_link(&host)?;
-            if target.is_absolute() {
-                cur = PathBuf::new();
-            }
-            for c in target.components().rev().filter_map(normal) {
-                queue.push_front(c);
-            }
-        } else {
-            cur = candidate;
+    Resolver::new(root).resolve(path).map(|r| r.host)
+}
+
+/// A path resolved inside the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub host: PathBuf,
+    /// Whether the final component is a regular file (it is never a symlink).
+    pub is_file: bool,
+}
+
+/// What `lstat` said about one host path.
+#[derive(Debug, Clone)]
+enum Lookup {
+    Link(PathBuf),
+    Other { is_file: bool },
+}
+
+/// Resolves paths under one root as [`resolve_in_root`] does, remembering what each host path
+/// turned out to be: the libraries and binaries of a create share their directories (`usr`,
+/// `usr/lib/x86_64-linux-gnu`), which are then looked at once rather than once per file. Use
+/// one for a single create only (the answers are as of the first look).
+#[derive(Debug)]
+pub struct Resolver<'a> {
+    root: &'a Path,
+    /// Host path and what it was; a create resolves a few dozen, so a list beats hashing.
+    seen: Vec<(PathBuf, Lookup)>,
+}
+
+impl<'a> Resolver<'a> {
+    pub fn new(root: &'a Path) -> Self {
+        Resolver {
+            root,
+            seen: Vec::new(),
         }
     }
-    Ok(root.join(cur))
+
+    pub fn root(&self) -> &Path {
+        self.root
+    }
+
+    fn lookup(&mut self, host: PathBuf) -> std::io::Result<Lookup> {
+        let key = host.as_os_str().as_encoded_bytes();
+        if let Some((_, l)) = self
+            .seen
+            .iter()
+            .find(|(p, _)| p.as_os_str().as_encoded_bytes() == key)
+        {
+            return Ok(l.clone());
+        }
+        let meta = std::fs::symlink_metadata(&host)?;
+        let l = if meta.file_type().is_symlink() {
+            Lookup::Link(std::fs::read_link(&host)?)
+        } else {
+            Lookup::Other {
+                is_file: meta.is_file(),
+            }
+        };
+        self.seen.push((host, l.clone()));
+        Ok(l)
+    }
+
+    /// Resolves `path` (absolute, container-style) under the root as a chroot would.
+    pub fn resolve(&mut self, path: &Path) -> std::io::Result<Resolved> {
+        let mut queue: VecDeque<OsString> = path.components().filter_map(normal).collect();
+        let mut cur = PathBuf::new();
+        // The root itself and anything reached by `..` is a directory.
+        let mut is_file = false;
+        let mut hops = 0;
+        while let Some(comp) = queue.pop_front() {
+            if comp == ".." {
+                cur.pop();
+                is_file = false;
+                continue;
+            }
+            let candidate = cur.join(&comp);
+            let host = self.root.join(&candidate);
+            match self.lookup(host)? {
+                Lookup::Link(target) => {
+                    hops += 1;
+                    if hops > MAX_SYMLINKS {
+                        return Err(std::io::Error::other(format!(
+                            "{}: too many levels of symbolic links",
+                            self.root.join(&candidate).display()
+                        )));
+                    }
+                    if target.is_absolute() {
+                        cur = PathBuf::new();
+                        is_file = false;
+                    }
+                    for c in target.components().rev().filter_map(normal) {
+                        queue.push_front(c);
+                    }
+                }
+                Lookup::Other { is_file: f } => {
+                    cur = candidate;
+                    is_file = f;
+                }
+            }
+        }
+        Ok(Resolved {
+            host: self.root.join(cur),
+            is_file,
+        })
+    }
 }
 
 fn normal(c: Component) -> Option<OsString> {
@@ -76,9 +150,16 @@ fn matches_stem(name: &str, stem: &str) -> bool {
 
 /// Every library of `stems` the driver root has, one entry per soname.
 /// Libraries the driver does not ship are left out (not every driver build has every one).
-pub fn libraries(profile: &Profile, stems: &[String], cache: &[ldcache::Entry]) -> Vec<Found> {
-    let root = &profile.driver_root;
+/// `resolver` must be for the profile's driver root.
+pub fn libraries(
+    profile: &Profile,
+    stems: &[String],
+    cache: &[ldcache::Entry],
+    resolver: &mut Resolver,
+) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
+    // Each search directory is listed once, when a stem first needs it.
+    let mut listings: Vec<Option<Vec<String>>> = vec![None; profile.library_search_dirs.len()];
     for stem in stems {
         let mut from_cache: Vec<Found> = Vec::new();
         for e in cache
@@ -88,16 +169,16 @@ pub fn libraries(profile: &Profile, stems: &[String], cache: &[ldcache::Entry]) 
             if from_cache.iter().any(|f| f.name == e.name) {
                 continue;
             }
-            if let Ok(host) = resolve_in_root(root, &e.path) {
+            if let Ok(r) = resolver.resolve(&e.path) {
                 from_cache.push(Found {
-                    host,
+                    host: r.host,
                     name: e.name.clone(),
                 });
             }
         }
         drop_dev_links(&mut from_cache);
         if from_cache.is_empty() {
-            from_cache = search_dirs(root, &profile.library_search_dirs, stem);
+            from_cache = search_dirs(resolver, &profile.library_search_dirs, &mut listings, stem);
         }
         for f in from_cache {
             if !out.iter().any(|o| o.name == f.name) {
@@ -117,24 +198,37 @@ fn drop_dev_links(found: &mut Vec<Found>) {
     }
 }
 
-fn search_dirs(root: &Path, dirs: &[PathBuf], stem: &str) -> Vec<Found> {
-    for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(Profile::under(root, dir)) else {
-            continue;
-        };
-        let mut names: Vec<String> = rd
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+/// The files named `stem.so*` in the first of `dirs` that has any. `listings[i]` holds the
+/// names in `dirs[i]`, read on first use (a missing directory lists as empty).
+fn search_dirs(
+    resolver: &mut Resolver,
+    dirs: &[PathBuf],
+    listings: &mut [Option<Vec<String>>],
+    stem: &str,
+) -> Vec<Found> {
+    for (dir, listing) in dirs.iter().zip(listings.iter_mut()) {
+        let all = listing.get_or_insert_with(|| {
+            let mut names: Vec<String> = std::fs::read_dir(Profile::under(resolver.root(), dir))
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect();
+            names.sort();
+            names
+        });
+        let names: Vec<String> = all
+            .iter()
             .filter(|n| matches_stem(n, stem))
+            .cloned()
             .collect();
         if names.is_empty() {
             continue;
         }
-        names.sort();
         let mut found: Vec<Found> = names
             .into_iter()
             .filter_map(|name| {
-                let host = resolve_in_root(root, &dir.join(&name)).ok()?;
-                host.is_file().then_some(Found { host, name })
+                let r = resolver.resolve(&dir.join(&name)).ok()?;
+                r.is_file.then_some(Found { host: r.host, name })
             })
             .collect();
         drop_dev_links(&mut found);
@@ -143,15 +237,16 @@ fn search_dirs(root: &Path, dirs: &[PathBuf], stem: &str) -> Vec<Found> {
     Vec::new()
 }
 
-/// The first regular file named `name` in the profile's binary search dirs.
-pub fn binaries(profile: &Profile, names: &[String]) -> Vec<Found> {
+/// The first regular file named `name` in the profile's binary search dirs. `resolver` must
+/// be for the profile's driver root.
+pub fn binaries(profile: &Profile, names: &[String], resolver: &mut Resolver) -> Vec<Found> {
     names
         .iter()
         .filter_map(|name| {
             profile.binary_search_dirs.iter().find_map(|dir| {
-                let host = resolve_in_root(&profile.driver_root, &dir.join(name)).ok()?;
-                host.is_file().then(|| Found {
-                    host,
+                let r = resolver.resolve(&dir.join(name)).ok()?;
+                r.is_file.then(|| Found {
+                    host: r.host,
                     name: name.clone(),
                 })
             })
@@ -185,6 +280,48 @@ mod tests {
             resolve_in_root(r, Path::new("/usr/lib/libevil2.so.1")).unwrap(),
             r.join("etc/passwd")
         );
+    }
+
+    /// A resolver shared by many lookups answers as fresh ones do, through symlinked
+    /// directories, `..` and absolute links alike.
+    #[test]
+    fn shared_resolver_matches_fresh_resolution() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("usr/lib/real")).unwrap();
+        std::fs::create_dir_all(r.join("etc")).unwrap();
+        std::fs::write(r.join("usr/lib/real/libx.so.1"), "elf").unwrap();
+        symlink("real", r.join("usr/lib/link")).unwrap();
+        symlink("/usr/lib/real", r.join("usr/lib/abs")).unwrap();
+        symlink("../../../../etc", r.join("usr/lib/real/up")).unwrap();
+        let paths = [
+            "/usr/lib/link/libx.so.1",
+            "/usr/lib/abs/libx.so.1",
+            "/usr/lib/link/../real/libx.so.1",
+            "/usr/lib/real/up",
+            "/usr/lib/link",
+            "/usr/lib/link/libx.so.1/..",
+            "/usr/lib/abs/missing",
+        ];
+        let mut shared = Resolver::new(r);
+        for _ in 0..2 {
+            for p in paths {
+                let fresh = Resolver::new(r).resolve(Path::new(p));
+                let again = shared.resolve(Path::new(p));
+                match (fresh, again) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{p}"),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{p}: {a:?} vs {b:?}"),
+                }
+            }
+        }
+        let got = shared.resolve(Path::new("/usr/lib/abs/libx.so.1")).unwrap();
+        assert_eq!(got.host, r.join("usr/lib/real/libx.so.1"));
+        assert!(got.is_file);
+        let up = shared.resolve(Path::new("/usr/lib/real/up")).unwrap();
+        assert_eq!(up.host, r.join("etc"));
+        let dir = shared.resolve(Path::new("/usr/lib/link")).unwrap();
+        assert!(!dir.is_file);
     }
 
     #[test]
@@ -255,6 +392,7 @@ mod tests {
             &p,
             &["libcuda".into(), "libnvidia-ml".into(), "libnvoptix".into()],
             &cache,
+            &mut Resolver::new(r),
         );
         let names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
@@ -299,12 +437,19 @@ mod tests {
         let names =
             |found: Vec<Found>| -> Vec<String> { found.into_iter().map(|f| f.name).collect() };
         assert_eq!(
-            names(libraries(&p, &stems, &cache)),
+            names(libraries(&p, &stems, &cache, &mut Resolver::new(r))),
             ["libascend_hal.so", "libcuda.so.1"]
         );
         // The same through the search directories (no cache).
         p.library_search_dirs = vec!["/usr/lib".into()];
-        assert_eq!(names(libraries(&p, &stems[..1], &[])), ["libascend_hal.so"]);
-        assert_eq!(names(libraries(&p, &stems[1..], &[])), ["libcuda.so.1"]);
+        let mut res = Resolver::new(r);
+        assert_eq!(
+            names(libraries(&p, &stems[..1], &[], &mut res)),
+            ["libascend_hal.so"]
+        );
+        assert_eq!(
+            names(libraries(&p, &stems[1..], &[], &mut res)),
+            ["libcuda.so.1"]
+        );
     }
 }

@@ -240,10 +240,12 @@ pub fn driver_edits(
         .iter()
         .flat_map(|g| g.binaries.iter().cloned())
         .collect();
-    for f in libraries::libraries(profile, &stems, cache) {
+    // One resolver for both: libraries and binaries share the driver root's directories.
+    let mut resolver = libraries::Resolver::new(&profile.driver_root);
+    for f in libraries::libraries(profile, &stems, cache, &mut resolver) {
         plan.mounts.push(bind(profile, f, lib_dir)?);
     }
-    for f in libraries::binaries(profile, &bins) {
+    for f in libraries::binaries(profile, &bins, &mut resolver) {
         plan.mounts.push(bind(profile, f, Path::new(BIN_DIR))?);
     }
     Ok(plan)

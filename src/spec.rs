@@ -91,8 +91,12 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
 /// Reads config.json: a regular file (not a symlink, FIFO or device), at most [`MAX_SIZE`],
 /// holding a JSON object.
 pub fn read(path: &Path) -> Result<Value, SpecError> {
-    let data = read_bytes(path)?;
-    parse(&data).map_err(|e| match e {
+    parse_file(path, &read_bytes(path)?)
+}
+
+/// Parses the bytes [`read_bytes`] got from `path`; errors name the file.
+pub fn parse_file(path: &Path, data: &[u8]) -> Result<Value, SpecError> {
+    parse(data).map_err(|e| match e {
         ParseError::Json(source) => SpecError::Json {
             path: path.into(),
             source,
@@ -379,11 +383,20 @@ fn device_type(k: NodeKind) -> LinuxDeviceType {
 
 /// Serializes and atomically replaces config.json (mode and owner kept).
 pub fn write(path: &Path, spec: &Value) -> Result<(), SpecError> {
-    let data = serde_json::to_vec(spec).map_err(|e| SpecError::Write {
+    write_bytes(path, &to_bytes(path, spec)?)
+}
+
+/// The bytes [`write`] would put in `path` (compact JSON, as engines write it).
+pub fn to_bytes(path: &Path, spec: &Value) -> Result<Vec<u8>, SpecError> {
+    serde_json::to_vec(spec).map_err(|e| SpecError::Write {
         path: path.into(),
         source: e.into(),
-    })?;
-    atomic::replace(path, &data, 0o600).map_err(|source| SpecError::Write {
+    })
+}
+
+/// Atomically replaces config.json with `data` (mode and owner kept).
+pub fn write_bytes(path: &Path, data: &[u8]) -> Result<(), SpecError> {
+    atomic::replace(path, data, 0o600).map_err(|source| SpecError::Write {
         path: path.into(),
         source,
     })

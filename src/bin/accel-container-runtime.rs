@@ -92,12 +92,13 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
         let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
-        if create::nothing_requested(bundle, &quick) {
-            quick.low_level_runtime
-        } else {
-            let cfg = config::Config::load().map_err(|e| err_chain(&e))?;
-            create(inv, &cfg).map_err(|e| err_chain(&e))?;
-            cfg.low_level_runtime
+        match create::screen(bundle, &quick).load_config() {
+            Ok(None) => quick.low_level_runtime,
+            Ok(Some(cfg)) => {
+                create(inv, &cfg).map_err(|e| err_chain(&e))?;
+                cfg.low_level_runtime
+            }
+            Err(e) => return Err(err_chain(&e)),
         }
     } else {
         config::Config::low_level_runtime().map_err(|e| err_chain(&e))?
