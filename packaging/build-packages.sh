@@ -6,8 +6,8 @@
 #   packaging/build-packages.sh [--no-build] [OUT_DIR]     (OUT_DIR default: target/packages)
 #
 # Needs: cargo install --locked cargo-deb cargo-generate-rpm; dpkg-deb (dpkg); rpm (apt-get
-# install rpm) to read the .rpm back. --no-build packages the binaries already in
-# target/release (built by `cargo build --release --locked --bins`).
+# install rpm; rpm2cpio and cpio) to read the .rpm back; readelf (binutils). --no-build packages the static
+# binaries already in target/<host triple>/release.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -19,19 +19,34 @@ fi
 out="${1:-target/packages}"
 mkdir -p "$out"
 
-for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm; do
+for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
     command -v "$tool" >/dev/null 2>&1 || {
         echo "build-packages.sh: $tool not found (see the header of this script)" >&2
         exit 1
     }
 done
 
+# The shipped binaries are linked statically: no dynamic loader on every container start, 0.3-0.5 ms
+# per call on the benchmark machine (benches/BENCHMARKS.md). The shim makes no NSS lookups, so
+# glibc's static-linking caveats do not apply. `--target` keeps the flag off build scripts and
+# proc macros; both packagers map Cargo.toml's target/release/ assets to target/<triple>/release/.
+triple="$(rustc -vV | sed -n 's/^host: //p')"
 if [ "$build" = 1 ]; then
-    cargo build --release --locked --bins
+    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+        cargo build --release --locked --bins --target "$triple"
 fi
+for b in accel-container-runtime accel-ctk; do
+    bin="target/$triple/release/$b"
+    [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
+    # A static executable has no program interpreter (PT_INTERP).
+    if LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+        echo "build-packages.sh: $bin is dynamically linked" >&2
+        exit 1
+    fi
+done
 rm -f "$out"/*.deb "$out"/*.rpm
-cargo deb --no-build --output "$out/"
-cargo generate-rpm --output "$out/"
+cargo deb --no-build --target "$triple" --output "$out/"
+cargo generate-rpm --target "$triple" --output "$out/"
 deb="$(ls "$out"/*.deb)"
 rpm="$(ls "$out"/*.rpm)"
 
@@ -73,6 +88,20 @@ if [ -s "$out/missing.txt" ]; then
     bad "$(cat "$out/missing.txt")"
 fi
 rm -f "$out/missing.txt"
+
+# The binaries inside both packages are the static ones (a packager that fell back to
+# target/release would ship a dynamic build without saying so).
+unpacked="$out/unpacked"
+rm -rf "$unpacked" && mkdir -p "$unpacked/deb" "$unpacked/rpm"
+dpkg-deb -x "$deb" "$unpacked/deb"
+rpm_abs="$(cd "$(dirname "$rpm")" && pwd)/$(basename "$rpm")"
+(cd "$unpacked/rpm" && rpm2cpio "$rpm_abs" | cpio -idm --quiet)
+for f in "$unpacked"/deb/usr/bin/accel-* "$unpacked"/rpm/usr/bin/accel-*; do
+    if LC_ALL=C readelf -l "$f" | grep -q 'Requesting program interpreter'; then
+        bad "${f#"$unpacked"/}: dynamically linked"
+    fi
+done
+rm -rf "$unpacked"
 
 # Operator-editable files survive upgrades: dpkg conffiles, rpm %config(noreplace) ("cn").
 conffiles="$(dpkg-deb -f "$deb" Package >/dev/null && dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles 2>/dev/null || true)"
