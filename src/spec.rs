@@ -305,20 +305,26 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             mounts.push(mount_entry(m, Some("bind"), &options)?);
         }
     }
-    if !plan.additional_gids.is_empty() {
-        let process = section(root, "process", || Value::Object(Map::new()))
-            .as_object_mut()
-            .ok_or("`process` must be an object")?;
-        let user = section(process, "user", || serde_json::json!({"uid": 0, "gid": 0}))
-            .as_object_mut()
-            .ok_or("`process.user` must be an object")?;
-        let gids = section(user, "additionalGids", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`process.user.additionalGids` must be an array")?;
-        for g in &plan.additional_gids {
-            if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
-                gids.push(Value::from(*g));
-            }
+    add_gids(root, &plan.additional_gids)
+}
+
+/// Adds groups to `process.user.additionalGids` (creating the sections), each once.
+pub fn add_gids(root: &mut Map<String, Value>, add: &[u32]) -> Result<(), String> {
+    if add.is_empty() {
+        return Ok(());
+    }
+    let process = section(root, "process", || Value::Object(Map::new()))
+        .as_object_mut()
+        .ok_or("`process` must be an object")?;
+    let user = section(process, "user", || serde_json::json!({"uid": 0, "gid": 0}))
+        .as_object_mut()
+        .ok_or("`process.user` must be an object")?;
+    let gids = section(user, "additionalGids", || Value::Array(vec![]))
+        .as_array_mut()
+        .ok_or("`process.user.additionalGids` must be an array")?;
+    for g in add {
+        if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
+            gids.push(Value::from(*g));
         }
     }
     Ok(())

@@ -240,22 +240,7 @@ fn write(doc: &mut Value, r: &Resolved) -> Result<(), String> {
             mounts.push(spec::mount_entry(&m.mount, m.typ.as_deref(), &m.options)?);
         }
     }
-    if !r.additional_gids.is_empty() {
-        let process = spec::section(root, "process", obj)
-            .as_object_mut()
-            .ok_or("`process` must be an object")?;
-        let user = spec::section(process, "user", || serde_json::json!({"uid": 0, "gid": 0}))
-            .as_object_mut()
-            .ok_or("`process.user` must be an object")?;
-        let gids = spec::section(user, "additionalGids", arr)
-            .as_array_mut()
-            .ok_or("`process.user.additionalGids` must be an array")?;
-        for g in &r.additional_gids {
-            if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
-                gids.push(Value::from(*g));
-            }
-        }
-    }
+    spec::add_gids(root, &r.additional_gids)?;
     Ok(())
 }
 
