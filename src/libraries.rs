@@ -237,21 +237,45 @@ fn search_dirs(
     Vec::new()
 }
 
-/// The first regular file named `name` in the profile's binary search dirs. `resolver` must
-/// be for the profile's driver root.
+/// For each of `names`, the first ELF file of that name in the profile's binary search dirs,
+/// else the first regular file. Hosts put wrapper scripts in `/usr/bin` that `exec` the real
+/// tool by its host path (seen on a GPU node whose driver lives in /usr/local/nvidia): such a
+/// script mounted into a container only fails there, so an ELF found later wins over it.
+/// `resolver` must be for the profile's driver root.
 pub fn binaries(profile: &Profile, names: &[String], resolver: &mut Resolver) -> Vec<Found> {
-    names
-        .iter()
-        .filter_map(|name| {
-            profile.binary_search_dirs.iter().find_map(|dir| {
-                let r = resolver.resolve(&dir.join(name)).ok()?;
-                r.is_file.then(|| Found {
-                    host: r.host,
-                    name: name.clone(),
-                })
-            })
-        })
-        .collect()
+    let mut out = Vec::new();
+    for name in names {
+        let mut first: Option<PathBuf> = None;
+        for dir in &profile.binary_search_dirs {
+            let Ok(r) = resolver.resolve(&dir.join(name)) else {
+                continue;
+            };
+            if !r.is_file {
+                continue;
+            }
+            if is_elf(&r.host) {
+                first = Some(r.host);
+                break;
+            }
+            first.get_or_insert(r.host);
+        }
+        if let Some(host) = first {
+            out.push(Found {
+                host,
+                name: name.clone(),
+            });
+        }
+    }
+    out
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
 }
 
 #[cfg(test)]
@@ -411,6 +435,57 @@ mod tests {
 
     /// Ascend's driver libraries have unversioned sonames (`libascend_hal.so`): they are the
     /// soname and must be found; a dev link next to a versioned soname must not.
+    #[test]
+    fn elf_binary_wins_over_an_earlier_wrapper_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["usr/bin", "usr/local/nvidia/bin", "opt/bin"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        // A wrapper in /usr/bin, the real tool later: the tool is taken.
+        std::fs::write(
+            root.join("usr/bin/nvidia-smi"),
+            "#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("usr/local/nvidia/bin/nvidia-smi"),
+            b"\x7fELF\x02\x01",
+        )
+        .unwrap();
+        // Only a script anywhere: the script is taken (a vendor may ship one).
+        std::fs::write(root.join("usr/bin/efsmi"), "#!/bin/sh\necho efsmi\n").unwrap();
+        std::fs::write(root.join("opt/bin/efsmi"), "#!/bin/sh\necho later\n").unwrap();
+        let mut profile = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone();
+        profile.binary_search_dirs = ["/usr/bin", "/usr/local/nvidia/bin", "/opt/bin"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let names = [
+            "nvidia-smi".to_string(),
+            "efsmi".to_string(),
+            "absent".to_string(),
+        ];
+        let found = binaries(&profile, &names, &mut Resolver::new(root));
+        assert_eq!(
+            found,
+            vec![
+                Found {
+                    host: root.join("usr/local/nvidia/bin/nvidia-smi"),
+                    name: "nvidia-smi".into()
+                },
+                Found {
+                    host: root.join("usr/bin/efsmi"),
+                    name: "efsmi".into()
+                },
+            ]
+        );
+    }
+
     #[test]
     fn unversioned_soname_is_kept_dev_link_is_not() {
         let root = tempfile::tempdir().unwrap();
