@@ -61,12 +61,6 @@ pub fn exec(runtime: &Path, args: &[OsString]) -> ExecError {
     let mut argv = Vec::with_capacity(args.len());
     argv.push(prog.clone());
     argv.extend(args.iter().skip(1).map(|a| to_c(a.as_bytes())));
-    // Rust ignores SIGPIPE at start-up and an ignored disposition survives exec; runc must get
-    // the default one, as when the engine starts it directly.
-    // SAFETY: resetting a signal disposition to its default in a single-threaded process.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     match nix::unistd::execv(&prog, &argv) {
         Err(source) => ExecError::Exec {
             path: runtime.into(),

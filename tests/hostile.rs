@@ -945,3 +945,63 @@ fn stdin_reaches_the_low_level_runtime_untouched() {
     );
     assert!(std::fs::read(e.path("stdin")).unwrap() == resources);
 }
+
+/// Signal dispositions reach the low-level runtime as the engine set them: an ignored SIGPIPE
+/// stays ignored and a default one stays default, on create (with a device edit) and on a
+/// pass-through, exactly as when runc is started directly.
+#[test]
+fn signal_dispositions_reach_the_low_level_runtime_unchanged() {
+    let e = Env::new();
+    let seen = e.path("sigign");
+    std::fs::write(
+        e.path("runtime"),
+        format!(
+            "#!/bin/sh\nexec /bin/grep SigIgn /proc/self/status > {}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=all"]);
+    let bundle = e.bundle();
+    let runtime = e.path("runtime");
+    let sigign = |program: &str, args: &[&str], ignore_pipe: bool| -> String {
+        let _ = std::fs::remove_file(&seen);
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", e.path("config.toml"))
+            .stdin(Stdio::null());
+        // SAFETY: signal(2) is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                let disp = if ignore_pipe {
+                    libc::SIG_IGN
+                } else {
+                    libc::SIG_DFL
+                };
+                libc::signal(libc::SIGPIPE, disp);
+                Ok(())
+            });
+        }
+        let out = wait_with_timeout(cmd, Duration::from_secs(20));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&seen).unwrap()
+    };
+    let sigpipe_bit = 1u64 << (libc::SIGPIPE - 1);
+    for args in [
+        vec!["create", "--bundle", bundle.to_str().unwrap(), "ctr"],
+        vec!["state", "ctr"],
+    ] {
+        for ignore_pipe in [false, true] {
+            let direct = sigign(runtime.to_str().unwrap(), &args, ignore_pipe);
+            let through_shim = sigign(SHIM, &args, ignore_pipe);
+            assert_eq!(through_shim, direct, "{args:?} ignore_pipe={ignore_pipe}");
+            let mask = u64::from_str_radix(direct.split_whitespace().nth(1).unwrap(), 16).unwrap();
+            assert_eq!(mask & sigpipe_bit != 0, ignore_pipe, "{direct}");
+        }
+    }
+    assert_eq!(device_paths(&e.spec()).len(), UUIDS.len() + 1);
+}

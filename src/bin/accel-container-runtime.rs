@@ -3,14 +3,26 @@
 //! Only `create`/`run` read anything (the config and the bundle); every other command goes
 //! straight to the low-level runtime. Errors: one line on stderr, the engine's `--log` gets a
 //! runc-shaped line, exit status 1, config.json unchanged.
+//!
+//! No Rust runtime start-up (`no_main`): std's `main` shim reads /proc/self/maps to place a
+//! stack guard and sets SIGPIPE to ignored, which is most of what a pass-through would cost
+//! over runc alone (benches/BENCHMARKS.md), and the ignored SIGPIPE would then have to be
+//! undone before exec. Here the signal dispositions runc gets are exactly the engine's.
+//! Arguments still come from `std::env::args_os` (glibc hands them to std at load time).
+#![no_main]
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::ExitCode;
 
 use accel_container_runtime::{argv, config, create, exec, logging, spec};
 
-fn main() -> ExitCode {
+/// The C entry point (see the module doc). Returns only on failure: exit status 1.
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    shim()
+}
+
+fn shim() -> libc::c_int {
     let args: Vec<OsString> = std::env::args_os().collect();
     let invoked_as = args
         .first()
@@ -26,7 +38,7 @@ fn main() -> ExitCode {
         eprintln!(
             "accel-container-runtime: `docker run --gpus` needs the accel runtime: add `--runtime accel` or make it the default (accel-ctk runtime configure --runtime docker --set-as-default)"
         );
-        return ExitCode::FAILURE;
+        return 1;
     }
     let inv = argv::scan(args.get(1..).unwrap_or_default());
     match run(&args, &inv) {
@@ -40,7 +52,7 @@ fn main() -> ExitCode {
                 &format!("accel-container-runtime: {msg}"),
             );
             log::error!("{msg}");
-            ExitCode::FAILURE
+            1
         }
     }
 }
