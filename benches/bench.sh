@@ -20,7 +20,8 @@
 #                      is added, config.json is not rewritten
 #   ... bundle on disk the rewrite with the bundle on the disk instead of tmpfs (fsync cost)
 # each shim line twice when BENCH_STATIC=1 (default): the release build as cargo makes it
-# (dynamically linked) and one linked with `-C target-feature=+crt-static`.
+# (dynamically linked) and the one the packages ship: `-C target-feature=+crt-static
+# -C relocation-model=static` (static, not PIE).
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +57,7 @@ shim_static=
 if [ "$BENCH_STATIC" = 1 ]; then
   host=$(rustc -vV | sed -n 's/^host: //p')
   # --target keeps RUSTFLAGS off build scripts and proc macros (which cannot be static).
-  RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --quiet \
+  RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" cargo build --release --quiet \
     --bin accel-container-runtime --target "$host" --target-dir "$repo/target/bench-static"
   shim_static=$repo/target/bench-static/$host/release/accel-container-runtime
   if readelf -d "$shim_static" | grep -q NEEDED; then

@@ -7,8 +7,8 @@
 #                        [--set-as-default] [--uninstall]
 #
 # What it does:
-#   - builds both binaries (`cargo build --release --locked`) unless --no-build; --bin-dir
-#     names where built binaries are (default: cargo's target/release);
+#   - builds both binaries (static, as the packages ship them) unless --no-build; --bin-dir
+#     names where built binaries are (default: cargo's target/<host triple>/release);
 #   - installs accel-container-runtime and accel-ctk to PREFIX/bin (default /usr/bin);
 #   - installs config/config.toml as /etc/accel-container-runtime/config.toml, and the
 #     profiles that are not compiled in (all of config/profiles/ but nvidia and enflame) into
@@ -136,8 +136,12 @@ if [ "$build" = 1 ]; then
         echo "install.sh: cargo not found: install Rust (https://rustup.rs) or pass --no-build --bin-dir" >&2
         exit 1
     }
-    (cd "$src" && cargo build --release --locked --bins)
-    : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/release}"
+    # The packages' build (build-packages.sh): static, not PIE, so no loader and no start-up
+    # relocations on every container start.
+    triple="$(rustc -vV | sed -n 's/^host: //p')"
+    (cd "$src" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
+        cargo build --release --locked --bins --target "$triple")
+    : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi
 : "${bin_dir:=$src/target/release}"
 for b in accel-container-runtime accel-ctk; do
