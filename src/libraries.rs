@@ -6,7 +6,6 @@
 //! shim mount a host file from outside it (the class of CVE-2024-0132: a path that resolves
 //! somewhere it should not by the time it is used).
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
@@ -67,69 +66,75 @@ impl<'a> Resolver<'a> {
         self.root
     }
 
-    fn lookup(&mut self, host: PathBuf) -> std::io::Result<Lookup> {
+    /// What `host` is: its index in `seen`, looked at with lstat on first use.
+    fn lookup(&mut self, host: &Path) -> std::io::Result<usize> {
         let key = host.as_os_str().as_encoded_bytes();
-        if let Some((_, l)) = self
+        if let Some(i) = self
             .seen
             .iter()
-            .find(|(p, _)| p.as_os_str().as_encoded_bytes() == key)
+            .rposition(|(p, _)| p.as_os_str().as_encoded_bytes() == key)
         {
-            return Ok(l.clone());
+            return Ok(i);
         }
-        let meta = std::fs::symlink_metadata(&host)?;
+        let meta = std::fs::symlink_metadata(host)?;
         let l = if meta.file_type().is_symlink() {
-            Lookup::Link(std::fs::read_link(&host)?)
+            Lookup::Link(std::fs::read_link(host)?)
         } else {
             Lookup::Other {
                 is_file: meta.is_file(),
             }
         };
-        self.seen.push((host, l.clone()));
-        Ok(l)
+        self.seen.push((host.to_path_buf(), l));
+        Ok(self.seen.len() - 1)
     }
 
     /// Resolves `path` (absolute, container-style) under the root as a chroot would.
     pub fn resolve(&mut self, path: &Path) -> std::io::Result<Resolved> {
-        let mut queue: VecDeque<OsString> = path.components().filter_map(normal).collect();
-        let mut cur = PathBuf::new();
+        // Components still to walk, the next one last; a link's target is pushed in its place.
+        let mut todo: Vec<OsString> = path.components().rev().filter_map(normal).collect();
+        // The host path walked so far: the root, then the components resolved under it.
+        let mut host = self.root.to_path_buf();
+        let depth0 = host.components().count();
+        let mut depth = depth0;
         // The root itself and anything reached by `..` is a directory.
         let mut is_file = false;
         let mut hops = 0;
-        while let Some(comp) = queue.pop_front() {
+        while let Some(comp) = todo.pop() {
             if comp == ".." {
-                cur.pop();
+                // `..` never climbs above the root.
+                if depth > depth0 {
+                    host.pop();
+                    depth -= 1;
+                }
                 is_file = false;
                 continue;
             }
-            let candidate = cur.join(&comp);
-            let host = self.root.join(&candidate);
-            match self.lookup(host)? {
+            host.push(&comp);
+            let i = self.lookup(&host)?;
+            match &self.seen[i].1 {
                 Lookup::Link(target) => {
                     hops += 1;
                     if hops > MAX_SYMLINKS {
                         return Err(std::io::Error::other(format!(
                             "{}: too many levels of symbolic links",
-                            self.root.join(&candidate).display()
+                            host.display()
                         )));
                     }
+                    host.pop();
                     if target.is_absolute() {
-                        cur = PathBuf::new();
+                        host = self.root.to_path_buf();
+                        depth = depth0;
                         is_file = false;
                     }
-                    for c in target.components().rev().filter_map(normal) {
-                        queue.push_front(c);
-                    }
+                    todo.extend(target.components().rev().filter_map(normal));
                 }
                 Lookup::Other { is_file: f } => {
-                    cur = candidate;
-                    is_file = f;
+                    depth += 1;
+                    is_file = *f;
                 }
             }
         }
-        Ok(Resolved {
-            host: self.root.join(cur),
-            is_file,
-        })
+        Ok(Resolved { host, is_file })
     }
 }
 
@@ -148,45 +153,57 @@ fn matches_stem(name: &str, stem: &str) -> bool {
         .is_some_and(|r| r.is_empty() || r.starts_with('.'))
 }
 
-/// Every library of `stems` the driver root has, one entry per soname.
-/// Libraries the driver does not ship are left out (not every driver build has every one).
-/// `resolver` must be for the profile's driver root.
+/// Every library of `stems` the driver root has, one entry per soname, in the order of
+/// `stems`. Libraries the driver does not ship are left out (not every driver build has every
+/// one). `resolver` must be for the profile's driver root.
 pub fn libraries(
     profile: &Profile,
     stems: &[String],
     cache: &[ldcache::Entry],
     resolver: &mut Resolver,
 ) -> Vec<Found> {
+    let mut found: Vec<Vec<Found>> = stems
+        .iter()
+        .map(|stem| from_cache(stem, cache, resolver))
+        .collect();
+    let missing: Vec<usize> = (0..stems.len()).filter(|&i| found[i].is_empty()).collect();
+    if !missing.is_empty() {
+        search_dirs(
+            resolver,
+            &profile.library_search_dirs,
+            stems,
+            missing,
+            &mut found,
+        );
+    }
     let mut out: Vec<Found> = Vec::new();
-    // Each search directory is listed once, when a stem first needs it.
-    let mut listings: Vec<Option<Vec<String>>> = vec![None; profile.library_search_dirs.len()];
-    for stem in stems {
-        let mut from_cache: Vec<Found> = Vec::new();
-        for e in cache
-            .iter()
-            .filter(|e| e.is_native() && matches_stem(&e.name, stem))
-        {
-            if from_cache.iter().any(|f| f.name == e.name) {
-                continue;
-            }
-            if let Ok(r) = resolver.resolve(&e.path) {
-                from_cache.push(Found {
-                    host: r.host,
-                    name: e.name.clone(),
-                });
-            }
-        }
-        drop_dev_links(&mut from_cache);
-        if from_cache.is_empty() {
-            from_cache = search_dirs(resolver, &profile.library_search_dirs, &mut listings, stem);
-        }
-        for f in from_cache {
-            if !out.iter().any(|o| o.name == f.name) {
-                out.push(f);
-            }
+    for f in found.into_iter().flatten() {
+        if !out.iter().any(|o| o.name == f.name) {
+            out.push(f);
         }
     }
     out
+}
+
+/// The cache's libraries of `stem` that exist under the root, one per soname.
+fn from_cache(stem: &str, cache: &[ldcache::Entry], resolver: &mut Resolver) -> Vec<Found> {
+    let mut found: Vec<Found> = Vec::new();
+    for e in cache
+        .iter()
+        .filter(|e| e.is_native() && matches_stem(&e.name, stem))
+    {
+        if found.iter().any(|f| f.name == e.name) {
+            continue;
+        }
+        if let Ok(r) = resolver.resolve(&e.path) {
+            found.push(Found {
+                host: r.host,
+                name: e.name.clone(),
+            });
+        }
+    }
+    drop_dev_links(&mut found);
+    found
 }
 
 /// The loader looks up sonames. `libcuda.so` next to `libcuda.so.1` is the linker's dev link,
@@ -198,43 +215,48 @@ fn drop_dev_links(found: &mut Vec<Found>) {
     }
 }
 
-/// The files named `stem.so*` in the first of `dirs` that has any. `listings[i]` holds the
-/// names in `dirs[i]`, read on first use (a missing directory lists as empty).
+/// For each stem in `missing` (indices into `stems`), the files named `stem.so*` in the first
+/// of `dirs` that has any, into `found`. Each directory is listed once, and only when a stem
+/// is still unresolved; only the names some missing stem matches are kept (a distro's
+/// /usr/lib/x86_64-linux-gnu holds hundreds of files).
 fn search_dirs(
     resolver: &mut Resolver,
     dirs: &[PathBuf],
-    listings: &mut [Option<Vec<String>>],
-    stem: &str,
-) -> Vec<Found> {
-    for (dir, listing) in dirs.iter().zip(listings.iter_mut()) {
-        let all = listing.get_or_insert_with(|| {
-            let mut names: Vec<String> = std::fs::read_dir(Profile::under(resolver.root(), dir))
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect();
-            names.sort();
-            names
-        });
-        let names: Vec<String> = all
-            .iter()
-            .filter(|n| matches_stem(n, stem))
-            .cloned()
-            .collect();
-        if names.is_empty() {
-            continue;
+    stems: &[String],
+    mut missing: Vec<usize>,
+    found: &mut [Vec<Found>],
+) {
+    for dir in dirs {
+        if missing.is_empty() {
+            return;
         }
-        let mut found: Vec<Found> = names
+        let wanted = |n: &str| missing.iter().any(|&i| matches_stem(n, &stems[i]));
+        let mut names: Vec<String> = std::fs::read_dir(Profile::under(resolver.root(), dir))
             .into_iter()
-            .filter_map(|name| {
-                let r = resolver.resolve(&dir.join(&name)).ok()?;
-                r.is_file.then_some(Found { host: r.host, name })
-            })
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| wanted(n))
             .collect();
-        drop_dev_links(&mut found);
-        return found;
+        names.sort();
+        missing.retain(|&i| {
+            let mut here: Vec<Found> = Vec::new();
+            let mut any = false;
+            for name in names.iter().filter(|n| matches_stem(n, &stems[i])) {
+                any = true;
+                if let Ok(r) = resolver.resolve(&dir.join(name)) {
+                    if r.is_file {
+                        here.push(Found {
+                            host: r.host,
+                            name: name.clone(),
+                        });
+                    }
+                }
+            }
+            drop_dev_links(&mut here);
+            found[i] = here;
+            !any
+        });
     }
-    Vec::new()
 }
 
 /// For each of `names`, the first ELF file of that name in the profile's binary search dirs,
@@ -346,6 +368,22 @@ mod tests {
         assert_eq!(up.host, r.join("etc"));
         let dir = shared.resolve(Path::new("/usr/lib/link")).unwrap();
         assert!(!dir.is_file);
+    }
+
+    #[test]
+    fn dotdot_never_climbs_above_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(r.join("etc")).unwrap();
+        symlink("../../../../etc", r.join("usr/lib/up")).unwrap();
+        for p in ["/../../etc", "/usr/../../etc", "/usr/lib/up"] {
+            assert_eq!(
+                resolve_in_root(r, Path::new(p)).unwrap(),
+                r.join("etc"),
+                "{p}"
+            );
+        }
     }
 
     #[test]
@@ -481,6 +519,46 @@ mod tests {
                 Found {
                     host: root.join("usr/bin/efsmi"),
                     name: "efsmi".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn each_missing_stem_comes_from_the_first_dir_that_has_it() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for (dir, file) in [
+            ("a", "libnvidia-ml.so.1"),
+            ("a", "unrelated.so.1"),
+            ("b", "libcuda.so.1"),
+            ("b", "libnvidia-ml.so.1"),
+        ] {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+            std::fs::write(r.join(dir).join(file), "elf").unwrap();
+        }
+        let mut p = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone();
+        p.library_search_dirs = vec!["/none".into(), "/a".into(), "/b".into()];
+        let stems = [
+            "libcuda".to_string(),
+            "libnvidia-ml".to_string(),
+            "libnvoptix".to_string(),
+        ];
+        let found = libraries(&p, &stems, &[], &mut Resolver::new(r));
+        assert_eq!(
+            found,
+            vec![
+                Found {
+                    host: r.join("b/libcuda.so.1"),
+                    name: "libcuda.so.1".into()
+                },
+                Found {
+                    host: r.join("a/libnvidia-ml.so.1"),
+                    name: "libnvidia-ml.so.1".into()
                 },
             ]
         );
