@@ -6,6 +6,7 @@
 //! `spec::apply` writes one into config.json. Sources of mounts are host files inside the
 //! profile's driver root; destinations are fixed directories plus a file name.
 
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -88,12 +89,19 @@ impl Plan {
     }
 
     /// Adds `other`, skipping nodes by path and mounts by destination already present.
+    /// Paths are compared as bytes, as spec::apply compares them with the spec's strings
+    /// (`Path`'s `==` parses components: most of this function's cost).
     pub fn extend(&mut self, other: Plan) {
         for n in other.nodes {
             self.push_node(n);
         }
         for m in other.mounts {
-            if !self.mounts.iter().any(|x| x.destination == m.destination) {
+            let dest = m.destination.as_os_str();
+            if !self
+                .mounts
+                .iter()
+                .any(|x| x.destination.as_os_str() == dest)
+            {
                 self.mounts.push(m);
             }
         }
@@ -105,7 +113,11 @@ impl Plan {
     }
 
     fn push_node(&mut self, n: DeviceNode) {
-        if self.nodes.iter().any(|x| x.path == n.path) {
+        if self
+            .nodes
+            .iter()
+            .any(|x| x.path.as_os_str() == n.path.as_os_str())
+        {
             return;
         }
         // World read-write nodes need no group; root's group is never handed out.
@@ -213,7 +225,7 @@ fn expand(profile: &Profile, caps: &[String]) -> Vec<String> {
 pub fn driver_edits(
     profile: &Profile,
     caps: &[String],
-    cache: &[ldcache::Entry],
+    cache: &ldcache::Cache,
     lib_dir: &Path,
 ) -> Result<Plan, PlanError> {
     let mut plan = Plan::default();
@@ -259,11 +271,11 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
     if f.name.is_empty() || f.name.contains('/') || f.name == "." || f.name == ".." {
         return Err(unsafe_mount(&f.host, "name is not a plain file name"));
     }
-    if !f.host.starts_with(&profile.driver_root) || profile::has_dotdot(&f.host) {
+    if !is_under(&f.host, &profile.driver_root) || has_dotdot(&f.host) {
         return Err(unsafe_mount(&f.host, "source is outside the driver root"));
     }
     let destination = dir.join(&f.name);
-    if !destination.is_absolute() || profile::has_dotdot(&destination) {
+    if !destination.is_absolute() || has_dotdot(&destination) {
         return Err(unsafe_mount(
             &destination,
             "destination must be absolute without '..'",
@@ -273,6 +285,25 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
         source: f.host,
         destination,
     })
+}
+
+// Byte-level forms of `Path::starts_with` and a `..` component test: a create checks every
+// mount with them, and `Path` parses components on each call. Both err on the safe side: a
+// spelling that only component parsing would equate (`a//b`) is refused, never accepted.
+
+/// `path` is `root` or inside it.
+fn is_under(path: &Path, root: &Path) -> bool {
+    let p = path.as_os_str().as_bytes();
+    let r = root.as_os_str().as_bytes();
+    let r = r.strip_suffix(b"/").unwrap_or(r);
+    p.starts_with(r) && matches!(p.get(r.len()), None | Some(b'/'))
+}
+
+fn has_dotdot(path: &Path) -> bool {
+    path.as_os_str()
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .any(|c| c == b"..")
 }
 
 #[cfg(test)]
@@ -285,6 +316,44 @@ mod tests {
             .profile("nvidia")
             .unwrap()
             .clone()
+    }
+
+    #[test]
+    fn byte_path_checks_agree_with_components() {
+        for (path, root, under) in [
+            (
+                "/run/nvidia/driver/usr/lib/x.so",
+                "/run/nvidia/driver",
+                true,
+            ),
+            (
+                "/run/nvidia/driver/usr/lib/x.so",
+                "/run/nvidia/driver/",
+                true,
+            ),
+            ("/run/nvidia/driver", "/run/nvidia/driver", true),
+            ("/run/nvidia/driver2/x.so", "/run/nvidia/driver", false),
+            ("/usr/lib/x.so", "/", true),
+            ("/etc/x", "/usr", false),
+        ] {
+            assert_eq!(
+                is_under(Path::new(path), Path::new(root)),
+                under,
+                "{path} {root}"
+            );
+            assert_eq!(Path::new(path).starts_with(root), under, "{path} {root}");
+        }
+        for (path, dotdot) in [
+            ("/a/../b", true),
+            ("..", true),
+            ("/a/..", true),
+            ("/a/..b/c", false),
+            ("/a/b../c", false),
+            ("/a/./b", false),
+        ] {
+            assert_eq!(has_dotdot(Path::new(path)), dotdot, "{path}");
+            assert_eq!(profile::has_dotdot(Path::new(path)), dotdot, "{path}");
+        }
     }
 
     #[test]
