@@ -3,10 +3,15 @@
 //!
 //! Two layouts exist: the new format alone (`glibc-ld.so.cache1.1`, glibc >= 2.32 default) and
 //! the old `ld.so-1.7.0` table followed by the new one (older distros). Only the new table is
-//! read; its string offsets are relative to its own start.
+//! read; its string offsets are relative to its own start. Entries borrow their strings from
+//! the image: a distro's cache lists hundreds of libraries, of which a create wants a dozen,
+//! so nothing is copied per entry.
 //! Ref: glibc `elf/cache.c`, `sysdeps/generic/dl-cache.h`.
 
-use std::path::{Path, PathBuf};
+use std::ffi::{CStr, OsStr};
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
 const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
@@ -28,13 +33,63 @@ pub enum LdCacheError {
     Truncated(&'static str),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
     /// The soname the loader looks up (`libcuda.so.1`).
-    pub name: String,
+    pub name: &'a str,
     /// Where it lives, as recorded (relative to the root ldconfig ran for).
-    pub path: PathBuf,
+    pub path: &'a Path,
     pub flags: i32,
+}
+
+/// A cache image read from disk, checked once, with where each entry's strings are.
+#[derive(Debug, Default)]
+pub struct Cache {
+    data: Vec<u8>,
+    table: Vec<Slot>,
+}
+
+/// One entry as offsets into the image (valid, NUL-free; the name is UTF-8).
+#[derive(Debug, Clone)]
+struct Slot {
+    flags: i32,
+    name: Range<usize>,
+    path: Range<usize>,
+}
+
+impl Slot {
+    /// `data` must be the image the slot was made from.
+    fn entry<'a>(&self, data: &'a [u8]) -> Entry<'a> {
+        let name = &data[self.name.clone()];
+        Entry {
+            // SAFETY: `slots` checked that this range of this image is UTF-8, and neither
+            // `Cache` nor `parse` lets the image change after that. Checking again here would
+            // cost more than the rest of a lookup: a create scans the entries once per library.
+            name: unsafe { std::str::from_utf8_unchecked(name) },
+            path: Path::new(OsStr::from_bytes(&data[self.path.clone()])),
+            flags: self.flags,
+        }
+    }
+}
+
+impl Cache {
+    /// Checks an image; the entries are then read with [`Cache::iter`].
+    pub fn parse(data: Vec<u8>) -> Result<Cache, LdCacheError> {
+        let table = slots(&data)?;
+        Ok(Cache { data, table })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Entry<'_>> {
+        self.table.iter().map(|s| s.entry(&self.data))
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
 }
 
 /// The `FLAG_REQUIRED_MASK` bits of libraries for the machine we are built for.
@@ -49,7 +104,12 @@ fn native_arch_flags() -> i32 {
 }
 
 /// Parses a cache image; entries keep the file's order (glibc sorts them by name).
-pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LdCacheError> {
+pub fn parse(data: &[u8]) -> Result<Vec<Entry<'_>>, LdCacheError> {
+    Ok(slots(data)?.iter().map(|s| s.entry(data)).collect())
+}
+
+/// The entries of an image as offsets, every string checked.
+fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
     let start = if data.starts_with(NEW_MAGIC) {
         0
     } else if data.starts_with(OLD_MAGIC) {
@@ -78,6 +138,11 @@ pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LdCacheError> {
         return Err(LdCacheError::BadMagic);
     };
     let new = &data[start..];
+    let cstr = |off: usize| -> Option<Range<usize>> {
+        let rest = new.get(off..)?;
+        let len = CStr::from_bytes_until_nul(rest).ok()?.to_bytes().len();
+        Some(start + off..start + off + len)
+    };
     let nlibs = read_u32(new, 20).ok_or(LdCacheError::Truncated("header"))? as usize;
     if new.len() < NEW_HEADER {
         return Err(LdCacheError::Truncated("header"));
@@ -92,34 +157,35 @@ pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LdCacheError> {
         let flags = read_u32(new, off).ok_or(LdCacheError::Truncated("entry"))? as i32;
         let key = read_u32(new, off + 4).ok_or(LdCacheError::Truncated("entry"))? as usize;
         let value = read_u32(new, off + 8).ok_or(LdCacheError::Truncated("entry"))? as usize;
-        let (Some(name), Some(path)) = (cstr(new, key), cstr(new, value)) else {
+        let (Some(name), Some(path)) = (cstr(key), cstr(value)) else {
             return Err(LdCacheError::Truncated("string table"));
         };
-        out.push(Entry {
-            name: name.to_string(),
-            path: PathBuf::from(path),
-            flags,
-        });
+        if std::str::from_utf8(&data[name.clone()]).is_err()
+            || std::str::from_utf8(&data[path.clone()]).is_err()
+        {
+            return Err(LdCacheError::Truncated("string table"));
+        }
+        out.push(Slot { flags, name, path });
     }
     Ok(out)
 }
 
 /// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
-pub fn load(root: &Path) -> std::io::Result<Vec<Entry>> {
+pub fn load(root: &Path) -> std::io::Result<Cache> {
     let path = root.join("etc/ld.so.cache");
     match std::fs::read(&path) {
-        Ok(data) => parse(&data).map_err(|e| {
+        Ok(data) => Cache::parse(data).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("{}: {e}", path.display()),
             )
         }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Cache::default()),
         Err(e) => Err(e),
     }
 }
 
-impl Entry {
+impl Entry<'_> {
     /// An ELF libc6 library for this machine's architecture.
     pub fn is_native(&self) -> bool {
         self.flags & FLAG_TYPE_MASK == FLAG_ELF_LIBC6
@@ -130,12 +196,6 @@ impl Entry {
 fn read_u32(d: &[u8], off: usize) -> Option<u32> {
     let b = d.get(off..off.checked_add(4)?)?;
     Some(u32::from_ne_bytes(b.try_into().ok()?))
-}
-
-fn cstr(d: &[u8], off: usize) -> Option<&str> {
-    let rest = d.get(off..)?;
-    let end = rest.iter().position(|&b| b == 0)?;
-    std::str::from_utf8(&rest[..end]).ok()
 }
 
 /// Builds a new-format cache image; used by tests, benches and fuzz seeds.

@@ -159,7 +159,7 @@ fn matches_stem(name: &str, stem: &str) -> bool {
 pub fn libraries(
     profile: &Profile,
     stems: &[String],
-    cache: &[ldcache::Entry],
+    cache: &ldcache::Cache,
     resolver: &mut Resolver,
 ) -> Vec<Found> {
     let mut found: Vec<Vec<Found>> = stems
@@ -186,19 +186,19 @@ pub fn libraries(
 }
 
 /// The cache's libraries of `stem` that exist under the root, one per soname.
-fn from_cache(stem: &str, cache: &[ldcache::Entry], resolver: &mut Resolver) -> Vec<Found> {
+fn from_cache(stem: &str, cache: &ldcache::Cache, resolver: &mut Resolver) -> Vec<Found> {
     let mut found: Vec<Found> = Vec::new();
     for e in cache
         .iter()
-        .filter(|e| e.is_native() && matches_stem(&e.name, stem))
+        .filter(|e| e.is_native() && matches_stem(e.name, stem))
     {
         if found.iter().any(|f| f.name == e.name) {
             continue;
         }
-        if let Ok(r) = resolver.resolve(&e.path) {
+        if let Ok(r) = resolver.resolve(e.path) {
             found.push(Found {
                 host: r.host,
-                name: e.name.clone(),
+                name: e.name.to_string(),
             });
         }
     }
@@ -437,7 +437,7 @@ mod tests {
             .unwrap()
             .clone();
         p.driver_root = r.to_path_buf();
-        let cache = ldcache::parse(&ldcache::build(&[
+        let cache = ldcache::Cache::parse(ldcache::build(&[
             (
                 "libcuda.so.1",
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
@@ -548,7 +548,12 @@ mod tests {
             "libnvidia-ml".to_string(),
             "libnvoptix".to_string(),
         ];
-        let found = libraries(&p, &stems, &[], &mut Resolver::new(r));
+        let found = libraries(
+            &p,
+            &stems,
+            &ldcache::Cache::default(),
+            &mut Resolver::new(r),
+        );
         assert_eq!(
             found,
             vec![
@@ -580,7 +585,7 @@ mod tests {
             .clone();
         p.driver_root = r.to_path_buf();
         let flags = ldcache::native_flags();
-        let cache = ldcache::parse(&ldcache::build(&[
+        let cache = ldcache::Cache::parse(ldcache::build(&[
             ("libascend_hal.so", "/usr/lib/libascend_hal.so", flags),
             ("libcuda.so.1", "/usr/lib/libcuda.so.1", flags),
             ("libcuda.so", "/usr/lib/libcuda.so", flags),
@@ -597,11 +602,21 @@ mod tests {
         p.library_search_dirs = vec!["/usr/lib".into()];
         let mut res = Resolver::new(r);
         assert_eq!(
-            names(libraries(&p, &stems[..1], &[], &mut res)),
+            names(libraries(
+                &p,
+                &stems[..1],
+                &ldcache::Cache::default(),
+                &mut res
+            )),
             ["libascend_hal.so"]
         );
         assert_eq!(
-            names(libraries(&p, &stems[1..], &[], &mut res)),
+            names(libraries(
+                &p,
+                &stems[1..],
+                &ldcache::Cache::default(),
+                &mut res
+            )),
             ["libcuda.so.1"]
         );
     }

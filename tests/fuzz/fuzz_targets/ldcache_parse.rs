@@ -1,12 +1,17 @@
-//! `ld.so.cache` parsing: any bytes (a hostile or truncated driver root), never a panic, and
-//! entries only from inside the buffer.
+//! `ld.so.cache` parsing: any bytes (a hostile or truncated driver root), never a panic,
+//! entries only from inside the buffer, and the owned `Cache` the create path uses reads the
+//! same entries as `parse`.
 #![no_main]
 
 use accel_container_runtime::ldcache;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(entries) = ldcache::parse(data) {
+    let parsed = ldcache::parse(data);
+    let cache = ldcache::Cache::parse(data.to_vec());
+    assert_eq!(parsed.is_ok(), cache.is_ok());
+    if let (Ok(entries), Ok(cache)) = (parsed, cache) {
+        assert!(cache.iter().eq(entries.iter().copied()));
         for e in &entries {
             let _ = e.is_native();
             assert!(e.name.len() < data.len());
