@@ -9,7 +9,8 @@
 # the built-in profile (e.g. GKE's /usr/local/nvidia/{lib64,bin}). nvcc is optional: with it a
 # kernel compiled to PTX is JIT-compiled and launched in the container.
 # Optional: HYPERFINE=path (adds a whole-process timing on this node, and an strace of one
-# create when strace is on PATH), REPORT_DIR (logs), CUDATEST and NOOP (prebuilt programs
+# create when strace is on PATH), BASELINE=path of another accel-container-runtime build to
+# time in the same run, REPORT_DIR (logs), CUDATEST and NOOP (prebuilt programs
 # from the sources below, for a node without gcc).
 #
 # What it checks (each line of the summary is PASS or FAIL; the exit status is the count of
@@ -308,12 +309,19 @@ low-level-runtime = "$work/noop"
 log-file = "$work/shim-noop.log"
 profiles-dir = "$work/no-profiles.d"
 EOF
+  restore="cp $tb/all/config.json.orig $tb/all/config.json"
+  cmds=(
+    -n noop --prepare true "$work/noop create --bundle $tb/all x"
+    -n "shim create, none" --prepare true "$SHIM create --bundle $tb/none x"
+    -n "shim create, all ($ngpu real GPU)" --prepare "$restore" "$SHIM create --bundle $tb/all x"
+    -n "shim state" --prepare true "$SHIM state x"
+  )
+  [ -z "${BASELINE:-}" ] || cmds+=(
+    -n "baseline create, all ($ngpu real GPU)" --prepare "$restore" "$BASELINE create --bundle $tb/all x"
+    -n "baseline state" --prepare true "$BASELINE state x"
+  )
   ACCEL_CONTAINER_RUNTIME_CONFIG=$work/config-noop.toml "$HYPERFINE" -N --warmup 50 --runs 1000 \
-    --export-json "$REPORT_DIR/hyperfine.json" \
-    -n noop "$work/noop create --bundle $tb/all x" \
-    -n "shim create, none" "$SHIM create --bundle $tb/none x" \
-    -n "shim create, all ($ngpu real GPU)" --prepare "cp $tb/all/config.json.orig $tb/all/config.json" "$SHIM create --bundle $tb/all x" \
-    -n "shim state" "$SHIM state x" 2>&1 | grep -v '^ *$'
+    --export-json "$REPORT_DIR/hyperfine.json" "${cmds[@]}" 2>&1 | grep -v '^ *$'
   if command -v strace >/dev/null; then
     cp "$tb/all/config.json.orig" "$tb/all/config.json"
     ACCEL_CONTAINER_RUNTIME_CONFIG=$work/config-noop.toml strace -f -tt -T -o "$REPORT_DIR/strace-create-all.txt" \
