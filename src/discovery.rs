@@ -90,6 +90,28 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
     Ok(names)
 }
 
+/// A procfs file in one read: they report a size of 0, for which `fs::read_to_string` reads
+/// in growing probes from 32 bytes (five reads and a stat for one GPU's `information`).
+fn read_proc(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 fn nvidia_procfs(
     profile: &Profile,
     proc_dir: &Path,
@@ -99,7 +121,7 @@ fn nvidia_procfs(
     let mut gpus = Vec::new();
     for bus in read_dir_names(&dir)? {
         let path = dir.join(&bus).join("information");
-        let text = std::fs::read_to_string(&path).map_err(|source| DiscoveryError::Read {
+        let text = read_proc(&path).map_err(|source| DiscoveryError::Read {
             path: path.clone(),
             source,
         })?;
