@@ -505,16 +505,18 @@ fn load_profiles(
             (Source::Builtin(b), None) => (b.profile()?, origin),
             (Source::File(table), None) => (Profile::from_table(table, &origin)?, origin),
             (source, Some(toml::Value::Table(over))) => {
-                let mut table = match source {
-                    Source::Builtin(b) => b.table(),
-                    Source::File(table) => table,
-                };
-                profile::merge_tables(&mut table, over);
                 let origin = format!(
                     "{origin} with [profiles.{name}] from {}",
                     config_path.display()
                 );
-                (Profile::from_table(table, &origin)?, origin)
+                let built = match source {
+                    Source::Builtin(b) => b.profile_with(over, &origin)?,
+                    Source::File(mut table) => {
+                        profile::merge_tables(&mut table, over);
+                        Profile::from_table(table, &origin)?
+                    }
+                };
+                (built, origin)
             }
             (_, Some(_)) => {
                 return Err(ConfigError::Invalid {
