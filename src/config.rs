@@ -442,7 +442,7 @@ impl Source {
 
 /// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables. With
 /// `claims`, a built-in is skipped when nothing can involve it: its text names none of the
-/// variables, config.toml has no `[profiles.<name>]` for it, and no file in `dir` or table in
+/// variables, config.toml has no `[profiles.<name>]` for it, and no profile file or table in
 /// config.toml uses one of the variables it names. Skipping it changes no result, error or
 /// warning (built-ins are compiled in and tested); the operator's files and tables are always
 /// built, so a broken one is reported by every create.
