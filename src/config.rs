@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::profile::{self, Profile, ProfileError};
+use crate::profile::{self, Builtin, Profile, ProfileError};
 
 pub const DEFAULT_PATH: &str = "/etc/accel-container-runtime/config.toml";
 pub const ENV_VAR: &str = "ACCEL_CONTAINER_RUNTIME_CONFIG";
@@ -78,21 +78,27 @@ struct QuickFile {
 
 /// What `create` reads before deciding whether to load the profiles at all.
 ///
-/// Parsing the profiles is most of a create's cost (TOML: about 0.2 ms for the two built-in
-/// ones, benches/BENCHMARKS.md), and most containers ask for no device. This screen parses
-/// only config.toml's top-level keys and keeps every profile source as text: a variable
-/// that appears in none of them as a TOML string (`"NAME"` or `'NAME'`) cannot be claimed
-/// by any profile. A name it finds may be a false alarm (the full load then decides); a
-/// variable name written with escape sequences in a profile would be missed, so write
-/// variable names plainly.
+/// Most containers ask for no device, so no profile is built here: config.toml is parsed
+/// (once: [`Quick::into_config`] builds the [`Config`] from it) and each `profiles-dir/*.toml`
+/// is kept as text. A variable that appears in none of them, nor in a built-in, as a TOML
+/// string (`"NAME"` or `'NAME'`) cannot be claimed by any profile. A name found may be a
+/// false alarm (the full load then decides); a variable name written with escape sequences
+/// in a profile would be missed, so write variable names plainly.
 #[derive(Debug, Clone)]
 pub struct Quick {
     pub low_level_runtime: String,
     pub accept_container_devices_as_mounts: bool,
-    /// config.toml and each `profiles-dir/*.toml`, unparsed.
-    texts: Vec<String>,
-    /// Every TOML string in the built-ins and `texts` that could be a variable name, sorted:
-    /// a create's spec holds dozens of `NAME=` entries, each looked up here.
+    /// config.toml (`None`: no file, the defaults).
+    path: Option<PathBuf>,
+    text: String,
+    /// `text` deserialized, with its warnings (unknown keys, an unlistable profiles-dir);
+    /// `None` when only the screen's keys deserialize: the full load reports the error.
+    file: Option<(File, Vec<String>)>,
+    /// The `*.toml` files of profiles-dir, read.
+    profiles: ProfileFiles,
+    /// Every TOML string in `text` and `profiles` that could be a variable name, sorted: a
+    /// create's spec holds dozens of `NAME=` entries, each looked up here (and in the
+    /// built-ins' lists, made at build time).
     quoted: Vec<String>,
 }
 
@@ -102,46 +108,54 @@ impl Quick {
     }
 
     pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
-        let Some(text) = read_text(path)? else {
-            return Ok(Quick::new(
-                d_runtime(),
-                false,
-                profile_texts(&d_profiles_dir())?,
-            ));
+        let (path, text) = match read_text(path)? {
+            Some(text) => (Some(path.to_path_buf()), text),
+            None => (None, String::new()),
         };
-        let file: QuickFile = toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.into(),
-            source,
-        })?;
-        let mut texts = profile_texts(&file.profiles_dir)?;
-        texts.push(text);
-        Ok(Quick::new(
-            check_runtime(&file.low_level_runtime, path)?,
-            file.accept_container_devices_as_mounts,
-            texts,
-        ))
-    }
-
-    fn new(
-        low_level_runtime: String,
-        accept_container_devices_as_mounts: bool,
-        texts: Vec<String>,
-    ) -> Quick {
-        let mut quoted: Vec<String> = profile::BUILTIN
-            .iter()
-            .map(|(_, t)| *t)
-            .chain(texts.iter().map(String::as_str))
-            .flat_map(quoted_names)
+        let shown = shown(path.as_deref());
+        let (low_level_runtime, accept, profiles_dir, file) = match parse_file(&text, &shown) {
+            Ok((file, warnings)) => (
+                file.low_level_runtime.clone(),
+                file.accept_container_devices_as_mounts,
+                file.profiles_dir.clone(),
+                Some((file, warnings)),
+            ),
+            // Only the screen's keys need to deserialize here.
+            Err(_) => {
+                let q: QuickFile = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+                    path: shown.clone(),
+                    source,
+                })?;
+                (
+                    q.low_level_runtime,
+                    q.accept_container_devices_as_mounts,
+                    q.profiles_dir,
+                    None,
+                )
+            }
+        };
+        let mut listing = Vec::new();
+        let profiles = read_profile_files(&profiles_dir, &mut listing)?;
+        let low_level_runtime = check_runtime(&low_level_runtime, &shown)?;
+        let mut quoted: Vec<String> = std::iter::once(text.as_str())
+            .chain(profiles.iter().filter_map(|(_, t)| t.as_deref()))
+            .flat_map(profile::quoted_names)
             .map(str::to_string)
             .collect();
         quoted.sort_unstable();
         quoted.dedup();
-        Quick {
+        Ok(Quick {
             low_level_runtime,
-            accept_container_devices_as_mounts,
-            texts,
+            accept_container_devices_as_mounts: accept,
+            path,
+            text,
+            file: file.map(|(f, mut warnings)| {
+                warnings.extend(listing);
+                (f, warnings)
+            }),
+            profiles,
             quoted,
-        }
+        })
     }
 
     /// Whether some profile might select devices through the variable `name`.
@@ -149,57 +163,51 @@ impl Quick {
         if name.is_empty() {
             return false;
         }
-        if name.bytes().all(is_name_byte) {
+        if profile::BUILTIN.iter().any(|b| b.quotes(name)) {
+            return true;
+        }
+        if name.bytes().all(profile::is_name_byte) {
             return self
                 .quoted
                 .binary_search_by(|q| q.as_str().cmp(name))
                 .is_ok();
         }
-        profile::BUILTIN
-            .iter()
-            .map(|(_, t)| *t)
-            .chain(self.texts.iter().map(String::as_str))
-            .any(|t| quoted_in(t, name))
+        std::iter::once(self.text.as_str())
+            .chain(self.profiles.iter().filter_map(|(_, t)| t.as_deref()))
+            .any(|t| profile::quoted_in(t, name))
+    }
+
+    /// The [`Config`] that [`Config::load`] (`names`: `None`) or [`Config::load_claiming`]
+    /// gives, from what was read here: config.toml and the profile files are neither read nor
+    /// parsed again.
+    pub fn into_config(self, names: Option<&[String]>) -> Result<Config, ConfigError> {
+        let names: Option<Vec<&str>> = names.map(|n| n.iter().map(String::as_str).collect());
+        let names = names.as_deref();
+        match self.file {
+            Some((file, warnings)) => Config::build(
+                file,
+                warnings,
+                self.path.as_deref(),
+                names,
+                Some(self.profiles),
+            ),
+            // Fails again, as the full load does.
+            None => Config::parse_claiming(&self.text, self.path.as_deref(), names),
+        }
     }
 }
 
-fn is_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
+/// The `*.toml` files of a profiles-dir as (path, text); `None`: gone since it was listed.
+type ProfileFiles = Vec<(PathBuf, Option<String>)>;
 
-/// Each run of name bytes (`[A-Za-z0-9_]`) in `text` with the same quote right before and
-/// after it: every name `n` for which [`quoted_in`]`(text, n)` holds.
-fn quoted_names(text: &str) -> impl Iterator<Item = &str> {
-    let b = text.as_bytes();
-    b.iter().enumerate().filter_map(move |(i, &q)| {
-        if q != b'"' && q != b'\'' {
-            return None;
-        }
-        let start = i + 1;
-        let len = b[start..].iter().take_while(|&&c| is_name_byte(c)).count();
-        // Name bytes are ASCII, so both ends are char boundaries.
-        (len > 0 && b.get(start + len) == Some(&q)).then(|| &text[start..start + len])
-    })
-}
-
-fn quoted_in(text: &str, name: &str) -> bool {
-    text.match_indices(name).any(|(i, _)| {
-        let before = text[..i].chars().next_back();
-        let after = text[i + name.len()..].chars().next();
-        matches!(
-            (before, after),
-            (Some('"'), Some('"')) | (Some('\''), Some('\''))
-        )
-    })
-}
-
-/// The texts of the `*.toml` files in `dir` (missing dir: none).
-fn profile_texts(dir: &Path) -> Result<Vec<String>, ConfigError> {
-    let mut warnings = Vec::new();
-    profile_files(dir, &mut warnings)
-        .into_iter()
-        .map(|p| read_text(&p).map(Option::unwrap_or_default))
-        .collect()
+/// Lists and reads the profile files of `dir` (missing dir: none).
+fn read_profile_files(dir: &Path, warnings: &mut Vec<String>) -> Result<ProfileFiles, ConfigError> {
+    let mut files = Vec::new();
+    for path in profile_files(dir, warnings) {
+        let text = read_text(&path)?;
+        files.push((path, text));
+    }
+    Ok(files)
 }
 
 fn d_runtime() -> String {
@@ -301,18 +309,20 @@ impl Config {
         path: Option<&Path>,
         names: Option<&[&str]>,
     ) -> Result<Config, ConfigError> {
-        let shown = path
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("<defaults>"));
-        let mut warnings = Vec::new();
-        let de = toml::Deserializer::new(text);
-        let file: File = serde_ignored::deserialize(de, |p| {
-            warnings.push(format!("{}: unknown key `{p}` ignored", shown.display()))
-        })
-        .map_err(|source| ConfigError::Parse {
-            path: shown.clone(),
-            source,
-        })?;
+        let (file, warnings) = parse_file(text, &shown(path))?;
+        Self::build(file, warnings, path, names, None)
+    }
+
+    /// The config from a deserialized config.toml, with the warnings so far. `files`: the
+    /// profile files already read (`None`: list and read `profiles-dir` now).
+    fn build(
+        file: File,
+        mut warnings: Vec<String>,
+        path: Option<&Path>,
+        names: Option<&[&str]>,
+        files: Option<ProfileFiles>,
+    ) -> Result<Config, ConfigError> {
+        let shown = shown(path);
         let invalid = |msg: String| ConfigError::Invalid {
             path: shown.clone(),
             msg,
@@ -337,13 +347,11 @@ impl Config {
             }
         };
 
-        let profiles = load_profiles(
-            &file.profiles_dir,
-            file.profiles,
-            &shown,
-            names,
-            &mut warnings,
-        )?;
+        let files = match files {
+            Some(files) => files,
+            None => read_profile_files(&file.profiles_dir, &mut warnings)?,
+        };
+        let profiles = load_profiles(files, file.profiles, &shown, names, &mut warnings)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -362,6 +370,26 @@ impl Config {
     pub fn profile(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
     }
+}
+
+/// How errors and warnings name config.toml (`None`: no file, the defaults).
+fn shown(path: Option<&Path>) -> PathBuf {
+    path.map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("<defaults>"))
+}
+
+/// config.toml's text deserialized, with a warning for each unknown key.
+fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigError> {
+    let mut warnings = Vec::new();
+    let de = toml::Deserializer::new(text);
+    let file: File = serde_ignored::deserialize(de, |p| {
+        warnings.push(format!("{}: unknown key `{p}` ignored", shown.display()))
+    })
+    .map_err(|source| ConfigError::Parse {
+        path: shown.to_path_buf(),
+        source,
+    })?;
+    Ok((file, warnings))
 }
 
 fn config_path() -> PathBuf {
@@ -396,34 +424,54 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
     Ok(low.to_string())
 }
 
-/// The profiles, from the built-ins, `dir` and config.toml's `[profiles.*]` tables. With
+/// A profile before it is built: a built-in, read from its prepared form only if it is built,
+/// or the table of an operator's file.
+enum Source {
+    Builtin(&'static Builtin),
+    File(toml::Table),
+}
+
+impl Source {
+    fn name(&self) -> Option<&str> {
+        match self {
+            Source::Builtin(b) => Some(b.name),
+            Source::File(t) => t.get("name").and_then(toml::Value::as_str),
+        }
+    }
+}
+
+/// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables. With
 /// `claims`, a built-in is skipped when nothing can involve it: its text names none of the
-/// variables, config.toml has no `[profiles.<name>]` for it, and no file in `dir` or table in
+/// variables, config.toml has no `[profiles.<name>]` for it, and no profile file or table in
 /// config.toml uses one of the variables it names. Skipping it changes no result, error or
 /// warning (built-ins are compiled in and tested); the operator's files and tables are always
 /// built, so a broken one is reported by every create.
 fn load_profiles(
-    dir: &Path,
+    files: ProfileFiles,
     mut overrides: toml::Table,
     config_path: &Path,
     claims: Option<&[&str]>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    let mut files: Vec<(String, toml::Table)> = Vec::new();
-    for path in profile_files(dir, warnings) {
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
+    let mut tables: Vec<(String, toml::Table)> = Vec::new();
+    for (path, text) in files {
+        let text = match text {
+            Some(text) => text,
+            // Gone since it was listed: the error of reading it now.
+            None => std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?,
+        };
         let origin = path.display().to_string();
         let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
             origin: origin.clone(),
             source,
         })?;
-        files.push((origin, table));
+        tables.push((origin, table));
     }
     // The variables the operator's own profiles use, as written in their tables.
-    let operator_vars: Vec<&str> = files
+    let operator_vars: Vec<&str> = tables
         .iter()
         .map(|(_, t)| t)
         .chain(overrides.values().filter_map(toml::Value::as_table))
@@ -431,62 +479,52 @@ fn load_profiles(
         .flatten()
         .filter_map(toml::Value::as_str)
         .collect();
-    let involved = |name: &str, text: &str| match claims {
+    let involved = |b: &Builtin| match claims {
         None => true,
         Some(names) => {
-            names
-                .iter()
-                .chain(&operator_vars)
-                .any(|n| quoted_in(text, n))
-                || overrides.contains_key(name)
+            names.iter().chain(&operator_vars).any(|n| b.quotes(n))
+                || overrides.contains_key(b.name)
         }
     };
-    // (origin, table) in precedence order; a later table of the same name replaces.
-    let mut tables: Vec<(String, toml::Table)> = Vec::new();
-    for (file, text) in profile::BUILTIN {
-        if !involved(file.strip_suffix(".toml").unwrap_or(file), text) {
-            continue;
-        }
-        let table = toml::from_str(text).map_err(|source| ProfileError::Parse {
-            origin: format!("built-in {file}"),
-            source,
-        })?;
-        tables.push((format!("built-in {file}"), table));
-    }
-    for (origin, table) in files {
-        let name = table
-            .get("name")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_string();
-        tables.retain(|(_, t)| t.get("name").and_then(|v| v.as_str()) != Some(name.as_str()));
-        tables.push((origin, table));
+    // (origin, source) in precedence order; a later one of the same name replaces.
+    let mut sources: Vec<(String, Source)> = profile::BUILTIN
+        .iter()
+        .filter(|b| involved(b))
+        .map(|b| (b.origin(), Source::Builtin(b)))
+        .collect();
+    for (origin, table) in tables {
+        let file = Source::File(table);
+        sources.retain(|(_, s)| s.name() != Some(file.name().unwrap_or_default()));
+        sources.push((origin, file));
     }
 
     let mut profiles = Vec::new();
-    for (origin, mut table) in tables {
-        let name = table
-            .get("name")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_string();
-        let origin = match overrides.remove(&name) {
-            Some(toml::Value::Table(over)) => {
-                profile::merge_tables(&mut table, over);
-                format!(
+    for (origin, source) in sources {
+        let name = source.name().unwrap_or_default().to_string();
+        let ((p, unknown), origin) = match (source, overrides.remove(&name)) {
+            (Source::Builtin(b), None) => (b.profile()?, origin),
+            (Source::File(table), None) => (Profile::from_table(table, &origin)?, origin),
+            (source, Some(toml::Value::Table(over))) => {
+                let origin = format!(
                     "{origin} with [profiles.{name}] from {}",
                     config_path.display()
-                )
+                );
+                let built = match source {
+                    Source::Builtin(b) => b.profile_with(over, &origin)?,
+                    Source::File(mut table) => {
+                        profile::merge_tables(&mut table, over);
+                        Profile::from_table(table, &origin)?
+                    }
+                };
+                (built, origin)
             }
-            Some(_) => {
+            (_, Some(_)) => {
                 return Err(ConfigError::Invalid {
                     path: config_path.into(),
                     msg: format!("profiles.{name} must be a table"),
                 })
             }
-            None => origin,
         };
-        let (p, unknown) = Profile::from_table(table, &origin)?;
         warnings.extend(
             unknown
                 .into_iter()
@@ -683,19 +721,6 @@ mod tests {
         assert!(q.may_claim("NVIDIA_VISIBLE_DEVICES") && !q.may_claim("MY_ACCELS"));
     }
 
-    #[test]
-    fn quoted_names_are_what_quoted_in_finds() {
-        let text = "a = \"NV_X\"\nb = ['Y_1', \"Z\" ]\n# \"mixed' \"ab\"cd\" x\"\"\n";
-        let names: Vec<&str> = quoted_names(text).collect();
-        assert_eq!(names, ["NV_X", "Y_1", "Z", "ab", "cd"]);
-        for n in &names {
-            assert!(quoted_in(text, n), "{n}");
-        }
-        for n in ["NV", "mixed", "x", "b", "Y"] {
-            assert!(!quoted_in(text, n) && !names.contains(&n), "{n}");
-        }
-    }
-
     /// `create` skips only the built-ins nothing involves: the operator's files and tables are
     /// always built (a broken one is an error for every create), an override keeps its
     /// built-in, and an operator profile sharing a built-in's variable still meets it.
@@ -731,7 +756,7 @@ mod tests {
         std::fs::remove_file(profiles.join("broken.toml")).unwrap();
         // A file claiming enflame's variable under another name: two profiles claim it.
         let copy = profile::BUILTIN[1]
-            .1
+            .text
             .replace("name = \"enflame\"", "name = \"my-gcu\"");
         std::fs::write(profiles.join("my-gcu.toml"), copy).unwrap();
         let full = Config::parse(&text, path).unwrap_err().to_string();
@@ -740,6 +765,64 @@ mod tests {
             .to_string();
         assert!(full.contains("claimed by two profiles"), "{full}");
         assert_eq!(claiming, full);
+    }
+
+    /// The create path builds its Config from the screen's reading of config.toml: the same
+    /// Config, warnings and errors as loading it anew.
+    #[test]
+    fn quick_into_config_is_the_full_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        let mut ascend = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/ascend.toml"),
+        )
+        .unwrap();
+        ascend.insert_str(0, "driver-rot = \"/typo\"\n");
+        std::fs::write(profiles.join("ascend.toml"), ascend).unwrap();
+        let cfg = dir.path().join("config.toml");
+        let top = format!("profiles-dir = {profiles:?}\n");
+        let nv = ["NVIDIA_VISIBLE_DEVICES".to_string()];
+        for extra in [
+            "",
+            "[profiles.nvidia]\ndriver-root = \"/run/nvidia/driver\"\n",
+            "lowlevel-runtime = \"crun\"\n[profiles.enflame]\ndriver-rot = \"/x\"\n",
+            "[profiles.nvidia.capabilities.compute]\nlibraries = [\"libcuda\"]\n[profiles.ascend]\ndriver-root = \"/sim\"\n",
+            "[profiles.custom]\nvisible-devices-env = ['NVIDIA_VISIBLE_DEVICES']\n[profiles.custom.discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/c{index}\"]\n",
+            "log-level = 3\n",
+            "log-level = \"loud\"\n",
+            "low-level-runtime = \"sbin/runc\"\n",
+            "[profiles.nvidia]\ndriver-root = 5\n",
+            "[profiles.nvidia.discovery]\nproc-dri = \"/x\"\n",
+            "[profiles.nvidia]\ncontrol-nodes = [\"/dev/../etc/shadow\"]\n",
+            "profiles = { nvidia = 5 }\n",
+        ] {
+            std::fs::write(&cfg, format!("{top}{extra}")).unwrap();
+            let show = |r: Result<Config, ConfigError>| match r {
+                Ok(c) => format!("{c:?}"),
+                Err(e) => format!("error: {e}"),
+            };
+            let full = show(Config::load_from(&cfg));
+            let quick = match Quick::load_from(&cfg) {
+                Ok(quick) => quick,
+                // The screen reports what it needs itself, as the full load does.
+                Err(e) => {
+                    assert_eq!(format!("error: {e}"), full, "{extra}");
+                    continue;
+                }
+            };
+            assert_eq!(show(quick.clone().into_config(None)), full, "{extra}");
+            let text = std::fs::read_to_string(&cfg).unwrap();
+            let claiming = show(Config::parse_claiming(&text, Some(&cfg), Some(&["NVIDIA_VISIBLE_DEVICES"])));
+            assert_eq!(show(quick.into_config(Some(&nv))), claiming, "{extra}");
+        }
+        // No file: the defaults, either way.
+        let none = dir.path().join("none.toml");
+        let quick = Quick::load_from(&none).unwrap();
+        assert_eq!(
+            format!("{:?}", quick.into_config(None).unwrap()),
+            format!("{:?}", Config::load_from(&none).unwrap())
+        );
     }
 
     #[test]

@@ -104,13 +104,18 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
         let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
-        match create::screen(bundle, &quick).load_config() {
-            Ok(None) => quick.low_level_runtime,
-            Ok(Some(cfg)) => {
+        match create::screen(bundle, &quick) {
+            create::Screen::Nothing => quick.low_level_runtime,
+            screen => {
+                let names = match &screen {
+                    create::Screen::Variables(names) => Some(names.as_slice()),
+                    _ => None,
+                };
+                // Built from what the screen read: config.toml is read and parsed once.
+                let cfg = quick.into_config(names).map_err(|e| err_chain(&e))?;
                 create(inv, &cfg).map_err(|e| err_chain(&e))?;
                 cfg.low_level_runtime
             }
-            Err(e) => return Err(err_chain(&e)),
         }
     } else {
         config::Config::low_level_runtime().map_err(|e| err_chain(&e))?
