@@ -90,12 +90,15 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
     Ok(names)
 }
 
-/// A procfs file in one read: they report a size of 0, for which `fs::read_to_string` reads
-/// in growing probes from 32 bytes (five reads and a stat for one GPU's `information`).
-fn read_proc(path: &Path) -> std::io::Result<String> {
+/// A procfs file in one read into `buf` (reused across files): they report a size of 0, for
+/// which `fs::read_to_string` reads in growing probes from 32 bytes (five reads and a stat for
+/// one GPU's `information`).
+fn read_proc<'b>(path: &Path, buf: &'b mut Vec<u8>) -> std::io::Result<&'b str> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 4096];
+    if buf.len() < 4096 {
+        buf.resize(4096, 0);
+    }
     let mut len = 0;
     loop {
         if len == buf.len() {
@@ -108,8 +111,8 @@ fn read_proc(path: &Path) -> std::io::Result<String> {
             Err(e) => return Err(e),
         }
     }
-    buf.truncate(len);
-    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    std::str::from_utf8(&buf[..len])
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 fn nvidia_procfs(
@@ -119,20 +122,25 @@ fn nvidia_procfs(
 ) -> Result<Vec<Device>, DiscoveryError> {
     let dir = Profile::under(&profile.driver_root, proc_dir);
     let mut gpus = Vec::new();
+    let mut buf = Vec::new();
     for bus in read_dir_names(&dir)? {
         let path = dir.join(&bus).join("information");
-        let text = read_proc(&path).map_err(|source| DiscoveryError::Read {
+        let text = read_proc(&path, &mut buf).map_err(|source| DiscoveryError::Read {
             path: path.clone(),
             source,
         })?;
-        let field = |key: &str| {
-            text.lines().find_map(|l| {
-                l.split_once(':')
-                    .filter(|(k, _)| k.trim() == key)
-                    .map(|(_, v)| v.trim().to_string())
-            })
-        };
-        let minor = field("Device Minor").ok_or_else(|| DiscoveryError::Malformed {
+        // `Key: \t value` lines; the first of each key counts.
+        let (mut minor, mut uuid, mut bus_id) = (None, None, None);
+        for (k, v) in text.lines().filter_map(|l| l.split_once(':')) {
+            let slot = match k.trim() {
+                "Device Minor" => &mut minor,
+                "GPU UUID" => &mut uuid,
+                "Bus Location" => &mut bus_id,
+                _ => continue,
+            };
+            slot.get_or_insert(v.trim());
+        }
+        let minor = minor.ok_or_else(|| DiscoveryError::Malformed {
             path: path.clone(),
             msg: "no `Device Minor` line".into(),
         })?;
@@ -140,8 +148,10 @@ fn nvidia_procfs(
             path: path.clone(),
             msg: format!("`Device Minor` {minor:?} is not a number"),
         })?;
-        let uuid = field("GPU UUID").filter(|u| !u.is_empty() && !u.contains('/'));
-        let bus_id = field("Bus Location").unwrap_or(bus).to_ascii_lowercase();
+        let uuid = uuid
+            .filter(|u| !u.is_empty() && !u.contains('/'))
+            .map(str::to_string);
+        let bus_id = bus_id.map_or(bus, str::to_string).to_ascii_lowercase();
         gpus.push((bus_id, minor, uuid));
     }
     // nvidia-smi numbers GPUs in PCI bus order, which is what users mean by an index.
