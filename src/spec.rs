@@ -1,10 +1,21 @@
 //! Reading, editing and writing the bundle's `config.json` as JSON, not as a typed `Spec`.
 //!
 //! A serde round trip through `oci_spec::runtime::Spec` drops keys it does not know and
-//! reorders capability lists, so the document stays a `serde_json::Value` (key order kept);
-//! typed `oci-spec` structs are used only to build the entries added here.
+//! reorders capability lists, and even a whole-document `serde_json::Value` round trip costs
+//! most of a create (parse, serialize and drop of ~10 KB that the shim never reads:
+//! capabilities, seccomp, masked paths). So a [`Document`] borrows the file's bytes: the whole
+//! document is checked once with serde_json, the few sections the shim reads are looked at
+//! in place, a section an editor changes becomes a `serde_json::Value` on first use, and
+//! [`Document::to_bytes`] splices each changed section back over the bytes of the old one.
+//! Everything else is copied byte for byte (whitespace, escapes, key order, numbers).
+//!
+//! A repeated key: runc's Go decoder and serde_json both take its last occurrence, and so do
+//! every read and every edit here. Keys are compared unescaped (`"\u006cinux"` is `linux`).
+//! Typed `oci-spec` structs are used only to build the entries added here.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
 
+use std::borrow::Cow;
+use std::fmt;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -12,6 +23,8 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::{
     LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
 };
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::atomic;
@@ -88,144 +101,625 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
     Ok(data)
 }
 
-/// Reads config.json: a regular file (not a symlink, FIFO or device), at most [`MAX_SIZE`],
-/// holding a JSON object.
-pub fn read(path: &Path) -> Result<Value, SpecError> {
-    parse_file(path, &read_bytes(path)?)
-}
-
-/// Parses the bytes [`read_bytes`] got from `path`; errors name the file.
-pub fn parse_file(path: &Path, data: &[u8]) -> Result<Value, SpecError> {
-    parse(data).map_err(|e| match e {
-        ParseError::Json(source) => SpecError::Json {
-            path: path.into(),
-            source,
-        },
-        ParseError::Shape(msg) => SpecError::Shape {
-            path: path.into(),
-            msg,
-        },
-    })
-}
-
 #[derive(Debug)]
 pub enum ParseError {
     Json(serde_json::Error),
     Shape(String),
 }
 
-/// Parses spec bytes and checks the parts the shim reads have the right JSON types.
-pub fn parse(data: &[u8]) -> Result<Value, ParseError> {
-    let v: Value = serde_json::from_slice(data).map_err(ParseError::Json)?;
-    check_shape(&v).map_err(ParseError::Shape)?;
+/// An object's members in document order, keys unescaped. A repeated key is there each time
+/// it was written; lookups ([`last`]) take the last.
+type Members<'a> = Vec<(Cow<'a, str>, &'a RawValue)>;
+
+/// Objects whose members are parsed once, in [`Document::parse`]: the shape check and the
+/// editors go through them (a parent is listed before its children).
+const CACHED: [&[&str]; 6] = [
+    &["process"],
+    &["process", "user"],
+    &["linux"],
+    &["linux", "resources"],
+    &["hooks"],
+    &["root"],
+];
+
+/// config.json, borrowed from its bytes; see the module header.
+///
+/// Invariant: every `RawValue` held here was borrowed from `src` (it is how a section's byte
+/// span is known: its offset in `src`).
+pub struct Document<'a> {
+    src: &'a [u8],
+    root: Members<'a>,
+    objects: [Option<Members<'a>>; CACHED.len()],
+    /// `process.env` decoded (`None`: an entry that is not a string).
+    env: Vec<Option<Cow<'a, str>>>,
+    /// `annotations` decoded, the last of a repeated key only, values that are strings only.
+    annotations: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    edits: Vec<Edit<'a>>,
+}
+
+/// A section being edited: its value now, and where it goes in the bytes.
+struct Edit<'a> {
+    /// Keys from the root down to the section.
+    path: Vec<&'static str>,
+    at: At<'a>,
+    value: Value,
+}
+
+enum At<'a> {
+    /// The section was in the document: its bytes are replaced.
+    Replace(&'a RawValue),
+    /// The key was missing: the member is inserted at this offset in `src`, right after the
+    /// parent's last member (`first`: the parent had none, no comma before it) or `{`.
+    Insert { offset: usize, first: bool },
+}
+
+/// A section found on a read: in the bytes, or in a section already edited.
+enum Found<'d, 'a> {
+    Raw(&'a RawValue),
+    Edited(&'d Value),
+}
+
+impl<'a> Document<'a> {
+    /// Parses spec bytes (the whole document is checked to be JSON) and checks the parts
+    /// the shim reads have the right JSON types.
+    pub fn parse(data: &'a [u8]) -> Result<Document<'a>, ParseError> {
+        if data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            // Not JSON at all is reported as such before "not an object".
+            serde_json::from_slice::<IgnoredAny>(data).map_err(ParseError::Json)?;
+            return Err(ParseError::Shape(
+                "the document is not a JSON object".into(),
+            ));
+        }
+        let Obj(root) = serde_json::from_slice(data).map_err(ParseError::Json)?;
+        let mut doc = Document {
+            src: data,
+            root,
+            objects: Default::default(),
+            env: Vec::new(),
+            annotations: Vec::new(),
+            edits: Vec::new(),
+        };
+        for (i, path) in CACHED.iter().enumerate() {
+            if let Some(raw) = doc.raw(path) {
+                doc.objects[i] = members(raw).map_err(ParseError::Json)?;
+            }
+        }
+        doc.check_shape().map_err(ParseError::Shape)?;
+        // Decoded now, so that a string that does not decode (a lone surrogate escape) in
+        // what the shim reads is a parse error naming the file.
+        if let Some(raw) = doc.raw(&["process", "env"]) {
+            doc.env = strings(raw).map_err(ParseError::Json)?;
+        }
+        if let Some(raw) = doc.raw(&["annotations"]) {
+            let all = members(raw).map_err(ParseError::Json)?.unwrap_or_default();
+            for (i, (k, v)) in all.iter().enumerate() {
+                if all[i + 1..].iter().any(|(later, _)| later == k) {
+                    continue;
+                }
+                let Str(v) = serde_json::from_str(v.get()).map_err(ParseError::Json)?;
+                if let Some(v) = v {
+                    doc.annotations.push((k.clone(), v));
+                }
+            }
+        }
+        Ok(doc)
+    }
+
+    /// [`Document::parse`] of the bytes [`read_bytes`] got from `path`; errors name the file.
+    pub fn parse_file(path: &Path, data: &'a [u8]) -> Result<Document<'a>, SpecError> {
+        Document::parse(data).map_err(|e| match e {
+            ParseError::Json(source) => SpecError::Json {
+                path: path.into(),
+                source,
+            },
+            ParseError::Shape(msg) => SpecError::Shape {
+                path: path.into(),
+                msg,
+            },
+        })
+    }
+
+    fn check_shape(&self) -> Result<(), String> {
+        const CHECKS: [(&[&str], u8, &str); 14] = [
+            (&["process"], b'{', "an object"),
+            (&["process", "env"], b'[', "an array of strings"),
+            (&["process", "user"], b'{', "an object"),
+            (&["process", "user", "additionalGids"], b'[', "an array"),
+            (&["linux"], b'{', "an object"),
+            (&["linux", "devices"], b'[', "an array"),
+            (&["linux", "resources"], b'{', "an object"),
+            (&["linux", "resources", "devices"], b'[', "an array"),
+            (&["mounts"], b'[', "an array"),
+            (&["hooks"], b'{', "an object"),
+            (&["hooks", "prestart"], b'[', "an array"),
+            (&["annotations"], b'{', "an object"),
+            (&["root"], b'{', "an object"),
+            (&["root", "path"], b'"', "a string"),
+        ];
+        for (path, first, what) in CHECKS {
+            match self.raw(path) {
+                Some(raw) if raw.get().as_bytes().first() != Some(&first) => {
+                    return Err(format!("`{}` must be {what}", path.join("/")));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The section at `path` as written (the last of a repeated key at each level); `None`
+    /// when it is missing or a parent is not an object.
+    fn raw(&self, path: &[&str]) -> Option<&'a RawValue> {
+        let (key, parent) = path.split_last()?;
+        if parent.is_empty() {
+            return last(&self.root, key);
+        }
+        if let Some(i) = CACHED.iter().position(|c| *c == parent) {
+            return last(self.objects[i].as_ref()?, key);
+        }
+        last(&members(self.raw(parent)?).ok()??, key)
+    }
+
+    /// The section at `path` as it is now: an edited one (or inside one) if any, else as
+    /// written.
+    fn find(&self, path: &[&str]) -> Option<Found<'_, 'a>> {
+        if let Some(e) = self.edits.iter().find(|e| path.starts_with(&e.path)) {
+            let mut v = &e.value;
+            for k in &path[e.path.len()..] {
+                v = v.as_object()?.get(*k)?;
+            }
+            return Some(Found::Edited(v));
+        }
+        self.raw(path).map(Found::Raw)
+    }
+
+    /// The strings of the array at `path` (non-strings skipped); empty when missing.
+    fn strings_at(&self, path: &[&str]) -> Vec<Cow<'_, str>> {
+        match self.find(path) {
+            Some(Found::Edited(v)) => v
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(Cow::Borrowed)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            // Undecodable entries (lone surrogate escapes) count as not strings.
+            Some(Found::Raw(raw)) => strings(raw)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The value of `name` in `process.env` as the container sees it: runc sets the entries
+    /// in order, so the last one wins (`docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all`
+    /// writes both). Entries without `=` are skipped.
+    pub fn env(&self, name: &str) -> Option<&str> {
+        match self.find(&["process", "env"]) {
+            Some(Found::Edited(v)) => {
+                last_env(v.as_array()?.iter().filter_map(Value::as_str), name)
+            }
+            _ => last_env(self.env.iter().flatten().map(|e| e.as_ref()), name),
+        }
+    }
+
+    /// Docker sets `CAP_SYS_ADMIN` in the bounding set only for `--privileged` (and NVIDIA's
+    /// toolkit uses the same test).
+    pub fn is_privileged(&self) -> bool {
+        self.strings_at(&["process", "capabilities", "bounding"])
+            .iter()
+            .any(|c| c == "CAP_SYS_ADMIN")
+    }
+
+    /// Destinations of mounts in the spec (the volume-mount device list strategy reads them).
+    pub fn mount_destinations(&self) -> Vec<Cow<'_, str>> {
+        match self.find(&["mounts"]) {
+            Some(Found::Edited(v)) => v
+                .as_array()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|m| m.get("destination")?.as_str())
+                        .map(Cow::Borrowed)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Some(Found::Raw(raw)) => elements(raw)
+                .into_iter()
+                .filter_map(|m| string(last(&members(m).ok()??, "destination")?))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The string-valued annotations (the last of a repeated key).
+    pub fn annotations(&self) -> &[(Cow<'a, str>, Cow<'a, str>)] {
+        &self.annotations
+    }
+
+    /// Whether `hooks.prestart` has docker's `--gpus` hook (a path named [`DOCKER_GPU_HOOK`]).
+    fn has_docker_gpu_hook(&self) -> bool {
+        let is_gpu_hook = |path: Option<&str>| {
+            Path::new(path.unwrap_or_default())
+                .file_name()
+                .is_some_and(|n| n == DOCKER_GPU_HOOK)
+        };
+        match self.find(&["hooks", "prestart"]) {
+            Some(Found::Edited(v)) => v.as_array().is_some_and(|hooks| {
+                hooks
+                    .iter()
+                    .any(|h| is_gpu_hook(h.get("path").and_then(Value::as_str)))
+            }),
+            Some(Found::Raw(raw)) => elements(raw).into_iter().any(|h| {
+                let path = members(h)
+                    .ok()
+                    .flatten()
+                    .and_then(|m| string(last(&m, "path")?));
+                is_gpu_hook(path.as_deref())
+            }),
+            None => false,
+        }
+    }
+
+    /// Removes docker's `--gpus` prestart hook; true when one was there.
+    pub fn remove_docker_gpu_hook(&mut self) -> bool {
+        if !self.has_docker_gpu_hook() {
+            return false;
+        }
+        let Ok(Value::Object(hooks)) = self.section_mut(&["hooks"], || Value::Object(Map::new()))
+        else {
+            return false;
+        };
+        let Some(prestart) = hooks.get_mut("prestart").and_then(Value::as_array_mut) else {
+            return false;
+        };
+        let before = prestart.len();
+        prestart.retain(|h| {
+            let path = h.get("path").and_then(Value::as_str).unwrap_or_default();
+            Path::new(path)
+                .file_name()
+                .is_none_or(|n| n != DOCKER_GPU_HOOK)
+        });
+        let removed = prestart.len() != before;
+        if prestart.is_empty() && removed {
+            hooks.remove("prestart");
+        }
+        removed
+    }
+
+    /// The container's rootfs on the host: `root.path`, relative to the bundle when relative.
+    pub fn rootfs(&self, bundle: &Path) -> Option<PathBuf> {
+        let path = match self.find(&["root", "path"])? {
+            Found::Edited(v) => Cow::Borrowed(v.as_str()?),
+            Found::Raw(raw) => string(raw)?,
+        };
+        let p = Path::new(path.as_ref());
+        Some(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            bundle.join(p)
+        })
+    }
+
+    /// The section at `path`, to edit: parsed from the document on first use, created with
+    /// `empty()` when missing (and its missing parents as objects; `process.user` as
+    /// `{"uid": 0, "gid": 0}`, as runc needs both). Every later read and [`to_bytes`] see the
+    /// edit.
+    ///
+    /// [`to_bytes`]: Document::to_bytes
+    pub fn section_mut(
+        &mut self,
+        path: &[&'static str],
+        empty: fn() -> Value,
+    ) -> Result<&mut Value, String> {
+        // Already edited, or inside a section that is.
+        if let Some(i) = self.edits.iter().position(|e| path.starts_with(&e.path)) {
+            let depth = self.edits[i].path.len();
+            return descend(&mut self.edits[i].value, path, depth, empty);
+        }
+        if self.edits.iter().any(|e| e.path.starts_with(path)) {
+            return Err(format!(
+                "`{}` cannot be edited whole after a part of it",
+                path.join(".")
+            ));
+        }
+        if path.is_empty() {
+            return Err("an empty section path".into());
+        }
+        let mut parent: Option<&'a RawValue> = None;
+        let mut parent_members: Cow<'_, Members<'a>> = Cow::Borrowed(&self.root);
+        for (depth, key) in path.iter().enumerate() {
+            let here = &path[..=depth];
+            match last(&parent_members, key) {
+                Some(raw) if depth + 1 == path.len() => {
+                    let value = serde_json::from_str(raw.get())
+                        .map_err(|e| format!("`{}`: {e}", path.join(".")))?;
+                    self.edits.push(Edit {
+                        path: path.to_vec(),
+                        at: At::Replace(raw),
+                        value,
+                    });
+                    break;
+                }
+                Some(raw) => {
+                    let cached = CACHED.iter().position(|c| *c == here);
+                    parent_members =
+                        match cached.and_then(|i| self.objects[i].as_ref()) {
+                            Some(m) => Cow::Borrowed(m),
+                            None => Cow::Owned(members(raw).ok().flatten().ok_or_else(|| {
+                                format!("`{}` must be an object", here.join("."))
+                            })?),
+                        };
+                    parent = Some(raw);
+                }
+                None => {
+                    let at = match (parent_members.last(), parent) {
+                        (Some((_, v)), _) => At::Insert {
+                            offset: self.offset(v) + v.get().len(),
+                            first: false,
+                        },
+                        (None, Some(p)) => At::Insert {
+                            offset: self.offset(p) + 1,
+                            first: true,
+                        },
+                        (None, None) => At::Insert {
+                            offset: self.src.iter().position(|b| *b == b'{').unwrap_or(0) + 1,
+                            first: true,
+                        },
+                    };
+                    let value = if depth + 1 == path.len() {
+                        empty()
+                    } else {
+                        new_object(here)
+                    };
+                    self.edits.push(Edit {
+                        path: here.to_vec(),
+                        at,
+                        value,
+                    });
+                    break;
+                }
+            }
+        }
+        let Some(e) = self.edits.last_mut() else {
+            return Err(format!("`{}`: not found", path.join(".")));
+        };
+        let depth = e.path.len();
+        descend(&mut e.value, path, depth, empty)
+    }
+
+    /// [`section_mut`](Document::section_mut) for an array section.
+    pub fn array_mut(&mut self, path: &[&'static str]) -> Result<&mut Vec<Value>, String> {
+        self.section_mut(path, || Value::Array(Vec::new()))?
+            .as_array_mut()
+            .ok_or_else(|| format!("`{}` must be an array", path.join(".")))
+    }
+
+    /// Where `raw` starts in `src` (see the invariant on [`Document`]).
+    fn offset(&self, raw: &RawValue) -> usize {
+        raw.get().as_ptr() as usize - self.src.as_ptr() as usize
+    }
+
+    /// The document with every edited section spliced in: a changed section replaces the
+    /// bytes of the old one, a new one is inserted into its parent, everything else is the
+    /// input byte for byte. With no change, exactly the input.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut order: Vec<(usize, &Edit<'a>)> = self
+            .edits
+            .iter()
+            .map(|e| match e.at {
+                At::Replace(raw) => (self.offset(raw), e),
+                At::Insert { offset, .. } => (offset, e),
+            })
+            .collect();
+        // Stable: members inserted at one place keep the order they were created in.
+        order.sort_by_key(|(offset, _)| *offset);
+        let mut out = Vec::with_capacity(self.src.len() + 4096);
+        let mut copied = 0;
+        let mut inserted_at = None;
+        for (offset, e) in order {
+            out.extend_from_slice(&self.src[copied..offset]);
+            copied = offset;
+            match e.at {
+                At::Replace(raw) => {
+                    let mark = out.len();
+                    write_json(&mut out, &e.value);
+                    let old = raw.get().as_bytes();
+                    // Not changed, only written differently (pretty-printed, escaped): keep
+                    // the old bytes, so that an unchanged document is the input exactly.
+                    if out[mark..] != *old
+                        && serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v == e.value)
+                    {
+                        out.truncate(mark);
+                    } else {
+                        copied += old.len();
+                    }
+                }
+                At::Insert { first, .. } => {
+                    if !first || inserted_at == Some(offset) {
+                        out.push(b',');
+                    }
+                    let key = e.path.last().copied().unwrap_or_default();
+                    write_json(&mut out, &key);
+                    out.push(b':');
+                    write_json(&mut out, &e.value);
+                    inserted_at = Some(offset);
+                }
+            }
+        }
+        out.extend_from_slice(&self.src[copied..]);
+        out
+    }
+}
+
+/// Goes from the edited value at `path[..depth]` down to `path`, creating what is missing.
+fn descend<'v>(
+    mut v: &'v mut Value,
+    path: &[&'static str],
+    depth: usize,
+    empty: fn() -> Value,
+) -> Result<&'v mut Value, String> {
+    for d in depth..path.len() {
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| format!("`{}` must be an object", path[..d].join(".")))?;
+        v = obj.entry(path[d]).or_insert_with(|| {
+            if d + 1 == path.len() {
+                empty()
+            } else {
+                new_object(&path[..=d])
+            }
+        });
+    }
     Ok(v)
 }
 
-fn check_shape(v: &Value) -> Result<(), String> {
-    let obj = v.as_object().ok_or("the document is not a JSON object")?;
-    let kind = |key: &str, want: fn(&Value) -> bool, what: &str| match obj_path(obj, key) {
-        Some(x) if !want(x) => Err(format!("`{key}` must be {what}")),
-        _ => Ok(()),
-    };
-    kind("process", Value::is_object, "an object")?;
-    kind("process/env", Value::is_array, "an array of strings")?;
-    kind("process/user", Value::is_object, "an object")?;
-    kind("process/user/additionalGids", Value::is_array, "an array")?;
-    kind("linux", Value::is_object, "an object")?;
-    kind("linux/devices", Value::is_array, "an array")?;
-    kind("linux/resources", Value::is_object, "an object")?;
-    kind("linux/resources/devices", Value::is_array, "an array")?;
-    kind("mounts", Value::is_array, "an array")?;
-    kind("hooks", Value::is_object, "an object")?;
-    kind("hooks/prestart", Value::is_array, "an array")?;
-    kind("annotations", Value::is_object, "an object")?;
-    kind("root", Value::is_object, "an object")?;
-    kind("root/path", Value::is_string, "a string")?;
-    Ok(())
-}
-
-fn obj_path<'a>(obj: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
-    let mut parts = path.split('/');
-    let mut cur = obj.get(parts.next()?)?;
-    for p in parts {
-        cur = cur.as_object()?.get(p)?;
+/// A parent section created for an edit below it.
+fn new_object(path: &[&str]) -> Value {
+    if path == ["process", "user"] {
+        serde_json::json!({"uid": 0, "gid": 0})
+    } else {
+        Value::Object(Map::new())
     }
-    Some(cur)
 }
 
-/// The value of `name` in `process.env` as the container sees it: runc sets the entries in
-/// order, so the last one wins (`docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all` writes
-/// both). Entries without `=` are skipped.
-pub fn env<'a>(spec: &'a Value, name: &str) -> Option<&'a str> {
-    spec.pointer("/process/env")?
-        .as_array()?
-        .iter()
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    // Serializing a Value or a str into a Vec cannot fail: its keys are strings and the Vec
+    // grows as needed.
+    let _ = serde_json::to_writer(out, v);
+}
+
+fn last_env<'s>(entries: impl DoubleEndedIterator<Item = &'s str>, name: &str) -> Option<&'s str> {
+    entries
         .rev()
-        .filter_map(Value::as_str)
         .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
 }
 
-/// Docker sets `CAP_SYS_ADMIN` in the bounding set only for `--privileged` (and NVIDIA's
-/// toolkit uses the same test).
-pub fn is_privileged(spec: &Value) -> bool {
-    spec.pointer("/process/capabilities/bounding")
-        .and_then(Value::as_array)
-        .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"))
+/// The last member named `key`.
+fn last<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
+    members
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| *v)
 }
 
-/// Destinations of mounts in the spec (the volume-mount device list strategy reads them).
-pub fn mount_destinations(spec: &Value) -> Vec<&str> {
-    spec.get("mounts")
-        .and_then(Value::as_array)
-        .map(|m| {
-            m.iter()
-                .filter_map(|m| m.get("destination")?.as_str())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-pub fn annotations(spec: &Value) -> Vec<(&str, &str)> {
-    spec.get("annotations")
-        .and_then(Value::as_object)
-        .map(|a| {
-            a.iter()
-                .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Removes docker's `--gpus` prestart hook; true when one was there.
-pub fn remove_docker_gpu_hook(spec: &mut Value) -> bool {
-    let Some(hooks) = spec.get_mut("hooks").and_then(Value::as_object_mut) else {
-        return false;
-    };
-    let Some(prestart) = hooks.get_mut("prestart").and_then(Value::as_array_mut) else {
-        return false;
-    };
-    let before = prestart.len();
-    prestart.retain(|h| {
-        let path = h.get("path").and_then(Value::as_str).unwrap_or_default();
-        Path::new(path)
-            .file_name()
-            .is_none_or(|n| n != DOCKER_GPU_HOOK)
-    });
-    let removed = prestart.len() != before;
-    if prestart.is_empty() && removed {
-        hooks.remove("prestart");
+/// The members of `raw` when it is an object.
+fn members(raw: &RawValue) -> Result<Option<Members<'_>>, serde_json::Error> {
+    if !raw.get().starts_with('{') {
+        return Ok(None);
     }
-    removed
+    serde_json::from_str::<Obj<'_>>(raw.get()).map(|o| Some(o.0))
 }
 
-/// The container's rootfs on the host: `root.path`, relative to the bundle when relative.
-pub fn rootfs(spec: &Value, bundle: &Path) -> Option<PathBuf> {
-    let p = Path::new(spec.pointer("/root/path")?.as_str()?);
-    Some(if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        bundle.join(p)
-    })
+/// The elements of `raw` when it is an array, else none.
+fn elements(raw: &RawValue) -> Vec<&RawValue> {
+    if !raw.get().starts_with('[') {
+        return Vec::new();
+    }
+    serde_json::from_str(raw.get()).unwrap_or_default()
+}
+
+/// The elements of an array decoded when strings.
+fn strings(raw: &RawValue) -> Result<Vec<Option<Cow<'_, str>>>, serde_json::Error> {
+    if !raw.get().starts_with('[') {
+        return Ok(Vec::new());
+    }
+    let all: Vec<Str<'_>> = serde_json::from_str(raw.get())?;
+    Ok(all.into_iter().map(|s| s.0).collect())
+}
+
+/// `raw` decoded when it is a string that decodes.
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Str<'_>>(raw.get()).ok()?.0
+}
+
+/// An object's members (see [`Members`]), values left as written.
+struct Obj<'a>(Members<'a>);
+
+impl<'de> Deserialize<'de> for Obj<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Obj<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<'de>, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(Key(k)) = map.next_key()? {
+                    out.push((k, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Obj(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// An object key, borrowed from the bytes unless it has escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor).and_then(|s| {
+            s.0.map(Key)
+                .ok_or_else(|| serde::de::Error::custom("a key that is not a string"))
+        })
+    }
+}
+
+/// A value that is a string (borrowed unless it has escapes), or `None` for any other value.
+struct Str<'a>(Option<Cow<'a, str>>);
+
+impl<'de> Deserialize<'de> for Str<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrVisitor)
+    }
+}
+
+struct StrVisitor;
+
+impl<'de> Visitor<'de> for StrVisitor {
+    type Value = Str<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Str<'de>, E> {
+        Ok(Str(Some(Cow::Borrowed(s))))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Str<'de>, E> {
+        Ok(Str(Some(Cow::Owned(s.to_string()))))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Str<'de>, E> {
+        Ok(Str(Some(Cow::Owned(s))))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Str<'de>, E> {
+        Ok(Str(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Str<'de>, E> {
+        Ok(Str(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Str<'de>, E> {
+        Ok(Str(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Str<'de>, E> {
+        Ok(Str(None))
+    }
+    fn visit_unit<E>(self) -> Result<Str<'de>, E> {
+        Ok(Str(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Str<'de>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Str(None))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Str<'de>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Str(None))
+    }
 }
 
 /// Debian's and Ubuntu's library directory, searched by their glibc by default.
@@ -254,18 +748,10 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
 }
 
 /// Writes the plan into the spec. Entries already present are respected: nodes by path, cgroup
-/// rules by (type, major, minor, access), mounts by destination, gids by value.
-pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
-    let root = spec
-        .as_object_mut()
-        .ok_or("the document is not a JSON object")?;
+/// rules by value, mounts by destination, gids by value.
+pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
     if !plan.nodes.is_empty() {
-        let linux = section(root, "linux", || Value::Object(Map::new()))
-            .as_object_mut()
-            .ok_or("`linux` must be an object")?;
-        let devices = section(linux, "devices", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`linux.devices` must be an array")?;
+        let devices = doc.array_mut(&["linux", "devices"])?;
         for n in &plan.nodes {
             let path = n.path.to_string_lossy();
             if devices
@@ -276,12 +762,7 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             }
             devices.push(device_entry(n)?);
         }
-        let resources = section(linux, "resources", || Value::Object(Map::new()))
-            .as_object_mut()
-            .ok_or("`linux.resources` must be an object")?;
-        let rules = section(resources, "devices", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`linux.resources.devices` must be an array")?;
+        let rules = doc.array_mut(&["linux", "resources", "devices"])?;
         for n in &plan.nodes {
             let rule = rule_entry(n, "rwm")?;
             if !rules.contains(&rule) {
@@ -290,9 +771,7 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
         }
     }
     if !plan.mounts.is_empty() {
-        let mounts = section(root, "mounts", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`mounts` must be an array")?;
+        let mounts = doc.array_mut(&["mounts"])?;
         for m in &plan.mounts {
             let dest = m.destination.to_string_lossy();
             if mounts
@@ -305,23 +784,15 @@ pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
             mounts.push(mount_entry(m, Some("bind"), &options)?);
         }
     }
-    add_gids(root, &plan.additional_gids)
+    add_gids(doc, &plan.additional_gids)
 }
 
 /// Adds groups to `process.user.additionalGids` (creating the sections), each once.
-pub fn add_gids(root: &mut Map<String, Value>, add: &[u32]) -> Result<(), String> {
+pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
     if add.is_empty() {
         return Ok(());
     }
-    let process = section(root, "process", || Value::Object(Map::new()))
-        .as_object_mut()
-        .ok_or("`process` must be an object")?;
-    let user = section(process, "user", || serde_json::json!({"uid": 0, "gid": 0}))
-        .as_object_mut()
-        .ok_or("`process.user` must be an object")?;
-    let gids = section(user, "additionalGids", || Value::Array(vec![]))
-        .as_array_mut()
-        .ok_or("`process.user.additionalGids` must be an array")?;
+    let gids = doc.array_mut(&["process", "user", "additionalGids"])?;
     for g in add {
         if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
             gids.push(Value::from(*g));
@@ -371,33 +842,11 @@ pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Resu
     serde_json::to_value(mount).map_err(|e| e.to_string())
 }
 
-/// `obj[key]`, created with `empty()` when missing.
-pub fn section<'a>(
-    obj: &'a mut Map<String, Value>,
-    key: &str,
-    empty: fn() -> Value,
-) -> &'a mut Value {
-    obj.entry(key).or_insert_with(empty)
-}
-
 fn device_type(k: NodeKind) -> LinuxDeviceType {
     match k {
         NodeKind::Char => LinuxDeviceType::C,
         NodeKind::Block => LinuxDeviceType::B,
     }
-}
-
-/// Serializes and atomically replaces config.json (mode and owner kept).
-pub fn write(path: &Path, spec: &Value) -> Result<(), SpecError> {
-    write_bytes(path, &to_bytes(path, spec)?)
-}
-
-/// The bytes [`write`] would put in `path` (compact JSON, as engines write it).
-pub fn to_bytes(path: &Path, spec: &Value) -> Result<Vec<u8>, SpecError> {
-    serde_json::to_vec(spec).map_err(|e| SpecError::Write {
-        path: path.into(),
-        source: e.into(),
-    })
 }
 
 /// Atomically replaces config.json with `data` (mode and owner kept).
@@ -437,20 +886,40 @@ mod tests {
         }
     }
 
+    /// Parses `input`, runs `edit`, and returns the spliced bytes (checked to be JSON).
+    fn edited(input: &str, edit: impl FnOnce(&mut Document<'_>)) -> String {
+        let mut doc = Document::parse(input.as_bytes()).unwrap();
+        edit(&mut doc);
+        let out = String::from_utf8(doc.to_bytes()).unwrap();
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+        out
+    }
+
+    fn applied(input: &str) -> String {
+        edited(input, |d| apply(d, &plan()).unwrap())
+    }
+
     #[test]
     fn apply_adds_entries_and_keeps_unknown_fields_and_order() {
-        let mut spec = json!({"ociVersion": "1.0.2", "zzz-future": {"x": [3, 1, 2]}, "process": {"env": ["A=1"], "capabilities": {"bounding": ["CAP_KILL", "CAP_CHOWN"]}}, "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}, "aaa": 1}});
-        let before = spec.clone();
-        apply(&mut spec, &plan()).unwrap();
-        assert_eq!(spec["zzz-future"], before["zzz-future"]);
+        let input = json!({"ociVersion": "1.0.2", "zzz-future": {"x": [3, 1, 2]}, "process": {"env": ["A=1"], "capabilities": {"bounding": ["CAP_KILL", "CAP_CHOWN"]}}, "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}, "aaa": 1}});
+        let spec: Value = serde_json::from_str(&applied(&input.to_string())).unwrap();
+        assert_eq!(spec["zzz-future"], input["zzz-future"]);
         assert_eq!(
             spec["process"]["capabilities"],
-            before["process"]["capabilities"]
+            input["process"]["capabilities"]
         );
         let keys: Vec<&String> = spec.as_object().unwrap().keys().collect();
         assert_eq!(
             keys,
             ["ociVersion", "zzz-future", "process", "linux", "mounts"]
+        );
+        assert_eq!(
+            spec["linux"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["resources", "aaa", "devices"]
         );
         assert_eq!(
             spec["linux"]["devices"][0],
@@ -464,46 +933,213 @@ mod tests {
             spec["mounts"][0],
             json!({"destination": "/usr/lib64/libcuda.so.1", "type": "bind", "source": "/drv/libcuda.so.550", "options": ["ro", "nosuid", "nodev", "bind"]})
         );
-        assert_eq!(spec["process"]["user"]["additionalGids"], json!([44]));
+        assert_eq!(
+            spec["process"]["user"],
+            json!({"uid": 0, "gid": 0, "additionalGids": [44]})
+        );
     }
 
     #[test]
-    fn apply_is_idempotent() {
-        let mut once = json!({"linux": {}});
-        apply(&mut once, &plan()).unwrap();
-        let mut twice = once.clone();
-        apply(&mut twice, &plan()).unwrap();
-        assert_eq!(once, twice);
+    fn apply_is_idempotent_and_an_unchanged_document_is_the_input() {
+        for input in [
+            "{\"linux\": {}}",
+            "{}",
+            " { } ",
+            "{\n  \"linux\": {\n    \"devices\": [ ]\n  },\n  \"mounts\": []\n}\n",
+        ] {
+            let once = applied(input);
+            assert_eq!(applied(&once), once, "{input}");
+        }
+        // Nothing edited, or edited to the same value: the input byte for byte.
+        let pretty = "{\n  \"linux\" : {\"devices\": [\n   {\"path\": \"/dev/nvidia1\"},\n   {\"path\": \"/dev/nvidiactl\"}\n  ], \"resources\": {\"devices\": [{\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":1,\"access\":\"rwm\"}, {\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":255,\"access\":\"rwm\"}]}},\n  \"mounts\": [{\"destination\": \"/usr/lib64/libcuda.so.1\"}],\n \"process\":{\"user\":{\"additionalGids\":[44]}}\n}";
+        assert_eq!(applied(pretty), pretty);
+        assert_eq!(edited(pretty, |_| {}), pretty);
+    }
+
+    #[test]
+    fn splice_keeps_bytes_outside_edited_spans() {
+        let input = "{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"}\n  ],\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50}\n  }\n}\n";
+        let out = applied(input);
+        assert!(
+            out.starts_with("{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [{\"destination\":\"/proc\"},{\"destination\":\"/usr/lib64/libcuda.so.1\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50},\"devices\":[{\"path\":\"/dev/nvidia1\""),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("]}}\n}\n")
+                && out.contains(
+                    ",\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}"
+                ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn splice_creates_missing_sections_at_each_level() {
+        let cases = [
+            ("{}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
+            ("{\"linux\":{}}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
+            ("{\"linux\":{\"resources\":{}},\"process\":{}}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}},\"mounts\":[3]}"),
+            ("{\"linux\":{\"resources\":{\"devices\":[]}},\"process\":{\"user\":{\"uid\":5}},\"mounts\":[]}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":5,\"additionalGids\":[44]}},\"mounts\":[3]}"),
+        ];
+        for (input, want) in cases {
+            let out = edited(input, |d| {
+                d.array_mut(&["linux", "devices"]).unwrap().push(json!(1));
+                d.array_mut(&["linux", "resources", "devices"])
+                    .unwrap()
+                    .push(json!(2));
+                d.array_mut(&["mounts"]).unwrap().push(json!(3));
+                add_gids(d, &[44]).unwrap();
+            });
+            assert_eq!(out, want, "{input}");
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_last_one_counts_for_reads_and_edits() {
+        let input = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"]},"linux":{"resources":{}}}"#;
+        let doc = Document::parse(input.as_bytes()).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("2"));
+        let out = applied(input);
+        // The earlier occurrences are left as they were; serde_json (like runc) reads the last.
+        assert!(out.starts_with(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"],"user":"#), "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=2"]));
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(v["linux"]["devices"][0]["path"], "/dev/nvidia1");
+        assert_eq!(
+            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
+        // The shape check reads the last occurrence too.
+        assert!(Document::parse(br#"{"linux":[],"linux":{}}"#).is_ok());
+        assert!(matches!(
+            Document::parse(br#"{"linux":{},"linux":[]}"#),
+            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
+        ));
+        // Annotations: the last value of a repeated key, once.
+        let doc = Document::parse(br#"{"annotations":{"a":"1","b":2,"a":"3"}}"#).unwrap();
+        assert_eq!(doc.annotations(), [("a".into(), "3".into())]);
+    }
+
+    #[test]
+    fn escaped_keys_are_the_same_keys() {
+        let input = r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"}]},"pro\u0063ess":{"env":["NVIDIA_VISIBLE_DEVICES=\u0030"]}}"#;
+        let doc = Document::parse(input.as_bytes()).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("0"));
+        let out = applied(input);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let linux = v["linux"].as_object().unwrap();
+        assert_eq!(linux.keys().collect::<Vec<_>>(), ["devices", "resources"]);
+        assert_eq!(linux["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(v.as_object().unwrap().len(), 3, "{out}");
+        assert!(
+            out.starts_with(r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"},"#),
+            "{out}"
+        );
+        assert!(matches!(
+            Document::parse(br#"{"\u006cinux":[]}"#),
+            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
+        ));
+    }
+
+    #[test]
+    fn spans_end_at_the_value_not_at_brackets_in_strings() {
+        let input = r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]}],"linux":{"devices":[],"x":"]}"},"z":"{["}"#;
+        let out = applied(input);
+        assert!(out.starts_with(r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]},{"destination":"/usr/lib64/libcuda.so.1""#), "{out}");
+        assert!(
+            out.contains(r#"],"x":"]}","resources":{"devices":[{"allow":true"#),
+            "{out}"
+        );
+        assert!(out.contains(r#"},"z":"{[","process":{"#), "{out}");
     }
 
     #[test]
     fn env_last_entry_wins_and_bad_entries_skip() {
-        let spec = json!({"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5]}});
-        assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some("all"));
-        assert_eq!(env(&spec, "NVIDIA_VISIBLE"), None);
+        let spec = br#"{"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5, {"NVIDIA_VISIBLE_DEVICES": 2}]}}"#;
+        let mut doc = Document::parse(spec).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
+        assert_eq!(doc.env("NVIDIA_VISIBLE"), None);
+        // Reads see edits.
+        doc.array_mut(&["process", "env"])
+            .unwrap()
+            .push(json!("NVIDIA_VISIBLE_DEVICES=3"));
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("3"));
+    }
+
+    #[test]
+    fn reads_of_capabilities_mounts_root() {
+        let doc = Document::parse(
+            br#"{"process":{"capabilities":{"bounding":["CAP_KILL","CAP_SYS_\u0041DMIN"]}},"root":{"path":"rootfs"},"mounts":[{"destination":"/a"},{"source":"/b"},3,{"destination":"/c","destination":"/d"}]}"#,
+        )
+        .unwrap();
+        assert!(doc.is_privileged());
+        assert_eq!(
+            doc.rootfs(Path::new("/b")),
+            Some(PathBuf::from("/b/rootfs"))
+        );
+        assert_eq!(doc.mount_destinations(), ["/a", "/d"]);
+        let plain = Document::parse(
+            br#"{"process":{"capabilities":{"bounding":["CAP_KILL"]}},"root":{"path":"/r"}}"#,
+        )
+        .unwrap();
+        assert!(!plain.is_privileged());
+        assert_eq!(plain.rootfs(Path::new("/b")), Some(PathBuf::from("/r")));
     }
 
     #[test]
     fn shape_errors() {
         for (doc, want) in [
             ("[]", "not a JSON object"),
+            ("42", "not a JSON object"),
             ("{\"process\": 1}", "`process`"),
             ("{\"linux\": {\"devices\": {}}}", "`linux/devices`"),
+            ("{\"root\": {\"path\": 1}}", "`root/path` must be a string"),
         ] {
-            match parse(doc.as_bytes()) {
+            match Document::parse(doc.as_bytes()) {
                 Err(ParseError::Shape(m)) => assert!(m.contains(want), "{m}"),
-                other => panic!("{doc}: {other:?}"),
+                Err(e) => panic!("{doc}: {e:?}"),
+                Ok(_) => panic!("{doc}: parsed"),
             }
         }
-        assert!(matches!(parse(b""), Err(ParseError::Json(_))));
+        for bad in [
+            &b""[..],
+            b"{",
+            b"[",
+            b"{} x",
+            b"{\"a\":1,}",
+            b"{\"a\":\"\xff\"}",
+        ] {
+            assert!(
+                matches!(Document::parse(bad), Err(ParseError::Json(_))),
+                "{bad:?}"
+            );
+        }
+        // What the shim reads must decode.
+        assert!(matches!(
+            Document::parse(br#"{"process":{"env":["A=\ud800"]}}"#),
+            Err(ParseError::Json(_))
+        ));
     }
 
     #[test]
     fn docker_hook_removed() {
-        let mut spec = json!({"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}});
-        assert!(remove_docker_gpu_hook(&mut spec));
-        assert_eq!(spec, json!({"hooks": {}}));
-        assert!(!remove_docker_gpu_hook(&mut spec));
+        let input = r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}}"#;
+        let mut doc = Document::parse(input.as_bytes()).unwrap();
+        assert!(doc.remove_docker_gpu_hook());
+        assert!(!doc.remove_docker_gpu_hook());
+        assert_eq!(
+            String::from_utf8(doc.to_bytes()).unwrap(),
+            r#"{"hooks": {}}"#
+        );
+        let other = r#"{"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}}"#;
+        let mut doc = Document::parse(other.as_bytes()).unwrap();
+        assert!(!doc.remove_docker_gpu_hook());
+        assert_eq!(doc.to_bytes(), other.as_bytes());
     }
 
     #[test]
@@ -535,7 +1171,7 @@ mod tests {
         std::fs::write(d.path().join("real.json"), "{}").unwrap();
         std::os::unix::fs::symlink("real.json", d.path().join("config.json")).unwrap();
         assert!(matches!(
-            read(&d.path().join("config.json")),
+            read_bytes(&d.path().join("config.json")),
             Err(SpecError::Open { .. })
         ));
         nix::unistd::mkfifo(
@@ -543,7 +1179,9 @@ mod tests {
             nix::sys::stat::Mode::from_bits_truncate(0o600),
         )
         .unwrap();
-        let e = read(&d.path().join("fifo.json")).unwrap_err().to_string();
+        let e = read_bytes(&d.path().join("fifo.json"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("FIFO"), "{e}");
     }
 }

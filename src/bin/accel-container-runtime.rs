@@ -91,11 +91,11 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
-        let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
-        match create::screen(bundle, &quick).load_config() {
+        let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
+        match create::screen(&bundle, &quick).load_config() {
             Ok(None) => quick.low_level_runtime,
             Ok(Some(cfg)) => {
-                create(inv, &cfg).map_err(|e| err_chain(&e))?;
+                create(inv, bundle, &cfg).map_err(|e| err_chain(&e))?;
                 cfg.low_level_runtime
             }
             Err(e) => return Err(err_chain(&e)),
@@ -108,12 +108,16 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
 }
 
 /// The `create`/`run` edit, with its one log line.
-fn create(inv: &argv::Invocation, cfg: &config::Config) -> Result<(), create::CreateError> {
+fn create(
+    inv: &argv::Invocation,
+    bundle: create::Bundle,
+    cfg: &config::Config,
+) -> Result<(), create::CreateError> {
     logging::init(&cfg.log_file, cfg.log_level);
     for w in &cfg.warnings {
         log::warn!("{w}");
     }
-    match create::create(inv, cfg)? {
+    match create::create(bundle, cfg)? {
         Some(out) => log::info!(
             "create {}: {} nodes, {} mounts{}{}",
             inv.id.as_deref().unwrap_or("?"),
