@@ -142,7 +142,14 @@ struct Edit<'a> {
     /// Keys from the root down to the section.
     path: Vec<&'static str>,
     at: At<'a>,
+    /// The section now; for [`At::Append`], only the elements added.
     value: Value,
+    /// For [`At::Replace`]: the number of elements or members it was parsed with (a
+    /// different number: changed, without comparing it with the old value).
+    parsed_len: Option<usize>,
+    /// For [`At::Append`]: how elements are told apart, and what that sees of each element
+    /// in the bytes.
+    seen: Option<(Same, Vec<Value>)>,
 }
 
 enum At<'a> {
@@ -151,12 +158,56 @@ enum At<'a> {
     /// The key was missing: the member is inserted at this offset in `src`, right after the
     /// parent's last member (`first`: the parent had none, no comma before it) or `{`.
     Insert { offset: usize, first: bool },
+    /// Elements added to the array `raw` in the bytes, which stay as they are: the new
+    /// elements are inserted at `offset`, right after its last element or `[` (`first`: it
+    /// had none).
+    Append {
+        raw: &'a RawValue,
+        offset: usize,
+        first: bool,
+    },
+}
+
+/// When an element appended by [`Document::append_unique`] is already in the array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Same {
+    /// An object whose member of this name is the same string.
+    Member(&'static str),
+    /// An equal JSON value.
+    Value,
+}
+
+impl Same {
+    /// What elements are compared by.
+    fn key(self, v: &Value) -> Value {
+        match self {
+            Same::Member(k) => v
+                .get(k)
+                .and_then(Value::as_str)
+                .map_or(Value::Null, Value::from),
+            Same::Value => v.clone(),
+        }
+    }
+
+    /// [`Same::key`] of an element as written.
+    fn raw_key(self, raw: &RawValue) -> Value {
+        match self {
+            Same::Member(k) => members(raw)
+                .ok()
+                .flatten()
+                .and_then(|m| string(last(&m, k)?))
+                .map_or(Value::Null, |s| Value::from(s.as_ref())),
+            Same::Value => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// A section found on a read: in the bytes, or in a section already edited.
 enum Found<'d, 'a> {
     Raw(&'a RawValue),
     Edited(&'d Value),
+    /// An array in the bytes and the elements appended to it.
+    Appended(&'a RawValue, &'d Value),
 }
 
 impl<'a> Document<'a> {
@@ -264,6 +315,10 @@ impl<'a> Document<'a> {
     /// written.
     fn find(&self, path: &[&str]) -> Option<Found<'_, 'a>> {
         if let Some(e) = self.edits.iter().find(|e| path.starts_with(&e.path)) {
+            if let At::Append { raw, .. } = e.at {
+                // An array: nothing below it has a key.
+                return (path.len() == e.path.len()).then_some(Found::Appended(raw, &e.value));
+            }
             let mut v = &e.value;
             for k in &path[e.path.len()..] {
                 v = v.as_object()?.get(*k)?;
@@ -291,6 +346,16 @@ impl<'a> Document<'a> {
                 .into_iter()
                 .flatten()
                 .collect(),
+            Some(Found::Appended(raw, added)) => {
+                let mut all: Vec<Cow<'_, str>> = strings(raw)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let added = added.as_array().into_iter().flatten();
+                all.extend(added.filter_map(Value::as_str).map(Cow::Borrowed));
+                all
+            }
             None => Vec::new(),
         }
     }
@@ -302,6 +367,13 @@ impl<'a> Document<'a> {
         match self.find(&["process", "env"]) {
             Some(Found::Edited(v)) => {
                 last_env(v.as_array()?.iter().filter_map(Value::as_str), name)
+            }
+            Some(Found::Appended(_, added)) => {
+                let added = added.as_array()?.iter().filter_map(Value::as_str);
+                last_env(
+                    self.env.iter().flatten().map(|e| e.as_ref()).chain(added),
+                    name,
+                )
             }
             _ => last_env(self.env.iter().flatten().map(|e| e.as_ref()), name),
         }
@@ -317,20 +389,28 @@ impl<'a> Document<'a> {
 
     /// Destinations of mounts in the spec (the volume-mount device list strategy reads them).
     pub fn mount_destinations(&self) -> Vec<Cow<'_, str>> {
-        match self.find(&["mounts"]) {
-            Some(Found::Edited(v)) => v
-                .as_array()
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|m| m.get("destination")?.as_str())
-                        .map(Cow::Borrowed)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            Some(Found::Raw(raw)) => elements(raw)
+        fn edited(v: &Value) -> Vec<Cow<'_, str>> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.get("destination")?.as_str())
+                .map(Cow::Borrowed)
+                .collect()
+        }
+        let raw = |raw: &'a RawValue| -> Vec<Cow<'a, str>> {
+            elements(raw)
                 .into_iter()
                 .filter_map(|m| string(last(&members(m).ok()??, "destination")?))
-                .collect(),
+                .collect()
+        };
+        match self.find(&["mounts"]) {
+            Some(Found::Edited(v)) => edited(v),
+            Some(Found::Raw(r)) => raw(r),
+            Some(Found::Appended(r, added)) => {
+                let mut all = raw(r);
+                all.extend(edited(added));
+                all
+            }
             None => Vec::new(),
         }
     }
@@ -360,7 +440,7 @@ impl<'a> Document<'a> {
                     .and_then(|m| string(last(&m, "path")?));
                 is_gpu_hook(path.as_deref())
             }),
-            None => false,
+            Some(Found::Appended(..)) | None => false,
         }
     }
 
@@ -395,6 +475,7 @@ impl<'a> Document<'a> {
         let path = match self.find(&["root", "path"])? {
             Found::Edited(v) => Cow::Borrowed(v.as_str()?),
             Found::Raw(raw) => string(raw)?,
+            Found::Appended(..) => return None,
         };
         let p = Path::new(path.as_ref());
         Some(if p.is_absolute() {
@@ -417,8 +498,24 @@ impl<'a> Document<'a> {
     ) -> Result<&mut Value, String> {
         // Already edited, or inside a section that is.
         if let Some(i) = self.edits.iter().position(|e| path.starts_with(&e.path)) {
-            let depth = self.edits[i].path.len();
-            return descend(&mut self.edits[i].value, path, depth, empty);
+            let e = &mut self.edits[i];
+            if let At::Append { raw, .. } = e.at {
+                if e.path.len() != path.len() {
+                    return Err(format!("`{}` is inside an array", path.join(".")));
+                }
+                // Appended to, now edited as a whole: the old elements, then the new.
+                let mut all: Value = serde_json::from_str(raw.get())
+                    .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
+                if let (Some(all), Value::Array(added)) = (all.as_array_mut(), &mut e.value) {
+                    all.append(added);
+                }
+                e.value = all;
+                e.at = At::Replace(raw);
+                e.parsed_len = None;
+                e.seen = None;
+            }
+            let depth = e.path.len();
+            return descend(&mut e.value, path, depth, empty);
         }
         if self.edits.iter().any(|e| e.path.starts_with(path)) {
             return Err(format!(
@@ -435,12 +532,15 @@ impl<'a> Document<'a> {
             let here = &path[..=depth];
             match last(&parent_members, key) {
                 Some(raw) if depth + 1 == path.len() => {
-                    let value = serde_json::from_str(raw.get())
+                    let value: Value = serde_json::from_str(raw.get())
                         .map_err(|e| format!("`{}`: {e}", path.join(".")))?;
+                    let parsed_len = len(&value);
                     self.edits.push(Edit {
                         path: path.to_vec(),
                         at: At::Replace(raw),
                         value,
+                        parsed_len,
+                        seen: None,
                     });
                     break;
                 }
@@ -479,6 +579,8 @@ impl<'a> Document<'a> {
                         path: here.to_vec(),
                         at,
                         value,
+                        parsed_len: None,
+                        seen: None,
                     });
                     break;
                 }
@@ -498,6 +600,59 @@ impl<'a> Document<'a> {
             .ok_or_else(|| format!("`{}` must be an array", path.join(".")))
     }
 
+    /// Appends `entry` to the array at `path` (created when missing, see
+    /// [`section_mut`](Document::section_mut)) unless an element there is the [`Same`];
+    /// true when appended. An array in the bytes is not parsed into a value for this: its
+    /// elements stay as written and the new ones are spliced in after them.
+    pub fn append_unique(
+        &mut self,
+        path: &[&'static str],
+        same: Same,
+        entry: Value,
+    ) -> Result<bool, String> {
+        let not_array = || format!("`{}` must be an array", path.join("."));
+        let i = match self.edits.iter().position(|e| path.starts_with(&e.path)) {
+            Some(i) if matches!(self.edits[i].at, At::Append { .. }) => i,
+            Some(_) => return Ok(push_unique(self.array_mut(path)?, same, entry)),
+            None => match self.raw(path) {
+                Some(raw) if raw.get().starts_with('[') => {
+                    let old = elements(raw);
+                    let (offset, first) = match old.last() {
+                        Some(v) => (self.offset(v) + v.get().len(), false),
+                        None => (self.offset(raw) + 1, true),
+                    };
+                    let seen = old.iter().map(|v| same.raw_key(v)).collect();
+                    self.edits.push(Edit {
+                        path: path.to_vec(),
+                        at: At::Append { raw, offset, first },
+                        value: Value::Array(Vec::new()),
+                        parsed_len: None,
+                        seen: Some((same, seen)),
+                    });
+                    self.edits.len() - 1
+                }
+                Some(_) => return Err(not_array()),
+                None => return Ok(push_unique(self.array_mut(path)?, same, entry)),
+            },
+        };
+        let e = &mut self.edits[i];
+        if e.path.len() != path.len() {
+            return Err(format!("`{}` is inside an array", path.join(".")));
+        }
+        if let At::Append { raw, .. } = e.at {
+            if e.seen.as_ref().is_none_or(|(by, _)| *by != same) {
+                let seen = elements(raw).iter().map(|v| same.raw_key(v)).collect();
+                e.seen = Some((same, seen));
+            }
+        }
+        let key = same.key(&entry);
+        if e.seen.as_ref().is_some_and(|(_, seen)| seen.contains(&key)) {
+            return Ok(false);
+        }
+        let added = e.value.as_array_mut().ok_or_else(not_array)?;
+        Ok(push_unique(added, same, entry))
+    }
+
     /// Where `raw` starts in `src` (see the invariant on [`Document`]).
     fn offset(&self, raw: &RawValue) -> usize {
         raw.get().as_ptr() as usize - self.src.as_ptr() as usize
@@ -512,7 +667,7 @@ impl<'a> Document<'a> {
             .iter()
             .map(|e| match e.at {
                 At::Replace(raw) => (self.offset(raw), e),
-                At::Insert { offset, .. } => (offset, e),
+                At::Insert { offset, .. } | At::Append { offset, .. } => (offset, e),
             })
             .collect();
         // Stable: members inserted at one place keep the order they were created in.
@@ -531,6 +686,7 @@ impl<'a> Document<'a> {
                     // Not changed, only written differently (pretty-printed, escaped): keep
                     // the old bytes, so that an unchanged document is the input exactly.
                     if out[mark..] != *old
+                        && len(&e.value) == e.parsed_len
                         && serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v == e.value)
                     {
                         out.truncate(mark);
@@ -547,6 +703,14 @@ impl<'a> Document<'a> {
                     out.push(b':');
                     write_json(&mut out, &e.value);
                     inserted_at = Some(offset);
+                }
+                At::Append { first, .. } => {
+                    for (i, v) in e.value.as_array().into_iter().flatten().enumerate() {
+                        if !first || i > 0 {
+                            out.push(b',');
+                        }
+                        write_json(&mut out, v);
+                    }
                 }
             }
         }
@@ -575,6 +739,25 @@ fn descend<'v>(
         });
     }
     Ok(v)
+}
+
+/// Pushes `entry` unless an element is the [`Same`]; true when pushed.
+fn push_unique(array: &mut Vec<Value>, same: Same, entry: Value) -> bool {
+    let key = same.key(&entry);
+    if array.iter().any(|v| same.key(v) == key) {
+        return false;
+    }
+    array.push(entry);
+    true
+}
+
+/// The number of elements or members.
+fn len(v: &Value) -> Option<usize> {
+    match v {
+        Value::Array(a) => Some(a.len()),
+        Value::Object(o) => Some(o.len()),
+        _ => None,
+    }
 }
 
 /// A parent section created for an edit below it.
@@ -750,53 +933,30 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
 /// Writes the plan into the spec. Entries already present are respected: nodes by path, cgroup
 /// rules by value, mounts by destination, gids by value.
 pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
-    if !plan.nodes.is_empty() {
-        let devices = doc.array_mut(&["linux", "devices"])?;
-        for n in &plan.nodes {
-            let path = n.path.to_string_lossy();
-            if devices
-                .iter()
-                .any(|d| d.get("path").and_then(Value::as_str) == Some(&path))
-            {
-                continue;
-            }
-            devices.push(device_entry(n)?);
-        }
-        let rules = doc.array_mut(&["linux", "resources", "devices"])?;
-        for n in &plan.nodes {
-            let rule = rule_entry(n, "rwm")?;
-            if !rules.contains(&rule) {
-                rules.push(rule);
-            }
-        }
+    for n in &plan.nodes {
+        doc.append_unique(
+            &["linux", "devices"],
+            Same::Member("path"),
+            device_entry(n)?,
+        )?;
     }
-    if !plan.mounts.is_empty() {
-        let mounts = doc.array_mut(&["mounts"])?;
-        for m in &plan.mounts {
-            let dest = m.destination.to_string_lossy();
-            if mounts
-                .iter()
-                .any(|x| x.get("destination").and_then(Value::as_str) == Some(&dest))
-            {
-                continue;
-            }
-            let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
-            mounts.push(mount_entry(m, Some("bind"), &options)?);
-        }
+    for n in &plan.nodes {
+        let rule = rule_entry(n, "rwm")?;
+        doc.append_unique(&["linux", "resources", "devices"], Same::Value, rule)?;
+    }
+    let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
+    for m in &plan.mounts {
+        let entry = mount_entry(m, Some("bind"), &options)?;
+        doc.append_unique(&["mounts"], Same::Member("destination"), entry)?;
     }
     add_gids(doc, &plan.additional_gids)
 }
 
 /// Adds groups to `process.user.additionalGids` (creating the sections), each once.
 pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
-    if add.is_empty() {
-        return Ok(());
-    }
-    let gids = doc.array_mut(&["process", "user", "additionalGids"])?;
     for g in add {
-        if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
-            gids.push(Value::from(*g));
-        }
+        let path = ["process", "user", "additionalGids"];
+        doc.append_unique(&path, Same::Value, Value::from(*g))?;
     }
     Ok(())
 }
@@ -961,7 +1121,8 @@ mod tests {
         let input = "{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"}\n  ],\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50}\n  }\n}\n";
         let out = applied(input);
         assert!(
-            out.starts_with("{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [{\"destination\":\"/proc\"},{\"destination\":\"/usr/lib64/libcuda.so.1\""),
+            // Appended to: the old elements are as written, the new ones follow the last.
+            out.starts_with("{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"},{\"destination\":\"/usr/lib64/libcuda.so.1\""),
             "{out}"
         );
         assert!(
@@ -1056,6 +1217,45 @@ mod tests {
             "{out}"
         );
         assert!(out.contains(r#"},"z":"{[","process":{"#), "{out}");
+        // Replaced whole (as CDI's edits do): the span is the whole array, strings and all.
+        let out = edited(input, |d| d.array_mut(&["mounts"]).unwrap().push(json!(1)));
+        let want = input.replacen(r#""}]"]}]"#, r#""}]"]},1]"#, 1);
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn appended_then_edited_whole_keeps_old_and_new_elements_in_order() {
+        let input = "{\"mounts\": [ {\"destination\": \"/a\"} ]}";
+        let out = edited(input, |d| {
+            let add = |dest: &str| json!({"destination": dest});
+            assert!(d
+                .append_unique(&["mounts"], Same::Member("destination"), add("/b"))
+                .unwrap());
+            assert!(!d
+                .append_unique(&["mounts"], Same::Member("destination"), add("/a"))
+                .unwrap());
+            assert!(!d
+                .append_unique(&["mounts"], Same::Member("destination"), add("/b"))
+                .unwrap());
+            assert_eq!(d.mount_destinations(), ["/a", "/b"]);
+            let all = d.array_mut(&["mounts"]).unwrap();
+            assert_eq!(all.len(), 2);
+            all.push(add("/c"));
+            assert!(!d
+                .append_unique(&["mounts"], Same::Member("destination"), add("/c"))
+                .unwrap());
+            assert_eq!(d.mount_destinations(), ["/a", "/b", "/c"]);
+        });
+        assert_eq!(
+            out,
+            r#"{"mounts": [{"destination":"/a"},{"destination":"/b"},{"destination":"/c"}]}"#
+        );
+        // Appended only: the old elements as written.
+        let out = edited(input, |d| {
+            d.append_unique(&["mounts"], Same::Value, json!(2)).unwrap();
+            d.append_unique(&["mounts"], Same::Value, json!(3)).unwrap();
+        });
+        assert_eq!(out, "{\"mounts\": [ {\"destination\": \"/a\"},2,3 ]}");
     }
 
     #[test]

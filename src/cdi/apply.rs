@@ -201,13 +201,14 @@ fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
             devices.retain(|d| d.get("path").and_then(Value::as_str) != Some(&path));
             devices.push(spec::device_entry(&n.node)?);
         }
-        let rules = doc.array_mut(&["linux", "resources", "devices"])?;
+        // The section is there afterwards even when no node has an access rule (`none`).
+        if r.nodes.iter().all(|n| n.access.is_none()) {
+            doc.array_mut(&["linux", "resources", "devices"])?;
+        }
         for n in &r.nodes {
             if let Some(access) = &n.access {
                 let rule = spec::rule_entry(&n.node, access)?;
-                if !rules.contains(&rule) {
-                    rules.push(rule);
-                }
+                doc.append_unique(&["linux", "resources", "devices"], spec::Same::Value, rule)?;
             }
         }
     }
