@@ -21,7 +21,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
+    LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, Mount, MountBuilder,
 };
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -142,13 +142,15 @@ struct Edit<'a> {
     /// Keys from the root down to the section.
     path: Vec<&'static str>,
     at: At<'a>,
-    /// The section now; for [`At::Append`], only the elements added.
+    /// The section now ([`At::Replace`], [`At::Insert`]).
     value: Value,
     /// For [`At::Replace`]: the number of elements or members it was parsed with (a
     /// different number: changed, without comparing it with the old value).
     parsed_len: Option<usize>,
-    /// For [`At::Append`]: how elements are told apart, and what that sees of each element
-    /// in the bytes.
+    /// For [`At::Append`]: the elements added.
+    added: Vec<Entry>,
+    /// For [`At::Append`] to an array in the bytes: what [`Same`] sees of each of its
+    /// elements (computed once).
     seen: Option<(Same, Vec<Value>)>,
 }
 
@@ -158,19 +160,20 @@ enum At<'a> {
     /// The key was missing: the member is inserted at this offset in `src`, right after the
     /// parent's last member (`first`: the parent had none, no comma before it) or `{`.
     Insert { offset: usize, first: bool },
-    /// Elements added to the array `raw` in the bytes, which stay as they are: the new
-    /// elements are inserted at `offset`, right after its last element or `[` (`first`: it
-    /// had none).
+    /// Elements added to an array, none of it parsed into values. `raw`: the array in the
+    /// bytes, which stays as written; the new elements go at `offset`, right after its last
+    /// element (`first`: it had none) or `[`. `None`: the array is missing, and is inserted
+    /// as [`At::Insert`] does, holding only the new elements.
     Append {
-        raw: &'a RawValue,
+        raw: Option<&'a RawValue>,
         offset: usize,
         first: bool,
     },
 }
 
-/// When an element appended by [`Document::append_unique`] is already in the array.
+/// When an element is already in an array ([`Entry`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Same {
+enum Same {
     /// An object whose member of this name is the same string.
     Member(&'static str),
     /// An equal JSON value.
@@ -178,18 +181,18 @@ pub enum Same {
 }
 
 impl Same {
-    /// What elements are compared by.
-    fn key(self, v: &Value) -> Value {
+    /// Whether element `v` is the same as one whose key is `key` (see [`Entry`]).
+    fn matches(self, v: &Value, key: &Value) -> bool {
         match self {
-            Same::Member(k) => v
-                .get(k)
-                .and_then(Value::as_str)
-                .map_or(Value::Null, Value::from),
-            Same::Value => v.clone(),
+            Same::Member(k) => key
+                .as_str()
+                .is_some_and(|key| member(v, k).and_then(Value::as_str) == Some(key)),
+            Same::Value => json_eq(v, key),
         }
     }
 
-    /// [`Same::key`] of an element as written.
+    /// The key of an element as written: its member's string (`null` when it has none), or
+    /// its value.
     fn raw_key(self, raw: &RawValue) -> Value {
         match self {
             Same::Member(k) => members(raw)
@@ -202,12 +205,61 @@ impl Same {
     }
 }
 
+/// An element to append with [`Document::append_unique`]: its JSON, and what tells whether
+/// the array already has it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    same: Same,
+    key: Value,
+    json: String,
+}
+
+impl Entry {
+    /// `entry`, already there when an element is an object whose member `name` is the string
+    /// `value` (which must be `entry`'s own): a device by path, a mount by destination.
+    pub fn by_member(
+        name: &'static str,
+        value: &str,
+        entry: &impl serde::Serialize,
+    ) -> Result<Entry, String> {
+        Ok(Entry {
+            same: Same::Member(name),
+            key: Value::from(value),
+            json: serde_json::to_string(entry).map_err(|e| e.to_string())?,
+        })
+    }
+
+    /// `value`, already there when an element is an equal value: a cgroup rule, a gid.
+    pub fn by_value(value: Value) -> Entry {
+        Entry {
+            same: Same::Value,
+            json: value.to_string(),
+            key: value,
+        }
+    }
+
+    fn to_value(&self) -> Result<Value, String> {
+        serde_json::from_str(&self.json).map_err(|e| e.to_string())
+    }
+
+    /// Whether `self` and `other` are the same element for `self`'s rule.
+    fn same_as(&self, other: &Entry) -> bool {
+        if self.same == other.same {
+            json_eq(&self.key, &other.key)
+        } else {
+            other
+                .to_value()
+                .is_ok_and(|v| self.same.matches(&v, &self.key))
+        }
+    }
+}
+
 /// A section found on a read: in the bytes, or in a section already edited.
 enum Found<'d, 'a> {
     Raw(&'a RawValue),
     Edited(&'d Value),
-    /// An array in the bytes and the elements appended to it.
-    Appended(&'a RawValue, &'d Value),
+    /// An array (in the bytes, or missing) and the elements appended to it.
+    Appended(Option<&'a RawValue>, &'d [Entry]),
 }
 
 impl<'a> Document<'a> {
@@ -317,7 +369,7 @@ impl<'a> Document<'a> {
         if let Some(e) = self.edits.iter().find(|e| path.starts_with(&e.path)) {
             if let At::Append { raw, .. } = e.at {
                 // An array: nothing below it has a key.
-                return (path.len() == e.path.len()).then_some(Found::Appended(raw, &e.value));
+                return (path.len() == e.path.len()).then_some(Found::Appended(raw, &e.added));
             }
             let mut v = &e.value;
             for k in &path[e.path.len()..] {
@@ -347,13 +399,10 @@ impl<'a> Document<'a> {
                 .flatten()
                 .collect(),
             Some(Found::Appended(raw, added)) => {
-                let mut all: Vec<Cow<'_, str>> = strings(raw)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                let added = added.as_array().into_iter().flatten();
-                all.extend(added.filter_map(Value::as_str).map(Cow::Borrowed));
+                let old = raw.and_then(|r| strings(r).ok()).unwrap_or_default();
+                let mut all: Vec<Cow<'_, str>> = old.into_iter().flatten().collect();
+                let added = added.iter().filter_map(|e| e.to_value().ok());
+                all.extend(added.filter_map(|v| Some(Cow::Owned(v.as_str()?.to_string()))));
                 all
             }
             None => Vec::new(),
@@ -368,12 +417,9 @@ impl<'a> Document<'a> {
             Some(Found::Edited(v)) => {
                 last_env(v.as_array()?.iter().filter_map(Value::as_str), name)
             }
-            Some(Found::Appended(_, added)) => {
-                let added = added.as_array()?.iter().filter_map(Value::as_str);
-                last_env(
-                    self.env.iter().flatten().map(|e| e.as_ref()).chain(added),
-                    name,
-                )
+            Some(Found::Appended(..)) => {
+                // Not on any create path: process.env is only edited whole (CDI).
+                None
             }
             _ => last_env(self.env.iter().flatten().map(|e| e.as_ref()), name),
         }
@@ -407,8 +453,13 @@ impl<'a> Document<'a> {
             Some(Found::Edited(v)) => edited(v),
             Some(Found::Raw(r)) => raw(r),
             Some(Found::Appended(r, added)) => {
-                let mut all = raw(r);
-                all.extend(edited(added));
+                let mut all = r.map(raw).unwrap_or_default();
+                let added = Value::Array(added.iter().filter_map(|e| e.to_value().ok()).collect());
+                all.extend(
+                    edited(&added)
+                        .into_iter()
+                        .map(|d| Cow::Owned(d.into_owned())),
+                );
                 all
             }
             None => Vec::new(),
@@ -499,18 +550,24 @@ impl<'a> Document<'a> {
         // Already edited, or inside a section that is.
         if let Some(i) = self.edits.iter().position(|e| path.starts_with(&e.path)) {
             let e = &mut self.edits[i];
-            if let At::Append { raw, .. } = e.at {
+            if let At::Append { raw, offset, first } = e.at {
                 if e.path.len() != path.len() {
                     return Err(format!("`{}` is inside an array", path.join(".")));
                 }
                 // Appended to, now edited as a whole: the old elements, then the new.
-                let mut all: Value = serde_json::from_str(raw.get())
-                    .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
-                if let (Some(all), Value::Array(added)) = (all.as_array_mut(), &mut e.value) {
-                    all.append(added);
+                let err = |err: String| format!("`{}`: {err}", path.join("."));
+                let mut all = match raw {
+                    Some(raw) => serde_json::from_str(raw.get()).map_err(|e| err(e.to_string()))?,
+                    None => Vec::new(),
+                };
+                for a in e.added.drain(..) {
+                    all.push(a.to_value().map_err(err)?);
                 }
-                e.value = all;
-                e.at = At::Replace(raw);
+                e.value = Value::Array(all);
+                e.at = match raw {
+                    Some(raw) => At::Replace(raw),
+                    None => At::Insert { offset, first },
+                };
                 e.parsed_len = None;
                 e.seen = None;
             }
@@ -540,6 +597,7 @@ impl<'a> Document<'a> {
                         at: At::Replace(raw),
                         value,
                         parsed_len,
+                        added: Vec::new(),
                         seen: None,
                     });
                     break;
@@ -580,6 +638,7 @@ impl<'a> Document<'a> {
                         at,
                         value,
                         parsed_len: None,
+                        added: Vec::new(),
                         seen: None,
                     });
                     break;
@@ -601,56 +660,101 @@ impl<'a> Document<'a> {
     }
 
     /// Appends `entry` to the array at `path` (created when missing, see
-    /// [`section_mut`](Document::section_mut)) unless an element there is the [`Same`];
-    /// true when appended. An array in the bytes is not parsed into a value for this: its
-    /// elements stay as written and the new ones are spliced in after them.
-    pub fn append_unique(
-        &mut self,
-        path: &[&'static str],
-        same: Same,
-        entry: Value,
-    ) -> Result<bool, String> {
+    /// [`section_mut`](Document::section_mut)) unless an element there is the same; true
+    /// when appended. Nothing of the array is parsed into values for this: its elements stay
+    /// as written and the new ones are spliced in after them.
+    pub fn append_unique(&mut self, path: &[&'static str], entry: Entry) -> Result<bool, String> {
         let not_array = || format!("`{}` must be an array", path.join("."));
         let i = match self.edits.iter().position(|e| path.starts_with(&e.path)) {
-            Some(i) if matches!(self.edits[i].at, At::Append { .. }) => i,
-            Some(_) => return Ok(push_unique(self.array_mut(path)?, same, entry)),
-            None => match self.raw(path) {
-                Some(raw) if raw.get().starts_with('[') => {
-                    let old = elements(raw);
-                    let (offset, first) = match old.last() {
-                        Some(v) => (self.offset(v) + v.get().len(), false),
-                        None => (self.offset(raw) + 1, true),
-                    };
-                    let seen = old.iter().map(|v| same.raw_key(v)).collect();
-                    self.edits.push(Edit {
-                        path: path.to_vec(),
-                        at: At::Append { raw, offset, first },
-                        value: Value::Array(Vec::new()),
-                        parsed_len: None,
-                        seen: Some((same, seen)),
-                    });
-                    self.edits.len() - 1
+            Some(i) if matches!(self.edits[i].at, At::Append { .. }) => {
+                if self.edits[i].path.len() != path.len() {
+                    return Err(format!("`{}` is inside an array", path.join(".")));
                 }
-                Some(_) => return Err(not_array()),
-                None => return Ok(push_unique(self.array_mut(path)?, same, entry)),
-            },
+                i
+            }
+            Some(_) => return self.push_value(path, entry),
+            None => {
+                let at = match self.raw(path) {
+                    Some(raw) if raw.get().starts_with('[') => {
+                        let (offset, first) = match elements(raw).last() {
+                            Some(v) => (self.offset(v) + v.get().len(), false),
+                            None => (self.offset(raw) + 1, true),
+                        };
+                        At::Append {
+                            raw: Some(raw),
+                            offset,
+                            first,
+                        }
+                    }
+                    Some(_) => return Err(not_array()),
+                    None => match self.insertion_point(&path[..path.len().saturating_sub(1)]) {
+                        Some((offset, first)) => At::Append {
+                            raw: None,
+                            offset,
+                            first,
+                        },
+                        // A parent is missing too: created as values.
+                        None => return self.push_value(path, entry),
+                    },
+                };
+                self.edits.push(Edit {
+                    path: path.to_vec(),
+                    at,
+                    value: Value::Null,
+                    parsed_len: None,
+                    added: Vec::new(),
+                    seen: None,
+                });
+                self.edits.len() - 1
+            }
         };
         let e = &mut self.edits[i];
-        if e.path.len() != path.len() {
-            return Err(format!("`{}` is inside an array", path.join(".")));
-        }
-        if let At::Append { raw, .. } = e.at {
-            if e.seen.as_ref().is_none_or(|(by, _)| *by != same) {
-                let seen = elements(raw).iter().map(|v| same.raw_key(v)).collect();
-                e.seen = Some((same, seen));
+        if let At::Append { raw: Some(raw), .. } = e.at {
+            if e.seen.as_ref().is_none_or(|(by, _)| *by != entry.same) {
+                let seen = elements(raw)
+                    .iter()
+                    .map(|v| entry.same.raw_key(v))
+                    .collect();
+                e.seen = Some((entry.same, seen));
             }
         }
-        let key = same.key(&entry);
-        if e.seen.as_ref().is_some_and(|(_, seen)| seen.contains(&key)) {
+        let mut seen = e.seen.iter().flat_map(|(_, seen)| seen);
+        if seen.any(|s| json_eq(s, &entry.key)) || e.added.iter().any(|a| entry.same_as(a)) {
             return Ok(false);
         }
-        let added = e.value.as_array_mut().ok_or_else(not_array)?;
-        Ok(push_unique(added, same, entry))
+        e.added.push(entry);
+        Ok(true)
+    }
+
+    /// [`append_unique`](Document::append_unique) into a section edited as a value.
+    fn push_value(&mut self, path: &[&'static str], entry: Entry) -> Result<bool, String> {
+        let value = entry.to_value()?;
+        let array = self.array_mut(path)?;
+        if array.iter().any(|v| entry.same.matches(v, &entry.key)) {
+            return Ok(false);
+        }
+        array.push(value);
+        Ok(true)
+    }
+
+    /// Where a new member of the object at `parent` goes (see [`At::Insert`]); `None` when
+    /// that object is not in the bytes.
+    fn insertion_point(&self, parent: &[&str]) -> Option<(usize, bool)> {
+        let (members, open) = if parent.is_empty() {
+            let open = self.src.iter().position(|b| *b == b'{')?;
+            (Cow::Borrowed(&self.root), open)
+        } else {
+            let raw = self.raw(parent)?;
+            let members = match CACHED.iter().position(|c| *c == parent) {
+                Some(i) => Cow::Borrowed(self.objects[i].as_ref()?),
+                None => Cow::Owned(members(raw).ok()??),
+            };
+            (members, self.offset(raw))
+        };
+        Some(match members.last() {
+            Some((_, v)) => (self.offset(v) + v.get().len(), false),
+            None => (open + 1, true),
+        })
     }
 
     /// Where `raw` starts in `src` (see the invariant on [`Document`]).
@@ -704,13 +808,35 @@ impl<'a> Document<'a> {
                     write_json(&mut out, &e.value);
                     inserted_at = Some(offset);
                 }
-                At::Append { first, .. } => {
-                    for (i, v) in e.value.as_array().into_iter().flatten().enumerate() {
+                At::Append {
+                    raw: Some(_),
+                    first,
+                    ..
+                } => {
+                    for (i, a) in e.added.iter().enumerate() {
                         if !first || i > 0 {
                             out.push(b',');
                         }
-                        write_json(&mut out, v);
+                        out.extend_from_slice(a.json.as_bytes());
                     }
+                }
+                At::Append {
+                    raw: None, first, ..
+                } => {
+                    if !first || inserted_at == Some(offset) {
+                        out.push(b',');
+                    }
+                    let key = e.path.last().copied().unwrap_or_default();
+                    write_json(&mut out, &key);
+                    out.extend_from_slice(b":[");
+                    for (i, a) in e.added.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(a.json.as_bytes());
+                    }
+                    out.push(b']');
+                    inserted_at = Some(offset);
                 }
             }
         }
@@ -741,14 +867,32 @@ fn descend<'v>(
     Ok(v)
 }
 
-/// Pushes `entry` unless an element is the [`Same`]; true when pushed.
-fn push_unique(array: &mut Vec<Value>, same: Same, entry: Value) -> bool {
-    let key = same.key(&entry);
-    if array.iter().any(|v| same.key(v) == key) {
-        return false;
+/// `a == b`, cheaper for objects with their keys in the same order (as the entries built
+/// here always are): no hash lookups then.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            if x.len() != y.len() {
+                false
+            } else if x.keys().eq(y.keys()) {
+                x.values().zip(y.values()).all(|(p, q)| json_eq(p, q))
+            } else {
+                a == b
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q))
+        }
+        _ => a == b,
     }
-    array.push(entry);
-    true
+}
+
+/// The member `key` of an object, found without hashing (the objects compared are small).
+fn member<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
+    v.as_object()?
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
 }
 
 /// The number of elements or members.
@@ -934,20 +1078,18 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
 /// rules by value, mounts by destination, gids by value.
 pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
     for n in &plan.nodes {
-        doc.append_unique(
-            &["linux", "devices"],
-            Same::Member("path"),
-            device_entry(n)?,
-        )?;
+        let entry = Entry::by_member("path", &n.path.to_string_lossy(), &device(n)?)?;
+        doc.append_unique(&["linux", "devices"], entry)?;
     }
     for n in &plan.nodes {
-        let rule = rule_entry(n, "rwm")?;
-        doc.append_unique(&["linux", "resources", "devices"], Same::Value, rule)?;
+        let rule = Entry::by_value(rule_entry(n, "rwm")?);
+        doc.append_unique(&["linux", "resources", "devices"], rule)?;
     }
     let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
     for m in &plan.mounts {
-        let entry = mount_entry(m, Some("bind"), &options)?;
-        doc.append_unique(&["mounts"], Same::Member("destination"), entry)?;
+        let dest = m.destination.to_string_lossy();
+        let entry = Entry::by_member("destination", &dest, &mount(m, Some("bind"), &options)?)?;
+        doc.append_unique(&["mounts"], entry)?;
     }
     add_gids(doc, &plan.additional_gids)
 }
@@ -956,14 +1098,18 @@ pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
 pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
     for g in add {
         let path = ["process", "user", "additionalGids"];
-        doc.append_unique(&path, Same::Value, Value::from(*g))?;
+        doc.append_unique(&path, Entry::by_value(Value::from(*g)))?;
     }
     Ok(())
 }
 
 /// The `linux.devices` entry for a node (shared with CDI's edits, so both paths write the same).
 pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
-    let dev = LinuxDeviceBuilder::default()
+    serde_json::to_value(device(n)?).map_err(|e| e.to_string())
+}
+
+fn device(n: &DeviceNode) -> Result<LinuxDevice, String> {
+    LinuxDeviceBuilder::default()
         .path(n.path.clone())
         .typ(device_type(n.kind))
         .major(n.major as i64)
@@ -972,8 +1118,7 @@ pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
         .uid(n.uid)
         .gid(n.gid)
         .build()
-        .map_err(|e| e.to_string())?;
-    serde_json::to_value(dev).map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// The `linux.resources.devices` allow rule for a node with the given cgroup access.
@@ -991,6 +1136,10 @@ pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
 
 /// A `mounts` entry; `typ` `None` leaves the type out (runc then goes by the options).
 pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
+    serde_json::to_value(mount(m, typ, options)?).map_err(|e| e.to_string())
+}
+
+fn mount(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Mount, String> {
     let mut b = MountBuilder::default()
         .destination(m.destination.clone())
         .source(m.source.clone())
@@ -998,8 +1147,7 @@ pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Resu
     if let Some(t) = typ {
         b = b.typ(t);
     }
-    let mount = b.build().map_err(|e| e.to_string())?;
-    serde_json::to_value(mount).map_err(|e| e.to_string())
+    b.build().map_err(|e| e.to_string())
 }
 
 fn device_type(k: NodeKind) -> LinuxDeviceType {
@@ -1160,6 +1308,30 @@ mod tests {
     }
 
     #[test]
+    fn apply_inserts_missing_arrays_into_parents_in_the_bytes() {
+        let out = applied(r#"{"linux":{"x":1},"process":{"user":{}}}"#);
+        assert!(
+            out.starts_with(r#"{"linux":{"x":1,"devices":[{"path":"/dev/nvidia1","#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"}],"resources":{"devices":[{"allow":true,"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"}]}},"process":{"user":{"additionalGids":[44]}},"mounts":[{"#),
+            "{out}"
+        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(applied(&out), out);
+    }
+
+    #[test]
     fn duplicate_keys_last_one_counts_for_reads_and_edits() {
         let input = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"]},"linux":{"resources":{}}}"#;
         let doc = Document::parse(input.as_bytes()).unwrap();
@@ -1228,22 +1400,15 @@ mod tests {
         let input = "{\"mounts\": [ {\"destination\": \"/a\"} ]}";
         let out = edited(input, |d| {
             let add = |dest: &str| json!({"destination": dest});
-            assert!(d
-                .append_unique(&["mounts"], Same::Member("destination"), add("/b"))
-                .unwrap());
-            assert!(!d
-                .append_unique(&["mounts"], Same::Member("destination"), add("/a"))
-                .unwrap());
-            assert!(!d
-                .append_unique(&["mounts"], Same::Member("destination"), add("/b"))
-                .unwrap());
+            let by_dest = |dest: &str| Entry::by_member("destination", dest, &add(dest)).unwrap();
+            assert!(d.append_unique(&["mounts"], by_dest("/b")).unwrap());
+            assert!(!d.append_unique(&["mounts"], by_dest("/a")).unwrap());
+            assert!(!d.append_unique(&["mounts"], by_dest("/b")).unwrap());
             assert_eq!(d.mount_destinations(), ["/a", "/b"]);
             let all = d.array_mut(&["mounts"]).unwrap();
             assert_eq!(all.len(), 2);
             all.push(add("/c"));
-            assert!(!d
-                .append_unique(&["mounts"], Same::Member("destination"), add("/c"))
-                .unwrap());
+            assert!(!d.append_unique(&["mounts"], by_dest("/c")).unwrap());
             assert_eq!(d.mount_destinations(), ["/a", "/b", "/c"]);
         });
         assert_eq!(
@@ -1252,8 +1417,10 @@ mod tests {
         );
         // Appended only: the old elements as written.
         let out = edited(input, |d| {
-            d.append_unique(&["mounts"], Same::Value, json!(2)).unwrap();
-            d.append_unique(&["mounts"], Same::Value, json!(3)).unwrap();
+            d.append_unique(&["mounts"], Entry::by_value(json!(2)))
+                .unwrap();
+            d.append_unique(&["mounts"], Entry::by_value(json!(3)))
+                .unwrap();
         });
         assert_eq!(out, "{\"mounts\": [ {\"destination\": \"/a\"},2,3 ]}");
     }
