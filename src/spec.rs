@@ -23,7 +23,10 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::{
     LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, Mount, MountBuilder,
 };
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    Deserialize, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess,
+    Visitor,
+};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -109,7 +112,7 @@ pub enum ParseError {
 
 /// An object's members in document order, keys unescaped. A repeated key is there each time
 /// it was written; lookups ([`last`]) take the last.
-type Members<'a> = Vec<(Cow<'a, str>, &'a RawValue)>;
+type Members<'a> = Vec<(Cow<'a, str>, &'a str)>;
 
 /// Objects whose members are parsed once, in [`Document::parse`]: the shape check and the
 /// editors go through them (a parent is listed before its children).
@@ -124,10 +127,10 @@ const CACHED: [&[&str]; 6] = [
 
 /// config.json, borrowed from its bytes; see the module header.
 ///
-/// Invariant: every `RawValue` held here was borrowed from `src` (it is how a section's byte
-/// span is known: its offset in `src`).
+/// Invariant: every section text (`&'a str`) held here is a slice of `src` (it is how a
+/// section's byte span is known: its offset in `src`).
 pub struct Document<'a> {
-    src: &'a [u8],
+    src: &'a str,
     root: Members<'a>,
     objects: [Option<Members<'a>>; CACHED.len()],
     /// `process.env` decoded (`None`: an entry that is not a string).
@@ -156,7 +159,7 @@ struct Edit<'a> {
 
 enum At<'a> {
     /// The section was in the document: its bytes are replaced.
-    Replace(&'a RawValue),
+    Replace(&'a str),
     /// The key was missing: the member is inserted at this offset in `src`, right after the
     /// parent's last member (`first`: the parent had none, no comma before it) or `{`.
     Insert { offset: usize, first: bool },
@@ -165,7 +168,7 @@ enum At<'a> {
     /// element (`first`: it had none) or `[`. `None`: the array is missing, and is inserted
     /// as [`At::Insert`] does, holding only the new elements.
     Append {
-        raw: Option<&'a RawValue>,
+        raw: Option<&'a str>,
         offset: usize,
         first: bool,
     },
@@ -193,14 +196,14 @@ impl Same {
 
     /// The key of an element as written: its member's string (`null` when it has none), or
     /// its value.
-    fn raw_key(self, raw: &RawValue) -> Value {
+    fn raw_key(self, raw: &str) -> Value {
         match self {
             Same::Member(k) => members(raw)
                 .ok()
                 .flatten()
                 .and_then(|m| string(last(&m, k)?))
                 .map_or(Value::Null, |s| Value::from(s.as_ref())),
-            Same::Value => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+            Same::Value => serde_json::from_str(raw).unwrap_or(Value::Null),
         }
     }
 }
@@ -256,26 +259,37 @@ impl Entry {
 
 /// A section found on a read: in the bytes, or in a section already edited.
 enum Found<'d, 'a> {
-    Raw(&'a RawValue),
+    Raw(&'a str),
     Edited(&'d Value),
     /// An array (in the bytes, or missing) and the elements appended to it.
-    Appended(Option<&'a RawValue>, &'d [Entry]),
+    Appended(Option<&'a str>, &'d [Entry]),
 }
 
 impl<'a> Document<'a> {
     /// Parses spec bytes (the whole document is checked to be JSON) and checks the parts
     /// the shim reads have the right JSON types.
     pub fn parse(data: &'a [u8]) -> Result<Document<'a>, ParseError> {
-        if data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        // serde_json's own error (with its line and column) for what is not UTF-8.
+        let Ok(src) = std::str::from_utf8(data) else {
+            let e = serde_json::from_slice::<IgnoredAny>(data)
+                .err()
+                .unwrap_or_else(|| serde::de::Error::custom("not UTF-8"));
+            return Err(ParseError::Json(e));
+        };
+        if !src.trim_start_matches(JSON_WS).starts_with('{') {
             // Not JSON at all is reported as such before "not an object".
-            serde_json::from_slice::<IgnoredAny>(data).map_err(ParseError::Json)?;
+            serde_json::from_str::<IgnoredAny>(src).map_err(ParseError::Json)?;
             return Err(ParseError::Shape(
                 "the document is not a JSON object".into(),
             ));
         }
-        let Obj(root) = serde_json::from_slice(data).map_err(ParseError::Json)?;
+        let mut de = serde_json::Deserializer::from_str(src);
+        let Top { root, mut nested } = TopSeed(src)
+            .deserialize(&mut de)
+            .map_err(ParseError::Json)?;
+        de.end().map_err(ParseError::Json)?;
         let mut doc = Document {
-            src: data,
+            src,
             root,
             objects: Default::default(),
             env: Vec::new(),
@@ -284,7 +298,14 @@ impl<'a> Document<'a> {
         };
         for (i, path) in CACHED.iter().enumerate() {
             if let Some(raw) = doc.raw(path) {
-                doc.objects[i] = members(raw).map_err(ParseError::Json)?;
+                // Parsed with the top level when it was the last occurrence of its key.
+                let same = nested
+                    .iter()
+                    .rposition(|(span, _)| span.as_ptr() == raw.as_ptr());
+                doc.objects[i] = match same {
+                    Some(j) => Some(nested.swap_remove(j).1),
+                    None => members(raw).map_err(ParseError::Json)?,
+                };
             }
         }
         doc.check_shape().map_err(ParseError::Shape)?;
@@ -299,7 +320,7 @@ impl<'a> Document<'a> {
                 if all[i + 1..].iter().any(|(later, _)| later == k) {
                     continue;
                 }
-                let Str(v) = serde_json::from_str(v.get()).map_err(ParseError::Json)?;
+                let Str(v) = serde_json::from_str(v).map_err(ParseError::Json)?;
                 if let Some(v) = v {
                     doc.annotations.push((k.clone(), v));
                 }
@@ -341,7 +362,7 @@ impl<'a> Document<'a> {
         ];
         for (path, first, what) in CHECKS {
             match self.raw(path) {
-                Some(raw) if raw.get().as_bytes().first() != Some(&first) => {
+                Some(raw) if raw.as_bytes().first() != Some(&first) => {
                     return Err(format!("`{}` must be {what}", path.join("/")));
                 }
                 _ => {}
@@ -352,7 +373,7 @@ impl<'a> Document<'a> {
 
     /// The section at `path` as written (the last of a repeated key at each level); `None`
     /// when it is missing or a parent is not an object.
-    fn raw(&self, path: &[&str]) -> Option<&'a RawValue> {
+    fn raw(&self, path: &[&str]) -> Option<&'a str> {
         let (key, parent) = path.split_last()?;
         if parent.is_empty() {
             return last(&self.root, key);
@@ -443,7 +464,7 @@ impl<'a> Document<'a> {
                 .map(Cow::Borrowed)
                 .collect()
         }
-        let raw = |raw: &'a RawValue| -> Vec<Cow<'a, str>> {
+        let raw = |raw: &'a str| -> Vec<Cow<'a, str>> {
             elements(raw)
                 .into_iter()
                 .filter_map(|m| string(last(&members(m).ok()??, "destination")?))
@@ -557,7 +578,7 @@ impl<'a> Document<'a> {
                 // Appended to, now edited as a whole: the old elements, then the new.
                 let err = |err: String| format!("`{}`: {err}", path.join("."));
                 let mut all = match raw {
-                    Some(raw) => serde_json::from_str(raw.get()).map_err(|e| err(e.to_string()))?,
+                    Some(raw) => serde_json::from_str(raw).map_err(|e| err(e.to_string()))?,
                     None => Vec::new(),
                 };
                 for a in e.added.drain(..) {
@@ -583,13 +604,13 @@ impl<'a> Document<'a> {
         if path.is_empty() {
             return Err("an empty section path".into());
         }
-        let mut parent: Option<&'a RawValue> = None;
+        let mut parent: Option<&'a str> = None;
         let mut parent_members: Cow<'_, Members<'a>> = Cow::Borrowed(&self.root);
         for (depth, key) in path.iter().enumerate() {
             let here = &path[..=depth];
             match last(&parent_members, key) {
                 Some(raw) if depth + 1 == path.len() => {
-                    let value: Value = serde_json::from_str(raw.get())
+                    let value: Value = serde_json::from_str(raw)
                         .map_err(|e| format!("`{}`: {e}", path.join(".")))?;
                     let parsed_len = len(&value);
                     self.edits.push(Edit {
@@ -616,7 +637,7 @@ impl<'a> Document<'a> {
                 None => {
                     let at = match (parent_members.last(), parent) {
                         (Some((_, v)), _) => At::Insert {
-                            offset: self.offset(v) + v.get().len(),
+                            offset: self.offset(v) + v.len(),
                             first: false,
                         },
                         (None, Some(p)) => At::Insert {
@@ -624,7 +645,7 @@ impl<'a> Document<'a> {
                             first: true,
                         },
                         (None, None) => At::Insert {
-                            offset: self.src.iter().position(|b| *b == b'{').unwrap_or(0) + 1,
+                            offset: self.src.find('{').unwrap_or(0) + 1,
                             first: true,
                         },
                     };
@@ -674,12 +695,16 @@ impl<'a> Document<'a> {
             }
             Some(_) => return self.push_value(path, entry),
             None => {
+                let mut seen = None;
                 let at = match self.raw(path) {
-                    Some(raw) if raw.get().starts_with('[') => {
-                        let (offset, first) = match elements(raw).last() {
-                            Some(v) => (self.offset(v) + v.get().len(), false),
+                    Some(raw) if raw.starts_with('[') => {
+                        let old = elements(raw);
+                        let (offset, first) = match old.last() {
+                            Some(v) => (self.offset(v) + v.len(), false),
                             None => (self.offset(raw) + 1, true),
                         };
+                        let keys = old.iter().map(|v| entry.same.raw_key(v)).collect();
+                        seen = Some((entry.same, keys));
                         At::Append {
                             raw: Some(raw),
                             offset,
@@ -703,7 +728,7 @@ impl<'a> Document<'a> {
                     value: Value::Null,
                     parsed_len: None,
                     added: Vec::new(),
-                    seen: None,
+                    seen,
                 });
                 self.edits.len() - 1
             }
@@ -741,7 +766,7 @@ impl<'a> Document<'a> {
     /// that object is not in the bytes.
     fn insertion_point(&self, parent: &[&str]) -> Option<(usize, bool)> {
         let (members, open) = if parent.is_empty() {
-            let open = self.src.iter().position(|b| *b == b'{')?;
+            let open = self.src.find('{')?;
             (Cow::Borrowed(&self.root), open)
         } else {
             let raw = self.raw(parent)?;
@@ -752,14 +777,14 @@ impl<'a> Document<'a> {
             (members, self.offset(raw))
         };
         Some(match members.last() {
-            Some((_, v)) => (self.offset(v) + v.get().len(), false),
+            Some((_, v)) => (self.offset(v) + v.len(), false),
             None => (open + 1, true),
         })
     }
 
     /// Where `raw` starts in `src` (see the invariant on [`Document`]).
-    fn offset(&self, raw: &RawValue) -> usize {
-        raw.get().as_ptr() as usize - self.src.as_ptr() as usize
+    fn offset(&self, raw: &str) -> usize {
+        raw.as_ptr() as usize - self.src.as_ptr() as usize
     }
 
     /// The document with every edited section spliced in: a changed section replaces the
@@ -780,18 +805,18 @@ impl<'a> Document<'a> {
         let mut copied = 0;
         let mut inserted_at = None;
         for (offset, e) in order {
-            out.extend_from_slice(&self.src[copied..offset]);
+            out.extend_from_slice(&self.src.as_bytes()[copied..offset]);
             copied = offset;
             match e.at {
                 At::Replace(raw) => {
                     let mark = out.len();
                     write_json(&mut out, &e.value);
-                    let old = raw.get().as_bytes();
+                    let old = raw.as_bytes();
                     // Not changed, only written differently (pretty-printed, escaped): keep
                     // the old bytes, so that an unchanged document is the input exactly.
                     if out[mark..] != *old
                         && len(&e.value) == e.parsed_len
-                        && serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| v == e.value)
+                        && serde_json::from_str::<Value>(raw).is_ok_and(|v| v == e.value)
                     {
                         out.truncate(mark);
                     } else {
@@ -840,7 +865,7 @@ impl<'a> Document<'a> {
                 }
             }
         }
-        out.extend_from_slice(&self.src[copied..]);
+        out.extend_from_slice(&self.src.as_bytes()[copied..]);
         out
     }
 }
@@ -926,7 +951,7 @@ fn last_env<'s>(entries: impl DoubleEndedIterator<Item = &'s str>, name: &str) -
 }
 
 /// The last member named `key`.
-fn last<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
+fn last<'a>(members: &Members<'a>, key: &str) -> Option<&'a str> {
     members
         .iter()
         .rev()
@@ -935,33 +960,109 @@ fn last<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
 }
 
 /// The members of `raw` when it is an object.
-fn members(raw: &RawValue) -> Result<Option<Members<'_>>, serde_json::Error> {
-    if !raw.get().starts_with('{') {
+fn members(raw: &str) -> Result<Option<Members<'_>>, serde_json::Error> {
+    if !raw.starts_with('{') {
         return Ok(None);
     }
-    serde_json::from_str::<Obj<'_>>(raw.get()).map(|o| Some(o.0))
+    serde_json::from_str::<Obj<'_>>(raw).map(|o| Some(o.0))
 }
 
 /// The elements of `raw` when it is an array, else none.
-fn elements(raw: &RawValue) -> Vec<&RawValue> {
-    if !raw.get().starts_with('[') {
+fn elements(raw: &str) -> Vec<&str> {
+    if !raw.starts_with('[') {
         return Vec::new();
     }
-    serde_json::from_str(raw.get()).unwrap_or_default()
+    let all: Vec<&RawValue> = serde_json::from_str(raw).unwrap_or_default();
+    all.into_iter().map(RawValue::get).collect()
 }
 
 /// The elements of an array decoded when strings.
-fn strings(raw: &RawValue) -> Result<Vec<Option<Cow<'_, str>>>, serde_json::Error> {
-    if !raw.get().starts_with('[') {
+fn strings(raw: &str) -> Result<Vec<Option<Cow<'_, str>>>, serde_json::Error> {
+    if !raw.starts_with('[') {
         return Ok(Vec::new());
     }
-    let all: Vec<Str<'_>> = serde_json::from_str(raw.get())?;
+    let all: Vec<Str<'_>> = serde_json::from_str(raw)?;
     Ok(all.into_iter().map(|s| s.0).collect())
 }
 
 /// `raw` decoded when it is a string that decodes.
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Str<'_>>(raw.get()).ok()?.0
+fn string(raw: &str) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Str<'_>>(raw).ok()?.0
+}
+
+/// JSON's whitespace.
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// The top level's members, and the members of the objects among them that [`CACHED`]
+/// names, parsed in the same pass: the biggest section (`linux`, with docker's seccomp
+/// profile) is scanned once, not once for the top level and again for its members.
+struct Top<'a> {
+    root: Members<'a>,
+    /// Each such object's text in the document, and its members.
+    nested: Vec<(&'a str, Members<'a>)>,
+}
+
+/// Parses [`Top`] from the document text it is given.
+struct TopSeed<'a>(&'a str);
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'de> {
+    type Value = Top<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'de> {
+    type Value = Top<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
+        let src = self.0;
+        let mut top = Top {
+            root: Vec::with_capacity(16),
+            nested: Vec::new(),
+        };
+        while let Some(Key(key)) = map.next_key()? {
+            // The value's start is known from the key's place in the text (a key borrowed
+            // from it has no escapes); other keys' values are only delimited.
+            let start = match &key {
+                Cow::Borrowed(k) if CACHED.iter().any(|c| *c == [*k]) => object_start(src, k),
+                _ => None,
+            };
+            let Some(start) = start else {
+                top.root
+                    .push((key, map.next_value::<&'de RawValue>()?.get()));
+                continue;
+            };
+            let Obj(members) = map.next_value()?;
+            let end = object_end(src, start, &members)
+                .ok_or_else(|| A::Error::custom("an object without its closing brace"))?;
+            let text = &src[start..end];
+            top.root.push((key, text));
+            top.nested.push((text, members));
+        }
+        Ok(top)
+    }
+}
+
+/// Where the value after the key `key` (a slice of `src`) starts, when it is an object.
+fn object_start(src: &str, key: &str) -> Option<usize> {
+    let key_end = (key.as_ptr() as usize).checked_sub(src.as_ptr() as usize)? + key.len();
+    let rest = src.get(key_end..)?.strip_prefix('"')?;
+    let value = rest.trim_start_matches(JSON_WS).strip_prefix(':')?;
+    let value = value.trim_start_matches(JSON_WS);
+    value.starts_with('{').then(|| src.len() - value.len())
+}
+
+/// Where the object starting at `start` with these members ends (after its `}`).
+fn object_end(src: &str, start: usize, members: &Members<'_>) -> Option<usize> {
+    let after = match members.last() {
+        Some((_, v)) => (v.as_ptr() as usize).checked_sub(src.as_ptr() as usize)? + v.len(),
+        None => start + 1,
+    };
+    let rest = src.get(after..)?.trim_start_matches(JSON_WS);
+    rest.starts_with('}').then(|| src.len() - rest.len() + 1)
 }
 
 /// An object's members (see [`Members`]), values left as written.
@@ -978,7 +1079,7 @@ impl<'de> Deserialize<'de> for Obj<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<'de>, A::Error> {
                 let mut out = Vec::with_capacity(map.size_hint().unwrap_or(8));
                 while let Some(Key(k)) = map.next_key()? {
-                    out.push((k, map.next_value::<&'de RawValue>()?));
+                    out.push((k, map.next_value::<&'de RawValue>()?.get()));
                 }
                 Ok(Obj(out))
             }
@@ -1347,6 +1448,11 @@ mod tests {
             v["linux"]["resources"]["devices"].as_array().unwrap().len(),
             2
         );
+        // An earlier object of the same name is not where the edit goes; an empty one is.
+        let out = applied(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": { } }"#);
+        assert!(out.starts_with(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": {"devices":[{"path":"/dev/nvidia1","#), "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
         // The shape check reads the last occurrence too.
         assert!(Document::parse(br#"{"linux":[],"linux":{}}"#).is_ok());
         assert!(matches!(
