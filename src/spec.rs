@@ -194,16 +194,17 @@ impl Same {
         }
     }
 
-    /// The key of an element as written: its member's string (`null` when it has none), or
-    /// its value.
-    fn raw_key(self, raw: &str) -> Value {
+    /// The key of each element of the array `raw` as written, in one pass: its member's
+    /// string (`null` when it has none), or its value.
+    fn raw_keys(self, raw: &str) -> Result<Vec<Value>, serde_json::Error> {
         match self {
-            Same::Member(k) => members(raw)
-                .ok()
-                .flatten()
-                .and_then(|m| string(last(&m, k)?))
-                .map_or(Value::Null, |s| Value::from(s.as_ref())),
-            Same::Value => serde_json::from_str(raw).unwrap_or(Value::Null),
+            Same::Member(k) => {
+                let mut de = serde_json::Deserializer::from_str(raw);
+                let keys = MemberOfEach(k).deserialize(&mut de)?;
+                de.end()?;
+                Ok(keys)
+            }
+            Same::Value => serde_json::from_str(raw),
         }
     }
 }
@@ -698,12 +699,13 @@ impl<'a> Document<'a> {
                 let mut seen = None;
                 let at = match self.raw(path) {
                     Some(raw) if raw.starts_with('[') => {
-                        let old = elements(raw);
-                        let (offset, first) = match old.last() {
-                            Some(v) => (self.offset(v) + v.len(), false),
-                            None => (self.offset(raw) + 1, true),
-                        };
-                        let keys = old.iter().map(|v| entry.same.raw_key(v)).collect();
+                        let keys = entry
+                            .same
+                            .raw_keys(raw)
+                            .map_err(|e| format!("`{}`: {e}", path.join(".")))?;
+                        // After the last element: the text before `]`, less whitespace.
+                        let inside = raw[..raw.len() - 1].trim_end_matches(JSON_WS);
+                        let (offset, first) = (self.offset(inside) + inside.len(), keys.is_empty());
                         seen = Some((entry.same, keys));
                         At::Append {
                             raw: Some(raw),
@@ -736,10 +738,10 @@ impl<'a> Document<'a> {
         let e = &mut self.edits[i];
         if let At::Append { raw: Some(raw), .. } = e.at {
             if e.seen.as_ref().is_none_or(|(by, _)| *by != entry.same) {
-                let seen = elements(raw)
-                    .iter()
-                    .map(|v| entry.same.raw_key(v))
-                    .collect();
+                let seen = entry
+                    .same
+                    .raw_keys(raw)
+                    .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
                 e.seen = Some((entry.same, seen));
             }
         }
@@ -1063,6 +1065,82 @@ fn object_end(src: &str, start: usize, members: &Members<'_>) -> Option<usize> {
     };
     let rest = src.get(after..)?.trim_start_matches(JSON_WS);
     rest.starts_with('}').then(|| src.len() - rest.len() + 1)
+}
+
+/// Of each element of an array: the string of its member of this name (the last when
+/// repeated), `null` when it has none or is not an object.
+struct MemberOfEach(&'static str);
+
+impl<'de> DeserializeSeed<'de> for MemberOfEach {
+    type Value = Vec<Value>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Value>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberOfEach {
+    type Value = Vec<Value>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(MemberOf(self.0))? {
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
+/// [`MemberOfEach`] of one element.
+struct MemberOf(&'static str);
+
+impl<'de> DeserializeSeed<'de> for MemberOf {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberOf {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut found = Value::Null;
+        while let Some(Key(k)) = map.next_key()? {
+            if k == self.0 {
+                let Str(s) = map.next_value()?;
+                found = s.map_or(Value::Null, |s| Value::from(s.as_ref()));
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
 }
 
 /// An object's members (see [`Members`]), values left as written.
@@ -1453,6 +1531,24 @@ mod tests {
         assert!(out.starts_with(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": {"devices":[{"path":"/dev/nvidia1","#), "{out}");
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        // A mount with its destination written twice is at the last one.
+        let count = |input: &str| {
+            let v: Value = serde_json::from_str(&applied(input)).unwrap();
+            v["mounts"].as_array().unwrap().len()
+        };
+        let lib = "/usr/lib64/libcuda.so.1";
+        assert_eq!(
+            count(&format!(
+                r#"{{"mounts":[[1],"x",{{"destination":"{lib}","destination":"/o"}}]}}"#
+            )),
+            4
+        );
+        assert_eq!(
+            count(&format!(
+                r#"{{"mounts":[[1],"x",{{"destination":"/o","destination":"{lib}"}}]}}"#
+            )),
+            3
+        );
         // The shape check reads the last occurrence too.
         assert!(Document::parse(br#"{"linux":[],"linux":{}}"#).is_ok());
         assert!(matches!(
