@@ -76,7 +76,7 @@ struct Edit<'a> {
     added: Vec<Entry>,
     /// For [`At::Append`] to an array in the bytes: what [`Same`] sees of each of its
     /// elements (computed once).
-    seen: Option<(Same, Vec<Value>)>,
+    seen: Option<(Same, Vec<(u64, Value)>)>,
 }
 
 enum At<'a> {
@@ -137,6 +137,8 @@ impl Same {
 pub struct Entry {
     same: Same,
     key: Value,
+    /// [`fingerprint`] of `key`.
+    fp: u64,
     json: String,
 }
 
@@ -148,9 +150,11 @@ impl Entry {
         value: &str,
         entry: &impl serde::Serialize,
     ) -> Result<Entry, String> {
+        let key = Value::from(value);
         Ok(Entry {
             same: Same::Member(name),
-            key: Value::from(value),
+            fp: fingerprint(&key),
+            key,
             json: serde_json::to_string(entry).map_err(|e| e.to_string())?,
         })
     }
@@ -160,6 +164,7 @@ impl Entry {
         Entry {
             same: Same::Value,
             json: value.to_string(),
+            fp: fingerprint(&value),
             key: value,
         }
     }
@@ -171,7 +176,7 @@ impl Entry {
     /// Whether `self` and `other` are the same element for `self`'s rule.
     fn same_as(&self, other: &Entry) -> bool {
         if self.same == other.same {
-            json_eq(&self.key, &other.key)
+            self.fp == other.fp && json_eq(&self.key, &other.key)
         } else {
             other
                 .to_value()
@@ -628,7 +633,7 @@ impl<'a> Document<'a> {
                         // After the last element: the text before `]`, less whitespace.
                         let inside = raw[..raw.len() - 1].trim_end_matches(JSON_WS);
                         let (offset, first) = (self.offset(inside) + inside.len(), keys.is_empty());
-                        seen = Some((entry.same, keys));
+                        seen = Some((entry.same, fingerprinted(keys)));
                         At::Append {
                             raw: Some(raw),
                             offset,
@@ -664,11 +669,13 @@ impl<'a> Document<'a> {
                     .same
                     .raw_keys(raw)
                     .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
-                e.seen = Some((entry.same, seen));
+                e.seen = Some((entry.same, fingerprinted(seen)));
             }
         }
         let mut seen = e.seen.iter().flat_map(|(_, seen)| seen);
-        if seen.any(|s| json_eq(s, &entry.key)) || e.added.iter().any(|a| entry.same_as(a)) {
+        if seen.any(|(fp, s)| *fp == entry.fp && json_eq(s, &entry.key))
+            || e.added.iter().any(|a| entry.same_as(a))
+        {
             return Ok(false);
         }
         e.added.push(entry);
@@ -840,6 +847,49 @@ fn json_eq(a: &Value, b: &Value) -> bool {
         }
         _ => a == b,
     }
+}
+
+/// Equal values have equal fingerprints (object members in any order), so most unequal
+/// elements are told apart without comparing them: an array of cgroup rules is compared
+/// with each new rule.
+fn fingerprint(v: &Value) -> u64 {
+    fn mix(h: u64) -> u64 {
+        let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    }
+    fn text(tag: u64, s: &str) -> u64 {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325 ^ tag, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+    match v {
+        Value::Null => 1,
+        Value::Bool(b) => 2 + u64::from(*b),
+        // The same variants serde_json's number equality tells apart; 0.0 == -0.0.
+        Value::Number(n) => mix(if let Some(u) = n.as_u64() {
+            u ^ 3
+        } else if let Some(i) = n.as_i64() {
+            (i as u64) ^ 4
+        } else {
+            let f = n.as_f64().unwrap_or_default();
+            if f == 0.0 {
+                5
+            } else {
+                f.to_bits() ^ 6
+            }
+        }),
+        Value::String(s) => text(7, s),
+        Value::Array(a) => a
+            .iter()
+            .fold(8, |h, v| mix(h.rotate_left(5) ^ fingerprint(v))),
+        Value::Object(o) => o.iter().fold(9 + o.len() as u64, |h, (k, v)| {
+            h.wrapping_add(mix(text(10, k) ^ fingerprint(v).rotate_left(1)))
+        }),
+    }
+}
+
+fn fingerprinted(keys: Vec<Value>) -> Vec<(u64, Value)> {
+    keys.into_iter().map(|k| (fingerprint(&k), k)).collect()
 }
 
 /// The member `key` of an object, found without hashing (the objects compared are small).
@@ -1180,6 +1230,17 @@ mod tests {
         ];
         for (a, b) in pairs {
             assert_eq!(json_eq(&a, &b), a == b, "{a} {b}");
+            if a == b {
+                assert_eq!(fingerprint(&a), fingerprint(&b), "{a} {b}");
+            }
         }
+        let zero: Value = serde_json::from_str("0.0").unwrap();
+        let minus_zero: Value = serde_json::from_str("-0.0").unwrap();
+        assert_eq!(zero, minus_zero);
+        assert_eq!(fingerprint(&zero), fingerprint(&minus_zero));
+        // Told apart: what differs in the rules compared in practice.
+        let rule = |minor: u64| json!({"allow": true, "type": "c", "major": 195, "minor": minor, "access": "rwm"});
+        assert_ne!(fingerprint(&rule(1)), fingerprint(&rule(2)));
+        assert_ne!(fingerprint(&json!(1)), fingerprint(&json!(1.0)));
     }
 }
