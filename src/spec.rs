@@ -378,6 +378,17 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_already_there_in_another_key_order_is_not_added_again() {
+        let input = "{\"linux\": {\"resources\": {\"devices\": [\n  {\"access\": \"rwm\", \"minor\": 1, \"major\": 195,\n   \"type\": \"c\", \"allow\": true},\n  {\"allow\": true, \"type\": \"c\", \"major\": 195, \"minor\": 255, \"access\": \"rw\"}\n]}}}";
+        let out = applied(input);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let rules = v["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "{out}");
+        assert_eq!(rules[2]["minor"], 255);
+        assert_eq!(rules[2]["access"], "rwm");
+    }
+
+    #[test]
     fn duplicate_keys_last_one_counts_for_reads_and_edits() {
         let input = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"]},"linux":{"resources":{}}}"#;
         let doc = Document::parse(input.as_bytes()).unwrap();

@@ -76,7 +76,10 @@ struct Edit<'a> {
     added: Vec<Entry>,
     /// For [`At::Append`] to an array in the bytes: what [`Same`] sees of each of its
     /// elements (computed once).
-    seen: Option<(Same, Vec<(u64, Value)>)>,
+    seen: Option<(Same, Vec<Seen>)>,
+    /// For [`At::Append`] to an array in the bytes: the text of each element, split out when
+    /// a [`Seen`] without its key needs comparing.
+    texts: Vec<&'a str>,
 }
 
 enum At<'a> {
@@ -118,17 +121,34 @@ impl Same {
 
     /// The key of each element of the array `raw` as written, in one pass: its member's
     /// string (`null` when it has none), or its value.
-    fn raw_keys(self, raw: &str) -> Result<Vec<Value>, serde_json::Error> {
-        match self {
-            Same::Member(k) => {
-                let mut de = serde_json::Deserializer::from_str(raw);
-                let keys = MemberOfEach(k).deserialize(&mut de)?;
-                de.end()?;
-                Ok(keys)
-            }
-            Same::Value => serde_json::from_str(raw),
-        }
+    fn raw_keys(self, raw: &str) -> Result<Vec<Seen>, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(raw);
+        let seen = match self {
+            Same::Member(k) => MemberOfEach(k)
+                .deserialize(&mut de)?
+                .into_iter()
+                .map(|key| Seen {
+                    fp: fingerprint(&key),
+                    key: Some(key),
+                })
+                .collect(),
+            // Values are not built for this, only their fingerprints: most differ.
+            Same::Value => FpOfEach
+                .deserialize(&mut de)?
+                .into_iter()
+                .map(|fp| Seen { fp, key: None })
+                .collect(),
+        };
+        de.end()?;
+        Ok(seen)
     }
+}
+
+/// What [`Same`] sees of an element in the bytes: its key's [`fingerprint`], and the key
+/// (`None`: not built; the element is decoded when the fingerprint matches).
+struct Seen {
+    fp: u64,
+    key: Option<Value>,
 }
 
 /// An element to append with [`Document::append_unique`]: its JSON, and what tells whether
@@ -519,6 +539,7 @@ impl<'a> Document<'a> {
                 };
                 e.parsed_len = None;
                 e.seen = None;
+                e.texts = Vec::new();
             }
             let depth = e.path.len();
             return descend(&mut e.value, path, depth, empty);
@@ -548,6 +569,7 @@ impl<'a> Document<'a> {
                         parsed_len,
                         added: Vec::new(),
                         seen: None,
+                        texts: Vec::new(),
                     });
                     break;
                 }
@@ -589,6 +611,7 @@ impl<'a> Document<'a> {
                         parsed_len: None,
                         added: Vec::new(),
                         seen: None,
+                        texts: Vec::new(),
                     });
                     break;
                 }
@@ -633,7 +656,7 @@ impl<'a> Document<'a> {
                         // After the last element: the text before `]`, less whitespace.
                         let inside = raw[..raw.len() - 1].trim_end_matches(JSON_WS);
                         let (offset, first) = (self.offset(inside) + inside.len(), keys.is_empty());
-                        seen = Some((entry.same, fingerprinted(keys)));
+                        seen = Some((entry.same, keys));
                         At::Append {
                             raw: Some(raw),
                             offset,
@@ -658,6 +681,7 @@ impl<'a> Document<'a> {
                     parsed_len: None,
                     added: Vec::new(),
                     seen,
+                    texts: Vec::new(),
                 });
                 self.edits.len() - 1
             }
@@ -669,13 +693,36 @@ impl<'a> Document<'a> {
                     .same
                     .raw_keys(raw)
                     .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
-                e.seen = Some((entry.same, fingerprinted(seen)));
+                e.seen = Some((entry.same, seen));
             }
         }
-        let mut seen = e.seen.iter().flat_map(|(_, seen)| seen);
-        if seen.any(|(fp, s)| *fp == entry.fp && json_eq(s, &entry.key))
-            || e.added.iter().any(|a| entry.same_as(a))
-        {
+        let Edit {
+            at,
+            seen,
+            texts,
+            added,
+            ..
+        } = e;
+        let mut already = false;
+        for (i, s) in seen.iter().flat_map(|(_, seen)| seen).enumerate() {
+            if s.fp != entry.fp {
+                continue;
+            }
+            already = match &s.key {
+                Some(key) => json_eq(key, &entry.key),
+                None => {
+                    if let (true, At::Append { raw: Some(raw), .. }) = (texts.is_empty(), &at) {
+                        *texts = elements(raw);
+                    }
+                    let old = texts.get(i).and_then(|t| serde_json::from_str(t).ok());
+                    old.is_some_and(|v: Value| json_eq(&v, &entry.key))
+                }
+            };
+            if already {
+                break;
+            }
+        }
+        if already || added.iter().any(|a| entry.same_as(a)) {
             return Ok(false);
         }
         e.added.push(entry);
@@ -851,45 +898,146 @@ fn json_eq(a: &Value, b: &Value) -> bool {
 
 /// Equal values have equal fingerprints (object members in any order), so most unequal
 /// elements are told apart without comparing them: an array of cgroup rules is compared
-/// with each new rule.
+/// with each new rule. [`Fp`] gives the same of a value as written.
 fn fingerprint(v: &Value) -> u64 {
-    fn mix(h: u64) -> u64 {
-        let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
-    }
-    fn text(tag: u64, s: &str) -> u64 {
-        s.bytes().fold(0xcbf2_9ce4_8422_2325 ^ tag, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-    }
     match v {
         Value::Null => 1,
         Value::Bool(b) => 2 + u64::from(*b),
-        // The same variants serde_json's number equality tells apart; 0.0 == -0.0.
-        Value::Number(n) => mix(if let Some(u) = n.as_u64() {
-            u ^ 3
-        } else if let Some(i) = n.as_i64() {
-            (i as u64) ^ 4
-        } else {
-            let f = n.as_f64().unwrap_or_default();
-            if f == 0.0 {
-                5
-            } else {
-                f.to_bits() ^ 6
-            }
-        }),
-        Value::String(s) => text(7, s),
-        Value::Array(a) => a
-            .iter()
-            .fold(8, |h, v| mix(h.rotate_left(5) ^ fingerprint(v))),
-        Value::Object(o) => o.iter().fold(9 + o.len() as u64, |h, (k, v)| {
-            h.wrapping_add(mix(text(10, k) ^ fingerprint(v).rotate_left(1)))
-        }),
+        // The variants serde_json's number equality tells apart.
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => fp_u64(u),
+            (None, Some(i)) => fp_i64(i),
+            (None, None) => fp_f64(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => fp_str(s),
+        Value::Array(a) => fp_array(a.iter().map(fingerprint)),
+        Value::Object(o) => fp_object(o.iter().map(|(k, v)| (k.as_str(), fingerprint(v)))),
     }
 }
 
-fn fingerprinted(keys: Vec<Value>) -> Vec<(u64, Value)> {
-    keys.into_iter().map(|k| (fingerprint(&k), k)).collect()
+fn mix(h: u64) -> u64 {
+    let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+fn fp_text(tag: u64, s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325 ^ tag, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn fp_u64(u: u64) -> u64 {
+    mix(u ^ 3)
+}
+
+/// A negative integer (serde_json keeps a non-negative one as `u64`).
+fn fp_i64(i: i64) -> u64 {
+    if i >= 0 {
+        fp_u64(i as u64)
+    } else {
+        mix((i as u64) ^ 4)
+    }
+}
+
+fn fp_f64(f: f64) -> u64 {
+    // 0.0 == -0.0.
+    mix(if f == 0.0 { 5 } else { f.to_bits() ^ 6 })
+}
+
+fn fp_str(s: &str) -> u64 {
+    fp_text(7, s)
+}
+
+fn fp_array(elements: impl Iterator<Item = u64>) -> u64 {
+    elements.fold(8, |h, fp| mix(h.rotate_left(5) ^ fp))
+}
+
+/// Of members with distinct keys, in any order.
+fn fp_object<'k>(members: impl Iterator<Item = (&'k str, u64)>) -> u64 {
+    let (mut n, mut sum) = (0u64, 0u64);
+    for (k, fp) in members {
+        n += 1;
+        sum = sum.wrapping_add(mix(fp_text(10, k) ^ fp.rotate_left(1)));
+    }
+    mix(sum ^ (9 + n))
+}
+
+/// [`fingerprint`] of each element of an array as written, without building values.
+struct FpOfEach;
+
+impl<'de> DeserializeSeed<'de> for FpOfEach {
+    type Value = Vec<u64>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FpOfEach {
+    type Value = Vec<u64>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(fp) = seq.next_element_seed(Fp)? {
+            out.push(fp);
+        }
+        Ok(out)
+    }
+}
+
+/// [`fingerprint`] of a value as written.
+struct Fp;
+
+impl<'de> DeserializeSeed<'de> for Fp {
+    type Value = u64;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Fp {
+    type Value = u64;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<u64, E> {
+        Ok(1)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<u64, E> {
+        Ok(2 + u64::from(b))
+    }
+    fn visit_u64<E>(self, u: u64) -> Result<u64, E> {
+        Ok(fp_u64(u))
+    }
+    fn visit_i64<E>(self, i: i64) -> Result<u64, E> {
+        Ok(fp_i64(i))
+    }
+    fn visit_f64<E>(self, f: f64) -> Result<u64, E> {
+        Ok(fp_f64(f))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<u64, E> {
+        Ok(fp_str(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let mut fps = Vec::new();
+        while let Some(fp) = seq.next_element_seed(Fp)? {
+            fps.push(fp);
+        }
+        Ok(fp_array(fps.into_iter()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+        let mut members: Vec<(Cow<'de, str>, u64)> = Vec::new();
+        while let Some(Key(k)) = map.next_key()? {
+            let fp = map.next_value_seed(Fp)?;
+            // A repeated key: the last value, as a `Value` keeps.
+            match members.iter_mut().find(|(seen, _)| *seen == k) {
+                Some(m) => m.1 = fp,
+                None => members.push((k, fp)),
+            }
+        }
+        Ok(fp_object(members.iter().map(|(k, fp)| (k.as_ref(), *fp))))
+    }
 }
 
 /// The member `key` of an object, found without hashing (the objects compared are small).
@@ -1242,5 +1390,22 @@ mod tests {
         let rule = |minor: u64| json!({"allow": true, "type": "c", "major": 195, "minor": minor, "access": "rwm"});
         assert_ne!(fingerprint(&rule(1)), fingerprint(&rule(2)));
         assert_ne!(fingerprint(&json!(1)), fingerprint(&json!(1.0)));
+        // Of the text, without building the value: the same as of the value.
+        for text in [
+            "null",
+            "true",
+            "[1, -1, 1.5, -0.0, 0.0, 18446744073709551615, -9223372036854775808, 1e300]",
+            r#"{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"}"#,
+            r#"{"b": [1, {"c": "\u0041"}], "a": {}, "a": {"x": [true, null]}}"#,
+            r#"["\ud83d\ude00", "é", ""]"#,
+        ] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            let mut de = serde_json::Deserializer::from_str(text);
+            assert_eq!(
+                Fp.deserialize(&mut de).unwrap(),
+                fingerprint(&value),
+                "{text}"
+            );
+        }
     }
 }
