@@ -714,8 +714,12 @@ impl<'a> Document<'a> {
                     if let (true, At::Append { raw: Some(raw), .. }) = (texts.is_empty(), &at) {
                         *texts = elements(raw);
                     }
-                    let old = texts.get(i).and_then(|t| serde_json::from_str(t).ok());
-                    old.is_some_and(|v: Value| json_eq(&v, &entry.key))
+                    // Written as this editor writes it (a second create): equal without
+                    // decoding.
+                    texts.get(i).is_some_and(|t| {
+                        *t == entry.json
+                            || serde_json::from_str(t).is_ok_and(|v: Value| json_eq(&v, &entry.key))
+                    })
                 }
             };
             if already {
