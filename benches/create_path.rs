@@ -1,5 +1,5 @@
 //! Criterion benchmarks of the pieces of the create path: argv scan, config + profile load,
-//! device discovery, ld.so.cache parse and the spec edit (parse + apply + serialize) at
+//! device discovery, ld.so.cache parse and the spec edit (parse + apply + splice back to bytes) at
 //! 10 KB, 1 MB and 10 MB, to show that its cost grows linearly with the size of config.json.
 //!
 //! `cargo bench --bench create_path` (a few minutes on 2 cores); `cargo test --all-targets`
@@ -237,9 +237,9 @@ pub fn plan_8_gpus() -> Plan {
 }
 
 fn edit(data: &[u8], plan: &Plan) -> Vec<u8> {
-    let mut v = spec::parse(data).expect("spec parses");
-    spec::apply(&mut v, plan).expect("apply");
-    serde_json::to_vec(&v).expect("serialize")
+    let mut doc = spec::Document::parse(data).expect("spec parses");
+    spec::apply(&mut doc, plan).expect("apply");
+    doc.to_bytes()
 }
 
 fn bench_spec_edit(c: &mut Criterion) {

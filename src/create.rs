@@ -1,4 +1,5 @@
-//! The `create` path, top to bottom: read the spec, decide per vendor, apply, write.
+//! The `create` path, top to bottom: read the spec (once: [`Bundle`]), screen it, decide per
+//! vendor, apply, write.
 //! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
 //! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
@@ -7,17 +8,14 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
-use crate::argv::Invocation;
 use crate::cdi::{self, CdiError};
-use crate::config::{Config, ConfigError, Quick};
+use crate::config::{Config, Quick};
 use crate::discovery::{self, Device, DiscoveryError};
 use crate::ldcache;
 use crate::plan::{self, Plan, PlanError};
 use crate::profile::Profile;
 use crate::request::{self, Request, RequestError};
-use crate::spec::{self, SpecError};
+use crate::spec::{self, Document, SpecError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -59,19 +57,38 @@ pub struct Outcome {
     pub removed_docker_hook: bool,
 }
 
+/// The bundle's config.json, read once: [`screen`] looks at the bytes, [`create`] edits them.
+#[derive(Debug)]
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub config_json: PathBuf,
+    /// The file's bytes, or why they could not be read (reported by [`create`]).
+    pub data: Result<Vec<u8>, SpecError>,
+}
+
+impl Bundle {
+    pub fn read(dir: &Path) -> Bundle {
+        let config_json = dir.join("config.json");
+        Bundle {
+            data: spec::read_bytes(&config_json),
+            dir: dir.to_path_buf(),
+            config_json,
+        }
+    }
+}
+
 /// Edits the bundle's config.json for `create`/`run`. `Ok(None)`: nothing asked for, the file
 /// was not written.
-pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
-    let bundle = inv.bundle.clone().unwrap_or_else(|| PathBuf::from("."));
-    let path = bundle.join("config.json");
-    let original = spec::read_bytes(&path)?;
-    let mut spec = spec::parse_file(&path, &original)?;
+pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
+    let path = bundle.config_json;
+    let original = bundle.data?;
+    let mut spec = Document::parse_file(&path, &original)?;
 
     let mut out = Outcome {
-        removed_docker_hook: spec::remove_docker_gpu_hook(&mut spec),
+        removed_docker_hook: spec.remove_docker_gpu_hook(),
         ..Outcome::default()
     };
-    let privileged = spec::is_privileged(&spec);
+    let privileged = spec.is_privileged();
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
     let mut cdi_requests = cdi::annotation_requests(&spec)?;
@@ -126,15 +143,14 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
         let caps_value = profile
             .capabilities_env
             .as_deref()
-            .and_then(|v| spec::env(&spec, v));
+            .and_then(|v| spec.env(v));
         let caps = plan::capabilities(profile, caps_value)?;
         let cache = ldcache::load(&profile.driver_root).map_err(|source| CreateError::LdCache {
             root: profile.driver_root.clone(),
             source,
         })?;
-        let dir = lib_dir.get_or_insert_with(|| {
-            spec::default_library_dir(spec::rootfs(&spec, &bundle).as_deref())
-        });
+        let dir = lib_dir
+            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle.dir).as_deref()));
         out.plan
             .extend(plan::driver_edits(profile, &caps, &cache, dir)?);
         out.requests.push(format!("{var}={value}"));
@@ -154,9 +170,9 @@ pub fn create(inv: &Invocation, cfg: &Config) -> Result<Option<Outcome>, CreateE
     cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite the same bytes (two fsyncs on a disk-backed bundle). CDI edits replace
-    // entries in place, so only the result tells; comparing the bytes about to be written
-    // with those read costs far less than keeping a copy of the document to compare.
-    let edited = spec::to_bytes(&path, &spec)?;
+    // entries in place, so only the result tells: an unchanged document splices back to
+    // exactly the bytes read.
+    let edited = spec.to_bytes();
     if edited != original {
         spec::write_bytes(&path, &edited)?;
     }
@@ -169,7 +185,7 @@ pub enum Screen {
     /// The spec certainly asks for nothing: config.json is neither parsed nor written.
     Nothing,
     /// Only these variables can make a request: only the profiles that may claim one of
-    /// them need building ([`Config::load_claiming`]).
+    /// them need building.
     Variables(Vec<String>),
     /// Anything may be asked for (device-list mounts accepted, docker's `--gpus` hook, CDI
     /// annotations, a spec that does not read): every profile is built.
@@ -177,22 +193,14 @@ pub enum Screen {
 }
 
 impl Screen {
-    /// The config (and profiles) the full create needs; `None` for [`Screen::Nothing`].
-    pub fn load_config(&self) -> Result<Option<Config>, ConfigError> {
+    /// The only variables that can make a request (`None`: any can), for
+    /// [`Quick::into_config`], which then builds only the profiles that may claim them.
+    pub fn variables(&self) -> Option<&[String]> {
         match self {
-            Screen::Nothing => Ok(None),
-            Screen::Variables(names) => {
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                Config::load_claiming(&names).map(Some)
-            }
-            Screen::Anything => Config::load().map(Some),
+            Screen::Variables(names) => Some(names),
+            _ => None,
         }
     }
-}
-
-/// True when the bundle's spec certainly asks for nothing ([`screen`] says so).
-pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
-    screen(bundle, quick) == Screen::Nothing
 }
 
 /// Screens the bundle's spec: whether it certainly asks for nothing (then neither the
@@ -206,11 +214,11 @@ pub fn nothing_requested(bundle: &Path, quick: &Quick) -> bool {
 /// JSON object) goes down the full create path, which decides and reports errors. A spec
 /// that is a JSON object but has sections of the wrong type, and asks for nothing, goes to
 /// the low-level runtime as it is: runc judges its own spec.
-pub fn screen(bundle: &Path, quick: &Quick) -> Screen {
+pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
     if quick.accept_container_devices_as_mounts {
         return Screen::Anything;
     }
-    let Ok(data) = spec::read_bytes(&bundle.join("config.json")) else {
+    let Ok(data) = &bundle.data else {
         return Screen::Anything;
     };
     // Not an object: the full path names the file and the error.
@@ -246,7 +254,7 @@ pub fn screen(bundle: &Path, quick: &Quick) -> Screen {
     }
     // Not JSON: the full path names the file and the error. Checked last, as only a spec
     // that asks for nothing needs it, and without building the document.
-    if serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_ok() {
+    if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok() {
         Screen::Nothing
     } else {
         Screen::Anything
@@ -258,14 +266,15 @@ pub fn screen(bundle: &Path, quick: &Quick) -> Screen {
 fn vendor_request(
     cfg: &Config,
     profile: &Profile,
-    spec: &Value,
+    spec: &Document<'_>,
     privileged: bool,
 ) -> Result<Option<(String, String, Request)>, CreateError> {
     if cfg.accept_container_devices_as_mounts {
         if let Some(dir) = profile.container_devices_mount_dir.as_deref() {
-            let ids: Vec<&str> = spec::mount_destinations(spec)
-                .into_iter()
-                .filter_map(|d| Path::new(d).strip_prefix(dir).ok()?.to_str())
+            let destinations = spec.mount_destinations();
+            let ids: Vec<&str> = destinations
+                .iter()
+                .filter_map(|d| Path::new(d.as_ref()).strip_prefix(dir).ok()?.to_str())
                 .filter(|id| !id.is_empty() && !id.contains('/'))
                 .collect();
             if !ids.is_empty() {
@@ -278,7 +287,7 @@ fn vendor_request(
     let Some((var, value)) = profile
         .visible_devices_env
         .iter()
-        .find_map(|v| spec::env(spec, v).map(|x| (v, x)))
+        .find_map(|v| spec.env(v).map(|x| (v, x)))
     else {
         return Ok(None);
     };
@@ -313,7 +322,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let screen_of = |json: &str| {
             std::fs::write(dir.path().join("config.json"), json).unwrap();
-            screen(dir.path(), &quick)
+            screen(&Bundle::read(dir.path()), &quick)
         };
         assert_eq!(
             screen_of(

@@ -1,21 +1,28 @@
 //! Reading, editing and writing the bundle's `config.json` as JSON, not as a typed `Spec`.
 //!
 //! A serde round trip through `oci_spec::runtime::Spec` drops keys it does not know and
-//! reorders capability lists, so the document stays a `serde_json::Value` (key order kept);
+//! reorders capability lists, and even a whole-document `serde_json::Value` round trip costs
+//! most of a create (parse, serialize and drop of ~10 KB that the shim never reads:
+//! capabilities, seccomp, masked paths). So the document is a [`Document`] borrowing the
+//! file's bytes: read in place, the sections edited spliced back, everything else copied
+//! byte for byte. This module has the file handling and the editor's rules ([`apply`]);
 //! typed `oci-spec` structs are used only to build the entries added here.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
+
+mod document;
 
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
+    LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, Mount, MountBuilder,
 };
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::atomic;
 use crate::plan::{self, BindMount, DeviceNode, NodeKind, Plan};
+pub use document::{Document, Entry, ParseError};
 
 /// Larger than any real spec (docker's are ~10 KB); a bigger file is refused, not parsed.
 pub const MAX_SIZE: u64 = 64 << 20;
@@ -88,146 +95,6 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
     Ok(data)
 }
 
-/// Reads config.json: a regular file (not a symlink, FIFO or device), at most [`MAX_SIZE`],
-/// holding a JSON object.
-pub fn read(path: &Path) -> Result<Value, SpecError> {
-    parse_file(path, &read_bytes(path)?)
-}
-
-/// Parses the bytes [`read_bytes`] got from `path`; errors name the file.
-pub fn parse_file(path: &Path, data: &[u8]) -> Result<Value, SpecError> {
-    parse(data).map_err(|e| match e {
-        ParseError::Json(source) => SpecError::Json {
-            path: path.into(),
-            source,
-        },
-        ParseError::Shape(msg) => SpecError::Shape {
-            path: path.into(),
-            msg,
-        },
-    })
-}
-
-#[derive(Debug)]
-pub enum ParseError {
-    Json(serde_json::Error),
-    Shape(String),
-}
-
-/// Parses spec bytes and checks the parts the shim reads have the right JSON types.
-pub fn parse(data: &[u8]) -> Result<Value, ParseError> {
-    let v: Value = serde_json::from_slice(data).map_err(ParseError::Json)?;
-    check_shape(&v).map_err(ParseError::Shape)?;
-    Ok(v)
-}
-
-fn check_shape(v: &Value) -> Result<(), String> {
-    let obj = v.as_object().ok_or("the document is not a JSON object")?;
-    let kind = |key: &str, want: fn(&Value) -> bool, what: &str| match obj_path(obj, key) {
-        Some(x) if !want(x) => Err(format!("`{key}` must be {what}")),
-        _ => Ok(()),
-    };
-    kind("process", Value::is_object, "an object")?;
-    kind("process/env", Value::is_array, "an array of strings")?;
-    kind("process/user", Value::is_object, "an object")?;
-    kind("process/user/additionalGids", Value::is_array, "an array")?;
-    kind("linux", Value::is_object, "an object")?;
-    kind("linux/devices", Value::is_array, "an array")?;
-    kind("linux/resources", Value::is_object, "an object")?;
-    kind("linux/resources/devices", Value::is_array, "an array")?;
-    kind("mounts", Value::is_array, "an array")?;
-    kind("hooks", Value::is_object, "an object")?;
-    kind("hooks/prestart", Value::is_array, "an array")?;
-    kind("annotations", Value::is_object, "an object")?;
-    kind("root", Value::is_object, "an object")?;
-    kind("root/path", Value::is_string, "a string")?;
-    Ok(())
-}
-
-fn obj_path<'a>(obj: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
-    let mut parts = path.split('/');
-    let mut cur = obj.get(parts.next()?)?;
-    for p in parts {
-        cur = cur.as_object()?.get(p)?;
-    }
-    Some(cur)
-}
-
-/// The value of `name` in `process.env` as the container sees it: runc sets the entries in
-/// order, so the last one wins (`docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all` writes
-/// both). Entries without `=` are skipped.
-pub fn env<'a>(spec: &'a Value, name: &str) -> Option<&'a str> {
-    spec.pointer("/process/env")?
-        .as_array()?
-        .iter()
-        .rev()
-        .filter_map(Value::as_str)
-        .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
-}
-
-/// Docker sets `CAP_SYS_ADMIN` in the bounding set only for `--privileged` (and NVIDIA's
-/// toolkit uses the same test).
-pub fn is_privileged(spec: &Value) -> bool {
-    spec.pointer("/process/capabilities/bounding")
-        .and_then(Value::as_array)
-        .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"))
-}
-
-/// Destinations of mounts in the spec (the volume-mount device list strategy reads them).
-pub fn mount_destinations(spec: &Value) -> Vec<&str> {
-    spec.get("mounts")
-        .and_then(Value::as_array)
-        .map(|m| {
-            m.iter()
-                .filter_map(|m| m.get("destination")?.as_str())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-pub fn annotations(spec: &Value) -> Vec<(&str, &str)> {
-    spec.get("annotations")
-        .and_then(Value::as_object)
-        .map(|a| {
-            a.iter()
-                .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Removes docker's `--gpus` prestart hook; true when one was there.
-pub fn remove_docker_gpu_hook(spec: &mut Value) -> bool {
-    let Some(hooks) = spec.get_mut("hooks").and_then(Value::as_object_mut) else {
-        return false;
-    };
-    let Some(prestart) = hooks.get_mut("prestart").and_then(Value::as_array_mut) else {
-        return false;
-    };
-    let before = prestart.len();
-    prestart.retain(|h| {
-        let path = h.get("path").and_then(Value::as_str).unwrap_or_default();
-        Path::new(path)
-            .file_name()
-            .is_none_or(|n| n != DOCKER_GPU_HOOK)
-    });
-    let removed = prestart.len() != before;
-    if prestart.is_empty() && removed {
-        hooks.remove("prestart");
-    }
-    removed
-}
-
-/// The container's rootfs on the host: `root.path`, relative to the bundle when relative.
-pub fn rootfs(spec: &Value, bundle: &Path) -> Option<PathBuf> {
-    let p = Path::new(spec.pointer("/root/path")?.as_str()?);
-    Some(if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        bundle.join(p)
-    })
-}
-
 /// Debian's and Ubuntu's library directory, searched by their glibc by default.
 pub const MULTIARCH_LIBRARY_DIR: &str = if cfg!(target_arch = "aarch64") {
     "/usr/lib/aarch64-linux-gnu"
@@ -254,85 +121,41 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
 }
 
 /// Writes the plan into the spec. Entries already present are respected: nodes by path, cgroup
-/// rules by (type, major, minor, access), mounts by destination, gids by value.
-pub fn apply(spec: &mut Value, plan: &Plan) -> Result<(), String> {
-    let root = spec
-        .as_object_mut()
-        .ok_or("the document is not a JSON object")?;
-    if !plan.nodes.is_empty() {
-        let linux = section(root, "linux", || Value::Object(Map::new()))
-            .as_object_mut()
-            .ok_or("`linux` must be an object")?;
-        let devices = section(linux, "devices", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`linux.devices` must be an array")?;
-        for n in &plan.nodes {
-            let path = n.path.to_string_lossy();
-            if devices
-                .iter()
-                .any(|d| d.get("path").and_then(Value::as_str) == Some(&path))
-            {
-                continue;
-            }
-            devices.push(device_entry(n)?);
-        }
-        let resources = section(linux, "resources", || Value::Object(Map::new()))
-            .as_object_mut()
-            .ok_or("`linux.resources` must be an object")?;
-        let rules = section(resources, "devices", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`linux.resources.devices` must be an array")?;
-        for n in &plan.nodes {
-            let rule = rule_entry(n, "rwm")?;
-            if !rules.contains(&rule) {
-                rules.push(rule);
-            }
-        }
+/// rules by value, mounts by destination, gids by value.
+pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
+    for n in &plan.nodes {
+        let entry = Entry::by_member("path", &n.path.to_string_lossy(), &device(n)?)?;
+        doc.append_unique(&["linux", "devices"], entry)?;
     }
-    if !plan.mounts.is_empty() {
-        let mounts = section(root, "mounts", || Value::Array(vec![]))
-            .as_array_mut()
-            .ok_or("`mounts` must be an array")?;
-        for m in &plan.mounts {
-            let dest = m.destination.to_string_lossy();
-            if mounts
-                .iter()
-                .any(|x| x.get("destination").and_then(Value::as_str) == Some(&dest))
-            {
-                continue;
-            }
-            let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
-            mounts.push(mount_entry(m, Some("bind"), &options)?);
-        }
+    for n in &plan.nodes {
+        let rule = Entry::by_value(rule_entry(n, "rwm")?);
+        doc.append_unique(&["linux", "resources", "devices"], rule)?;
     }
-    add_gids(root, &plan.additional_gids)
+    let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
+    for m in &plan.mounts {
+        let dest = m.destination.to_string_lossy();
+        let entry = Entry::by_member("destination", &dest, &mount(m, Some("bind"), &options)?)?;
+        doc.append_unique(&["mounts"], entry)?;
+    }
+    add_gids(doc, &plan.additional_gids)
 }
 
 /// Adds groups to `process.user.additionalGids` (creating the sections), each once.
-pub fn add_gids(root: &mut Map<String, Value>, add: &[u32]) -> Result<(), String> {
-    if add.is_empty() {
-        return Ok(());
-    }
-    let process = section(root, "process", || Value::Object(Map::new()))
-        .as_object_mut()
-        .ok_or("`process` must be an object")?;
-    let user = section(process, "user", || serde_json::json!({"uid": 0, "gid": 0}))
-        .as_object_mut()
-        .ok_or("`process.user` must be an object")?;
-    let gids = section(user, "additionalGids", || Value::Array(vec![]))
-        .as_array_mut()
-        .ok_or("`process.user.additionalGids` must be an array")?;
+pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
     for g in add {
-        if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
-            gids.push(Value::from(*g));
-        }
+        let path = ["process", "user", "additionalGids"];
+        doc.append_unique(&path, Entry::by_value(Value::from(*g)))?;
     }
     Ok(())
 }
 
 /// The `linux.devices` entry for a node (shared with CDI's edits, so both paths write the same).
 pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
-    let dev = LinuxDeviceBuilder::default()
+    serde_json::to_value(device(n)?).map_err(|e| e.to_string())
+}
+
+fn device(n: &DeviceNode) -> Result<LinuxDevice, String> {
+    LinuxDeviceBuilder::default()
         .path(n.path.clone())
         .typ(device_type(n.kind))
         .major(n.major as i64)
@@ -341,8 +164,7 @@ pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
         .uid(n.uid)
         .gid(n.gid)
         .build()
-        .map_err(|e| e.to_string())?;
-    serde_json::to_value(dev).map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// The `linux.resources.devices` allow rule for a node with the given cgroup access.
@@ -360,6 +182,10 @@ pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
 
 /// A `mounts` entry; `typ` `None` leaves the type out (runc then goes by the options).
 pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
+    serde_json::to_value(mount(m, typ, options)?).map_err(|e| e.to_string())
+}
+
+fn mount(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Mount, String> {
     let mut b = MountBuilder::default()
         .destination(m.destination.clone())
         .source(m.source.clone())
@@ -367,17 +193,7 @@ pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Resu
     if let Some(t) = typ {
         b = b.typ(t);
     }
-    let mount = b.build().map_err(|e| e.to_string())?;
-    serde_json::to_value(mount).map_err(|e| e.to_string())
-}
-
-/// `obj[key]`, created with `empty()` when missing.
-pub fn section<'a>(
-    obj: &'a mut Map<String, Value>,
-    key: &str,
-    empty: fn() -> Value,
-) -> &'a mut Value {
-    obj.entry(key).or_insert_with(empty)
+    b.build().map_err(|e| e.to_string())
 }
 
 fn device_type(k: NodeKind) -> LinuxDeviceType {
@@ -385,19 +201,6 @@ fn device_type(k: NodeKind) -> LinuxDeviceType {
         NodeKind::Char => LinuxDeviceType::C,
         NodeKind::Block => LinuxDeviceType::B,
     }
-}
-
-/// Serializes and atomically replaces config.json (mode and owner kept).
-pub fn write(path: &Path, spec: &Value) -> Result<(), SpecError> {
-    write_bytes(path, &to_bytes(path, spec)?)
-}
-
-/// The bytes [`write`] would put in `path` (compact JSON, as engines write it).
-pub fn to_bytes(path: &Path, spec: &Value) -> Result<Vec<u8>, SpecError> {
-    serde_json::to_vec(spec).map_err(|e| SpecError::Write {
-        path: path.into(),
-        source: e.into(),
-    })
 }
 
 /// Atomically replaces config.json with `data` (mode and owner kept).
@@ -437,20 +240,40 @@ mod tests {
         }
     }
 
+    /// Parses `input`, runs `edit`, and returns the spliced bytes (checked to be JSON).
+    fn edited(input: &str, edit: impl FnOnce(&mut Document<'_>)) -> String {
+        let mut doc = Document::parse(input.as_bytes()).unwrap();
+        edit(&mut doc);
+        let out = String::from_utf8(doc.to_bytes()).unwrap();
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+        out
+    }
+
+    fn applied(input: &str) -> String {
+        edited(input, |d| apply(d, &plan()).unwrap())
+    }
+
     #[test]
     fn apply_adds_entries_and_keeps_unknown_fields_and_order() {
-        let mut spec = json!({"ociVersion": "1.0.2", "zzz-future": {"x": [3, 1, 2]}, "process": {"env": ["A=1"], "capabilities": {"bounding": ["CAP_KILL", "CAP_CHOWN"]}}, "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}, "aaa": 1}});
-        let before = spec.clone();
-        apply(&mut spec, &plan()).unwrap();
-        assert_eq!(spec["zzz-future"], before["zzz-future"]);
+        let input = json!({"ociVersion": "1.0.2", "zzz-future": {"x": [3, 1, 2]}, "process": {"env": ["A=1"], "capabilities": {"bounding": ["CAP_KILL", "CAP_CHOWN"]}}, "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}, "aaa": 1}});
+        let spec: Value = serde_json::from_str(&applied(&input.to_string())).unwrap();
+        assert_eq!(spec["zzz-future"], input["zzz-future"]);
         assert_eq!(
             spec["process"]["capabilities"],
-            before["process"]["capabilities"]
+            input["process"]["capabilities"]
         );
         let keys: Vec<&String> = spec.as_object().unwrap().keys().collect();
         assert_eq!(
             keys,
             ["ociVersion", "zzz-future", "process", "linux", "mounts"]
+        );
+        assert_eq!(
+            spec["linux"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["resources", "aaa", "devices"]
         );
         assert_eq!(
             spec["linux"]["devices"][0],
@@ -464,46 +287,306 @@ mod tests {
             spec["mounts"][0],
             json!({"destination": "/usr/lib64/libcuda.so.1", "type": "bind", "source": "/drv/libcuda.so.550", "options": ["ro", "nosuid", "nodev", "bind"]})
         );
-        assert_eq!(spec["process"]["user"]["additionalGids"], json!([44]));
+        assert_eq!(
+            spec["process"]["user"],
+            json!({"uid": 0, "gid": 0, "additionalGids": [44]})
+        );
     }
 
     #[test]
-    fn apply_is_idempotent() {
-        let mut once = json!({"linux": {}});
-        apply(&mut once, &plan()).unwrap();
-        let mut twice = once.clone();
-        apply(&mut twice, &plan()).unwrap();
-        assert_eq!(once, twice);
+    fn apply_is_idempotent_and_an_unchanged_document_is_the_input() {
+        for input in [
+            "{\"linux\": {}}",
+            "{}",
+            " { } ",
+            "{\n  \"linux\": {\n    \"devices\": [ ]\n  },\n  \"mounts\": []\n}\n",
+        ] {
+            let once = applied(input);
+            assert_eq!(applied(&once), once, "{input}");
+        }
+        // Nothing edited, or edited to the same value: the input byte for byte.
+        let pretty = "{\n  \"linux\" : {\"devices\": [\n   {\"path\": \"/dev/nvidia1\"},\n   {\"path\": \"/dev/nvidiactl\"}\n  ], \"resources\": {\"devices\": [{\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":1,\"access\":\"rwm\"}, {\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":255,\"access\":\"rwm\"}]}},\n  \"mounts\": [{\"destination\": \"/usr/lib64/libcuda.so.1\"}],\n \"process\":{\"user\":{\"additionalGids\":[44]}}\n}";
+        assert_eq!(applied(pretty), pretty);
+        assert_eq!(edited(pretty, |_| {}), pretty);
+    }
+
+    #[test]
+    fn splice_keeps_bytes_outside_edited_spans() {
+        let input = "{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"}\n  ],\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50}\n  }\n}\n";
+        let out = applied(input);
+        assert!(
+            // Appended to: the old elements are as written, the new ones follow the last.
+            out.starts_with("{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"},{\"destination\":\"/usr/lib64/libcuda.so.1\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50},\"devices\":[{\"path\":\"/dev/nvidia1\""),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("]}}\n}\n")
+                && out.contains(
+                    ",\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}"
+                ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn splice_creates_missing_sections_at_each_level() {
+        let cases = [
+            ("{}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
+            ("{\"linux\":{}}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
+            ("{\"linux\":{\"resources\":{}},\"process\":{}}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}},\"mounts\":[3]}"),
+            ("{\"linux\":{\"resources\":{\"devices\":[]}},\"process\":{\"user\":{\"uid\":5}},\"mounts\":[]}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":5,\"additionalGids\":[44]}},\"mounts\":[3]}"),
+        ];
+        for (input, want) in cases {
+            let out = edited(input, |d| {
+                d.array_mut(&["linux", "devices"]).unwrap().push(json!(1));
+                d.array_mut(&["linux", "resources", "devices"])
+                    .unwrap()
+                    .push(json!(2));
+                d.array_mut(&["mounts"]).unwrap().push(json!(3));
+                add_gids(d, &[44]).unwrap();
+            });
+            assert_eq!(out, want, "{input}");
+        }
+    }
+
+    #[test]
+    fn apply_inserts_missing_arrays_into_parents_in_the_bytes() {
+        let out = applied(r#"{"linux":{"x":1},"process":{"user":{}}}"#);
+        assert!(
+            out.starts_with(r#"{"linux":{"x":1,"devices":[{"path":"/dev/nvidia1","#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"}],"resources":{"devices":[{"allow":true,"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"}]}},"process":{"user":{"additionalGids":[44]}},"mounts":[{"#),
+            "{out}"
+        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(applied(&out), out);
+    }
+
+    #[test]
+    fn a_rule_already_there_in_another_key_order_is_not_added_again() {
+        let input = "{\"linux\": {\"resources\": {\"devices\": [\n  {\"access\": \"rwm\", \"minor\": 1, \"major\": 195,\n   \"type\": \"c\", \"allow\": true},\n  {\"allow\": true, \"type\": \"c\", \"major\": 195, \"minor\": 255, \"access\": \"rw\"}\n]}}}";
+        let out = applied(input);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let rules = v["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "{out}");
+        assert_eq!(rules[2]["minor"], 255);
+        assert_eq!(rules[2]["access"], "rwm");
+    }
+
+    #[test]
+    fn duplicate_keys_last_one_counts_for_reads_and_edits() {
+        let input = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"]},"linux":{"resources":{}}}"#;
+        let doc = Document::parse(input.as_bytes()).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("2"));
+        let out = applied(input);
+        // The earlier occurrences are left as they were; serde_json (like runc) reads the last.
+        assert!(out.starts_with(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"],"user":"#), "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=2"]));
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(v["linux"]["devices"][0]["path"], "/dev/nvidia1");
+        assert_eq!(
+            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
+        // An earlier object of the same name is not where the edit goes; an empty one is.
+        let out = applied(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": { } }"#);
+        assert!(out.starts_with(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": {"devices":[{"path":"/dev/nvidia1","#), "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        // A mount with its destination written twice is at the last one.
+        let count = |input: &str| {
+            let v: Value = serde_json::from_str(&applied(input)).unwrap();
+            v["mounts"].as_array().unwrap().len()
+        };
+        let lib = "/usr/lib64/libcuda.so.1";
+        assert_eq!(
+            count(&format!(
+                r#"{{"mounts":[[1],"x",{{"destination":"{lib}","destination":"/o"}}]}}"#
+            )),
+            4
+        );
+        assert_eq!(
+            count(&format!(
+                r#"{{"mounts":[[1],"x",{{"destination":"/o","destination":"{lib}"}}]}}"#
+            )),
+            3
+        );
+        // The shape check reads the last occurrence too.
+        assert!(Document::parse(br#"{"linux":[],"linux":{}}"#).is_ok());
+        assert!(matches!(
+            Document::parse(br#"{"linux":{},"linux":[]}"#),
+            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
+        ));
+        // Annotations: the last value of a repeated key, once.
+        let doc = Document::parse(br#"{"annotations":{"a":"1","b":2,"a":"3"}}"#).unwrap();
+        assert_eq!(doc.annotations(), [("a".into(), "3".into())]);
+    }
+
+    #[test]
+    fn escaped_keys_are_the_same_keys() {
+        let input = r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"}]},"pro\u0063ess":{"env":["NVIDIA_VISIBLE_DEVICES=\u0030"]}}"#;
+        let doc = Document::parse(input.as_bytes()).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("0"));
+        let out = applied(input);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let linux = v["linux"].as_object().unwrap();
+        assert_eq!(linux.keys().collect::<Vec<_>>(), ["devices", "resources"]);
+        assert_eq!(linux["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(v.as_object().unwrap().len(), 3, "{out}");
+        assert!(
+            out.starts_with(r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"},"#),
+            "{out}"
+        );
+        assert!(matches!(
+            Document::parse(br#"{"\u006cinux":[]}"#),
+            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
+        ));
+    }
+
+    #[test]
+    fn spans_end_at_the_value_not_at_brackets_in_strings() {
+        let input = r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]}],"linux":{"devices":[],"x":"]}"},"z":"{["}"#;
+        let out = applied(input);
+        assert!(out.starts_with(r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]},{"destination":"/usr/lib64/libcuda.so.1""#), "{out}");
+        assert!(
+            out.contains(r#"],"x":"]}","resources":{"devices":[{"allow":true"#),
+            "{out}"
+        );
+        assert!(out.contains(r#"},"z":"{[","process":{"#), "{out}");
+        // Replaced whole (as CDI's edits do): the span is the whole array, strings and all.
+        let out = edited(input, |d| d.array_mut(&["mounts"]).unwrap().push(json!(1)));
+        let want = input.replacen(r#""}]"]}]"#, r#""}]"]},1]"#, 1);
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn appended_then_edited_whole_keeps_old_and_new_elements_in_order() {
+        let input = "{\"mounts\": [ {\"destination\": \"/a\"} ]}";
+        let out = edited(input, |d| {
+            let add = |dest: &str| json!({"destination": dest});
+            let by_dest = |dest: &str| Entry::by_member("destination", dest, &add(dest)).unwrap();
+            assert!(d.append_unique(&["mounts"], by_dest("/b")).unwrap());
+            assert!(!d.append_unique(&["mounts"], by_dest("/a")).unwrap());
+            assert!(!d.append_unique(&["mounts"], by_dest("/b")).unwrap());
+            assert_eq!(d.mount_destinations(), ["/a", "/b"]);
+            let all = d.array_mut(&["mounts"]).unwrap();
+            assert_eq!(all.len(), 2);
+            all.push(add("/c"));
+            assert!(!d.append_unique(&["mounts"], by_dest("/c")).unwrap());
+            assert_eq!(d.mount_destinations(), ["/a", "/b", "/c"]);
+        });
+        assert_eq!(
+            out,
+            r#"{"mounts": [{"destination":"/a"},{"destination":"/b"},{"destination":"/c"}]}"#
+        );
+        // Appended only: the old elements as written.
+        let out = edited(input, |d| {
+            d.append_unique(&["mounts"], Entry::by_value(json!(2)))
+                .unwrap();
+            d.append_unique(&["mounts"], Entry::by_value(json!(3)))
+                .unwrap();
+        });
+        assert_eq!(out, "{\"mounts\": [ {\"destination\": \"/a\"},2,3 ]}");
     }
 
     #[test]
     fn env_last_entry_wins_and_bad_entries_skip() {
-        let spec = json!({"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5]}});
-        assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some("all"));
-        assert_eq!(env(&spec, "NVIDIA_VISIBLE"), None);
+        let spec = br#"{"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5, {"NVIDIA_VISIBLE_DEVICES": 2}]}}"#;
+        let mut doc = Document::parse(spec).unwrap();
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
+        assert_eq!(doc.env("NVIDIA_VISIBLE"), None);
+        // Reads see edits.
+        doc.array_mut(&["process", "env"])
+            .unwrap()
+            .push(json!("NVIDIA_VISIBLE_DEVICES=3"));
+        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("3"));
+    }
+
+    #[test]
+    fn reads_of_capabilities_mounts_root() {
+        let doc = Document::parse(
+            br#"{"process":{"capabilities":{"bounding":["CAP_KILL","CAP_SYS_\u0041DMIN"]}},"root":{"path":"rootfs"},"mounts":[{"destination":"/a"},{"source":"/b"},3,{"destination":"/c","destination":"/d"}]}"#,
+        )
+        .unwrap();
+        assert!(doc.is_privileged());
+        assert_eq!(
+            doc.rootfs(Path::new("/b")),
+            Some(PathBuf::from("/b/rootfs"))
+        );
+        assert_eq!(doc.mount_destinations(), ["/a", "/d"]);
+        let plain = Document::parse(
+            br#"{"process":{"capabilities":{"bounding":["CAP_KILL"]}},"root":{"path":"/r"}}"#,
+        )
+        .unwrap();
+        assert!(!plain.is_privileged());
+        assert_eq!(plain.rootfs(Path::new("/b")), Some(PathBuf::from("/r")));
     }
 
     #[test]
     fn shape_errors() {
         for (doc, want) in [
             ("[]", "not a JSON object"),
+            ("42", "not a JSON object"),
             ("{\"process\": 1}", "`process`"),
             ("{\"linux\": {\"devices\": {}}}", "`linux/devices`"),
+            ("{\"root\": {\"path\": 1}}", "`root/path` must be a string"),
         ] {
-            match parse(doc.as_bytes()) {
+            match Document::parse(doc.as_bytes()) {
                 Err(ParseError::Shape(m)) => assert!(m.contains(want), "{m}"),
-                other => panic!("{doc}: {other:?}"),
+                Err(e) => panic!("{doc}: {e:?}"),
+                Ok(_) => panic!("{doc}: parsed"),
             }
         }
-        assert!(matches!(parse(b""), Err(ParseError::Json(_))));
+        for bad in [
+            &b""[..],
+            b"{",
+            b"[",
+            b"{} x",
+            b"{\"a\":1,}",
+            b"{\"a\":\"\xff\"}",
+        ] {
+            assert!(
+                matches!(Document::parse(bad), Err(ParseError::Json(_))),
+                "{bad:?}"
+            );
+        }
+        // What the shim reads must decode.
+        assert!(matches!(
+            Document::parse(br#"{"process":{"env":["A=\ud800"]}}"#),
+            Err(ParseError::Json(_))
+        ));
     }
 
     #[test]
     fn docker_hook_removed() {
-        let mut spec = json!({"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}});
-        assert!(remove_docker_gpu_hook(&mut spec));
-        assert_eq!(spec, json!({"hooks": {}}));
-        assert!(!remove_docker_gpu_hook(&mut spec));
+        let input = r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}}"#;
+        let mut doc = Document::parse(input.as_bytes()).unwrap();
+        assert!(doc.remove_docker_gpu_hook());
+        assert!(!doc.remove_docker_gpu_hook());
+        assert_eq!(
+            String::from_utf8(doc.to_bytes()).unwrap(),
+            r#"{"hooks": {}}"#
+        );
+        let other = r#"{"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}}"#;
+        let mut doc = Document::parse(other.as_bytes()).unwrap();
+        assert!(!doc.remove_docker_gpu_hook());
+        assert_eq!(doc.to_bytes(), other.as_bytes());
     }
 
     #[test]
@@ -535,7 +618,7 @@ mod tests {
         std::fs::write(d.path().join("real.json"), "{}").unwrap();
         std::os::unix::fs::symlink("real.json", d.path().join("config.json")).unwrap();
         assert!(matches!(
-            read(&d.path().join("config.json")),
+            read_bytes(&d.path().join("config.json")),
             Err(SpecError::Open { .. })
         ));
         nix::unistd::mkfifo(
@@ -543,7 +626,9 @@ mod tests {
             nix::sys::stat::Mode::from_bits_truncate(0o600),
         )
         .unwrap();
-        let e = read(&d.path().join("fifo.json")).unwrap_err().to_string();
+        let e = read_bytes(&d.path().join("fifo.json"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("FIFO"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! Properties of the spec edit and of device selection (proptest):
-//! - editing is idempotent: apply twice == apply once, also across a write and re-read;
+//! - editing is idempotent: a second apply of the written document writes the same bytes;
 //! - an edit never removes or alters a field it does not own: arbitrary JSON merged into the
-//!   captured specs survives, and only the owned arrays grow (by appending);
+//!   captured specs (written compact or pretty) survives, and only the owned arrays grow (by
+//!   appending); the written bytes are valid JSON;
 //! - the set of injected nodes equals the set requested, for random subsets named by index,
 //!   UUID or PCI bus id, on a simulated driver root with real device nodes (mknod: root).
 
@@ -16,7 +17,7 @@ use accel_container_runtime::profile::Profile;
 use accel_container_runtime::request::{self, Request};
 use accel_container_runtime::spec;
 use proptest::prelude::*;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 const FIXTURES: [&str; 4] = [
     include_str!("fixtures/specs/runc-1.1-spec.json"),
@@ -132,13 +133,14 @@ fn arb_plan() -> impl Strategy<Value = Plan> {
     (
         prop::collection::vec(node, 0..6),
         prop::collection::vec(mount, 0..6),
+        prop::collection::vec(40u32..43, 0..3),
     )
-        .prop_map(|(nodes, mounts)| {
+        .prop_map(|(nodes, mounts, additional_gids)| {
             let mut plan = Plan::default();
             plan.extend(Plan {
                 nodes,
                 mounts,
-                additional_gids: vec![],
+                additional_gids,
             });
             plan
         })
@@ -184,6 +186,21 @@ fn check_preserved(old: &Value, new: &Value, at: &str) -> Result<(), String> {
     }
 }
 
+/// The bytes the runtime writes for `input` (the spliced document).
+fn edit(input: &[u8], plan: &Plan) -> Vec<u8> {
+    let mut doc = spec::Document::parse(input).unwrap();
+    spec::apply(&mut doc, plan).unwrap();
+    doc.to_bytes()
+}
+
+fn to_bytes(v: &Value, pretty: bool) -> Vec<u8> {
+    if pretty {
+        serde_json::to_vec_pretty(v).unwrap()
+    } else {
+        serde_json::to_vec(v).unwrap()
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -192,18 +209,16 @@ proptest! {
         i in 0..FIXTURES.len(),
         grafts in prop::collection::vec(arb_graft(), 0..6),
         plan in arb_plan(),
+        pretty in any::<bool>(),
     ) {
-        let mut once = base_spec(i, &grafts);
-        spec::apply(&mut once, &plan).unwrap();
-        let mut twice = once.clone();
-        spec::apply(&mut twice, &plan).unwrap();
-        prop_assert_eq!(&once, &twice);
-        // As the runtime sees it on a second create: written, read back, edited again.
-        let bytes = serde_json::to_vec(&once).unwrap();
-        let mut reread = spec::parse(&bytes).unwrap();
-        prop_assert_eq!(&reread, &once);
-        spec::apply(&mut reread, &plan).unwrap();
-        prop_assert_eq!(serde_json::to_vec(&reread).unwrap(), bytes);
+        let input = to_bytes(&base_spec(i, &grafts), pretty);
+        let once = edit(&input, &plan);
+        // As the runtime sees it on a second create: written, read back, edited again, and
+        // the same bytes (so the file is not rewritten).
+        let twice = edit(&once, &plan);
+        prop_assert_eq!(&twice, &once);
+        // An empty plan changes nothing at all.
+        prop_assert_eq!(edit(&input, &Plan::default()), input);
     }
 
     #[test]
@@ -211,14 +226,16 @@ proptest! {
         i in 0..FIXTURES.len(),
         grafts in prop::collection::vec(arb_graft(), 0..8),
         plan in arb_plan(),
+        pretty in any::<bool>(),
     ) {
+        // The bytes written to disk are JSON, and parsed back they keep every input field
+        // (numbers, unicode, key order) and have what was asked for.
         let before = base_spec(i, &grafts);
-        let mut after = before.clone();
-        spec::apply(&mut after, &plan).unwrap();
+        let out = edit(&to_bytes(&before, pretty), &plan);
+        let after: Value = serde_json::from_slice(&out).unwrap();
         if let Err(e) = check_preserved(&before, &after, "") {
             prop_assert!(false, "{}", e);
         }
-        // And what was asked for is there.
         for n in &plan.nodes {
             let p = n.path.to_str().unwrap();
             prop_assert!(after["linux"]["devices"].as_array().unwrap().iter().any(|d| d["path"] == p));
@@ -230,21 +247,76 @@ proptest! {
     }
 
     #[test]
-    fn serialized_edit_keeps_every_input_field(
+    fn edit_equals_the_same_edit_of_the_whole_document(
         i in 0..FIXTURES.len(),
         grafts in prop::collection::vec(arb_graft(), 0..8),
         plan in arb_plan(),
+        pretty in any::<bool>(),
     ) {
-        // The bytes written to disk, parsed back, equal the edited document: nothing is lost
-        // to serialization (numbers, unicode, key order).
+        // The splice gives the document a whole-document edit would: the sections the
+        // editor owns, edited as values with the same rules, in place of the old ones.
         let before = base_spec(i, &grafts);
-        let input = serde_json::to_vec(&before).unwrap();
-        let mut edited = spec::parse(&input).unwrap();
-        prop_assert_eq!(&edited, &before);
-        spec::apply(&mut edited, &plan).unwrap();
-        let back: Value = serde_json::from_slice(&serde_json::to_vec(&edited).unwrap()).unwrap();
-        if let Err(e) = check_preserved(&before, &back, "") {
-            prop_assert!(false, "{}", e);
+        let out = edit(&to_bytes(&before, pretty), &plan);
+        let after: Value = serde_json::from_slice(&out).unwrap();
+        let mut want = before.clone();
+        whole_document_apply(&mut want, &plan);
+        prop_assert_eq!(
+            serde_json::to_string(&after).unwrap(),
+            serde_json::to_string(&want).unwrap()
+        );
+    }
+}
+
+/// `spec::apply`'s rules written out on a whole `Value` (the editor before the splice).
+fn whole_document_apply(v: &mut Value, plan: &Plan) {
+    fn section<'v>(v: &'v mut Value, key: &str, empty: Value) -> &'v mut Value {
+        v.as_object_mut().unwrap().entry(key).or_insert(empty)
+    }
+    let obj = || Value::Object(Map::new());
+    let arr = || Value::Array(vec![]);
+    if !plan.nodes.is_empty() {
+        let linux = section(v, "linux", obj());
+        let devices = section(linux, "devices", arr());
+        for n in &plan.nodes {
+            let list = devices.as_array_mut().unwrap();
+            if !list.iter().any(|d| d["path"] == n.path.to_str().unwrap()) {
+                list.push(spec::device_entry(n).unwrap());
+            }
+        }
+        let rules = section(section(linux, "resources", obj()), "devices", arr());
+        for n in &plan.nodes {
+            let rule = spec::rule_entry(n, "rwm").unwrap();
+            let list = rules.as_array_mut().unwrap();
+            if !list.contains(&rule) {
+                list.push(rule);
+            }
+        }
+    }
+    if !plan.mounts.is_empty() {
+        let mounts = section(v, "mounts", arr());
+        let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
+        for m in &plan.mounts {
+            let list = mounts.as_array_mut().unwrap();
+            if !list
+                .iter()
+                .any(|x| x["destination"] == m.destination.to_str().unwrap())
+            {
+                list.push(spec::mount_entry(m, Some("bind"), &options).unwrap());
+            }
+        }
+    }
+    if !plan.additional_gids.is_empty() {
+        let user = section(
+            section(v, "process", obj()),
+            "user",
+            json!({"uid": 0, "gid": 0}),
+        );
+        let gids = section(user, "additionalGids", arr());
+        for g in &plan.additional_gids {
+            let list = gids.as_array_mut().unwrap();
+            if !list.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
+                list.push(Value::from(*g));
+            }
         }
     }
 }
@@ -324,8 +396,7 @@ fn injected_nodes(value: &str) -> BTreeSet<PathBuf> {
         other => panic!("{other:?}"),
     };
     let plan = plan::device_edits(&s.profile, &selected).unwrap();
-    let mut doc: Value = serde_json::from_str(FIXTURES[1]).unwrap();
-    spec::apply(&mut doc, &plan).unwrap();
+    let doc: Value = serde_json::from_slice(&edit(FIXTURES[1].as_bytes(), &plan)).unwrap();
     let rules: BTreeSet<(u64, u64)> = doc["linux"]["resources"]["devices"]
         .as_array()
         .unwrap()

@@ -1,17 +1,20 @@
 //! config.json files as runc, docker and containerd really write them (captured from runc 1.1
 //! `runc spec`, docker 20.10 and containerd 1.6 `ctr run` on this project's CI distro), plus one
 //! with invented future fields: after the shim's edit, the document is the input plus exactly
-//! the injected entries, with every other key, value and key order intact.
+//! the injected entries, with every other key, value and key order intact, and the bytes
+//! outside the edited sections exactly as they were.
 //!
 //! `docker-20.10-run-gpus.json` is `docker run -d --gpus all -e NVIDIA_VISIBLE_DEVICES=0
 //! busybox sleep 1000` on docker 20.10.24 (dockerd with `--bridge=none`, a clean environment and
 //! a stand-in `nvidia-container-runtime-hook` in its PATH, so docker wrote its GPU hook): the
 //! real shape of the hook the shim replaces, and of the variable docker writes twice.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
 use accel_container_runtime::spec;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 const FIXTURES: &[&str] = &[
@@ -100,14 +103,19 @@ fn strip(edited: &mut Value, input: &Value, plan: &Plan) {
     }
 }
 
+/// The document `spec::apply` of the plan makes of `bytes`, as written to disk.
+fn applied(bytes: &[u8]) -> Vec<u8> {
+    let mut doc = spec::Document::parse(bytes).unwrap_or_else(|e| panic!("{e:?}"));
+    spec::apply(&mut doc, &plan()).unwrap();
+    doc.to_bytes()
+}
+
 #[test]
 fn edit_is_input_plus_exactly_the_injected_entries() {
     for name in FIXTURES {
         let bytes = fixture(name);
-        let input = spec::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-        let mut edited = input.clone();
-        spec::apply(&mut edited, &plan()).unwrap();
-        let written = serde_json::to_vec(&edited).unwrap();
+        let input: Value = serde_json::from_slice(&bytes).unwrap();
+        let written = applied(&bytes);
         let mut reread: Value = serde_json::from_slice(&written).unwrap();
 
         // Every injected entry is there, exactly once.
@@ -145,19 +153,49 @@ fn edit_is_input_plus_exactly_the_injected_entries() {
             serde_json::to_string(&input).unwrap(),
             "{name}: key order changed"
         );
+        // Every section the editor does not own is the same bytes (whitespace, escapes,
+        // number spellings), at the top level and inside the sections it edits.
+        for parent in [&[][..], &["linux"], &["process"], &["linux", "resources"]] {
+            let before = raw_members(&bytes, parent);
+            let after = raw_members(&written, parent);
+            for (key, raw) in &before {
+                if ["linux", "mounts", "process", "devices", "resources", "user"]
+                    .contains(&key.as_str())
+                {
+                    continue;
+                }
+                assert_eq!(after.get(key), Some(raw), "{name}: {parent:?} {key}");
+            }
+        }
     }
+}
+
+/// The members of the object at `path` in `bytes`, each value's bytes as written.
+fn raw_members(bytes: &[u8], path: &[&str]) -> HashMap<String, String> {
+    let mut raw: &RawValue = serde_json::from_slice(bytes).unwrap();
+    for key in path {
+        let m: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).unwrap();
+        match m.get(*key) {
+            Some(r) => raw = r,
+            None => return HashMap::new(),
+        }
+    }
+    let m: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).unwrap();
+    m.into_iter()
+        .map(|(k, v)| (k, v.get().to_string()))
+        .collect()
 }
 
 #[test]
 fn second_edit_adds_nothing() {
     for name in FIXTURES {
-        let mut once = spec::parse(&fixture(name)).unwrap();
-        spec::apply(&mut once, &plan()).unwrap();
-        let mut twice = once.clone();
-        spec::apply(&mut twice, &plan()).unwrap();
+        let once = applied(&fixture(name));
+        assert_ne!(once, fixture(name), "{name}");
+        let twice = applied(&once);
+        // Not even rewritten: the create then leaves the file alone.
         assert_eq!(
-            serde_json::to_string(&once).unwrap(),
-            serde_json::to_string(&twice).unwrap(),
+            String::from_utf8(once).unwrap(),
+            String::from_utf8(twice).unwrap(),
             "{name}"
         );
     }
@@ -174,21 +212,26 @@ fn oci_spec_round_trip_loses_unknown_fields() {
         back.get("org.example.future").is_none(),
         "oci-spec kept an unknown top-level key"
     );
-    let ours = spec::parse(&bytes).unwrap();
-    assert!(ours.get("org.example.future").is_some());
+    let ours = spec::Document::parse(&bytes).unwrap().to_bytes();
+    assert_eq!(ours, bytes);
 }
 
 /// docker's `--gpus` hook, as docker 20.10 really writes it, is removed and nothing else is;
 /// other prestart hooks (libnetwork's) are kept.
 #[test]
 fn docker_gpu_hook_is_removed_and_nothing_else() {
-    let input = spec::parse(&fixture("docker-20.10-run-gpus.json")).unwrap();
+    let bytes = fixture("docker-20.10-run-gpus.json");
+    let input: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         input["hooks"]["prestart"][0]["args"][0],
         "nvidia-container-runtime-hook"
     );
-    let mut edited = input.clone();
-    assert!(spec::remove_docker_gpu_hook(&mut edited));
+    let mut doc = spec::Document::parse(&bytes).unwrap();
+    // docker appends `NVIDIA_VISIBLE_DEVICES=all` after the user's `-e`; runc applies the
+    // entries in order, so the container sees `all`.
+    assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
+    assert!(doc.remove_docker_gpu_hook());
+    let edited: Value = serde_json::from_slice(&doc.to_bytes()).unwrap();
     assert_eq!(edited["hooks"], serde_json::json!({}));
     let mut expected = input.clone();
     expected["hooks"] = serde_json::json!({});
@@ -196,12 +239,13 @@ fn docker_gpu_hook_is_removed_and_nothing_else() {
         serde_json::to_string(&edited).unwrap(),
         serde_json::to_string(&expected).unwrap()
     );
-    // docker appends `NVIDIA_VISIBLE_DEVICES=all` after the user's `-e`; runc applies the
-    // entries in order, so the container sees `all`.
-    assert_eq!(spec::env(&input, "NVIDIA_VISIBLE_DEVICES"), Some("all"));
 
-    let mut plain = spec::parse(&fixture("docker-20.10-run.json")).unwrap();
-    let before = plain.clone();
-    assert!(!spec::remove_docker_gpu_hook(&mut plain));
-    assert_eq!(plain, before, "libnetwork's prestart hook must stay");
+    let plain = fixture("docker-20.10-run.json");
+    let mut doc = spec::Document::parse(&plain).unwrap();
+    assert!(!doc.remove_docker_gpu_hook());
+    assert_eq!(
+        doc.to_bytes(),
+        plain,
+        "libnetwork's prestart hook must stay"
+    );
 }

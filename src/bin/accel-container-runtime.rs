@@ -103,17 +103,15 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
-        let bundle = inv.bundle.as_deref().unwrap_or(Path::new("."));
-        match create::screen(bundle, &quick) {
+        let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
+        match create::screen(&bundle, &quick) {
             create::Screen::Nothing => quick.low_level_runtime,
             screen => {
-                let names = match &screen {
-                    create::Screen::Variables(names) => Some(names.as_slice()),
-                    _ => None,
-                };
                 // Built from what the screen read: config.toml is read and parsed once.
-                let cfg = quick.into_config(names).map_err(|e| err_chain(&e))?;
-                create(inv, &cfg).map_err(|e| err_chain(&e))?;
+                let cfg = quick
+                    .into_config(screen.variables())
+                    .map_err(|e| err_chain(&e))?;
+                create(inv, bundle, &cfg).map_err(|e| err_chain(&e))?;
                 cfg.low_level_runtime
             }
         }
@@ -125,12 +123,16 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
 }
 
 /// The `create`/`run` edit, with its one log line.
-fn create(inv: &argv::Invocation, cfg: &config::Config) -> Result<(), create::CreateError> {
+fn create(
+    inv: &argv::Invocation,
+    bundle: create::Bundle,
+    cfg: &config::Config,
+) -> Result<(), create::CreateError> {
     logging::init(&cfg.log_file, cfg.log_level);
     for w in &cfg.warnings {
         log::warn!("{w}");
     }
-    match create::create(inv, cfg)? {
+    match create::create(bundle, cfg)? {
         Some(out) => log::info!(
             "create {}: {} nodes, {} mounts{}{}",
             inv.id.as_deref().unwrap_or("?"),

@@ -1,4 +1,5 @@
-//! Writing resolved CDI edits into config.json (a `serde_json::Value`, never a typed Spec).
+//! Writing resolved CDI edits into config.json (a `spec::Document`: the sections edited are
+//! `serde_json::Value`s, never a typed Spec).
 //!
 //! CDI's rules, not the variable path's "keep what is there": a device node replaces the
 //! spec's node at the same path, a mount replaces the spec's mounts at the same destination,
@@ -16,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::model::{ContainerEdits, DeviceNode as CdiNode};
 use super::registry::Edits;
@@ -167,23 +168,13 @@ fn node(spec_path: &Path, n: &CdiNode) -> Result<Node, ApplyError> {
 }
 
 /// Writes the edits into the document with CDI's replace rules.
-pub fn apply(doc: &mut Value, r: &Resolved) -> Result<(), ApplyError> {
+pub fn apply(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), ApplyError> {
     write(doc, r).map_err(ApplyError::Edit)
 }
 
-fn write(doc: &mut Value, r: &Resolved) -> Result<(), String> {
-    let root = doc
-        .as_object_mut()
-        .ok_or("the document is not a JSON object")?;
-    let obj = || Value::Object(Map::new());
-    let arr = || Value::Array(vec![]);
+fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
     if !r.env.is_empty() {
-        let process = spec::section(root, "process", obj)
-            .as_object_mut()
-            .ok_or("`process` must be an object")?;
-        let env = spec::section(process, "env", arr)
-            .as_array_mut()
-            .ok_or("`process.env` must be an array")?;
+        let env = doc.array_mut(&["process", "env"])?;
         for entry in &r.env {
             let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
             let same = |v: &Value| {
@@ -204,43 +195,35 @@ fn write(doc: &mut Value, r: &Resolved) -> Result<(), String> {
         }
     }
     if !r.nodes.is_empty() {
-        let linux = spec::section(root, "linux", obj)
-            .as_object_mut()
-            .ok_or("`linux` must be an object")?;
-        let devices = spec::section(linux, "devices", arr)
-            .as_array_mut()
-            .ok_or("`linux.devices` must be an array")?;
+        let devices = doc.array_mut(&["linux", "devices"])?;
         for n in &r.nodes {
             let path = n.node.path.to_string_lossy();
             devices.retain(|d| d.get("path").and_then(Value::as_str) != Some(&path));
             devices.push(spec::device_entry(&n.node)?);
         }
-        let resources = spec::section(linux, "resources", obj)
-            .as_object_mut()
-            .ok_or("`linux.resources` must be an object")?;
-        let rules = spec::section(resources, "devices", arr)
-            .as_array_mut()
-            .ok_or("`linux.resources.devices` must be an array")?;
+        // The section is there afterwards even when no node has an access rule (`none`).
+        if r.nodes.iter().all(|n| n.access.is_none()) {
+            doc.array_mut(&["linux", "resources", "devices"])?;
+        }
         for n in &r.nodes {
             if let Some(access) = &n.access {
                 let rule = spec::rule_entry(&n.node, access)?;
-                if !rules.contains(&rule) {
-                    rules.push(rule);
-                }
+                doc.append_unique(
+                    &["linux", "resources", "devices"],
+                    spec::Entry::by_value(rule),
+                )?;
             }
         }
     }
     if !r.mounts.is_empty() {
-        let mounts = spec::section(root, "mounts", arr)
-            .as_array_mut()
-            .ok_or("`mounts` must be an array")?;
+        let mounts = doc.array_mut(&["mounts"])?;
         for m in &r.mounts {
             let dest = m.mount.destination.to_string_lossy();
             mounts.retain(|x| x.get("destination").and_then(Value::as_str) != Some(&dest));
             mounts.push(spec::mount_entry(&m.mount, m.typ.as_deref(), &m.options)?);
         }
     }
-    spec::add_gids(root, &r.additional_gids)?;
+    spec::add_gids(doc, &r.additional_gids)?;
     Ok(())
 }
 
@@ -277,10 +260,13 @@ mod tests {
             (1, 3),
             "filled from the host node"
         );
-        let mut doc = json!({"process": {"env": ["A=image", "B=1", "A=again"]},
+        let input = json!({"process": {"env": ["A=image", "B=1", "A=again"]},
             "mounts": [{"destination": "/usr/lib64/x.so.1", "source": "/old", "type": "bind"}],
-            "linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 9, "minor": 9}]}});
-        apply(&mut doc, &r).unwrap();
+            "linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 9, "minor": 9}]}})
+        .to_string();
+        let mut edited = spec::Document::parse(input.as_bytes()).unwrap();
+        apply(&mut edited, &r).unwrap();
+        let doc: Value = serde_json::from_slice(&edited.to_bytes()).unwrap();
         assert_eq!(
             doc["process"]["env"],
             json!(["A=cdi", "B=1", "A=cdi", "NEW=1"])

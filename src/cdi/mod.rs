@@ -18,8 +18,6 @@ pub mod registry;
 
 use std::path::PathBuf;
 
-use serde_json::Value;
-
 pub use apply::{ApplyError, Resolved};
 pub use registry::{Registry, RegistryError};
 
@@ -34,9 +32,11 @@ pub enum CdiError {
 }
 
 /// CDI device names requested by `cdi.k8s.io/*` annotations, each with its annotation key.
-pub fn annotation_requests(spec: &Value) -> Result<Vec<(String, String)>, CdiError> {
+pub fn annotation_requests(
+    spec: &crate::spec::Document<'_>,
+) -> Result<Vec<(String, String)>, CdiError> {
     let mut out = Vec::new();
-    for (key, value) in crate::spec::annotations(spec) {
+    for (key, value) in spec.annotations() {
         if !key.starts_with(model::ANNOTATION_PREFIX) {
             continue;
         }
@@ -66,11 +66,12 @@ pub(crate) fn valid_device_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::spec::Document;
 
     #[test]
     fn annotations_are_split_and_checked() {
-        let spec = json!({"annotations": {"other": "x", "cdi.k8s.io/plugin_0": "nvidia.com/gpu=0,nvidia.com/gpu=GPU-1"}});
+        let spec = br#"{"annotations": {"other": "x", "cdi.k8s.io/plugin_0": "nvidia.com/gpu=0,nvidia.com/gpu=GPU-1"}}"#;
+        let spec = Document::parse(spec).unwrap();
         assert_eq!(
             annotation_requests(&spec).unwrap(),
             [
@@ -78,7 +79,9 @@ mod tests {
                 ("cdi.k8s.io/plugin_0".into(), "nvidia.com/gpu=GPU-1".into())
             ]
         );
-        let bad = json!({"annotations": {"cdi.k8s.io/p": "nvidia.com/gpu=0,/dev/sda"}});
+        let bad =
+            Document::parse(br#"{"annotations": {"cdi.k8s.io/p": "nvidia.com/gpu=0,/dev/sda"}}"#)
+                .unwrap();
         let e = annotation_requests(&bad).unwrap_err().to_string();
         assert!(
             e.starts_with("annotation cdi.k8s.io/p: \"/dev/sda\" is not a fully-qualified"),

@@ -1,6 +1,12 @@
-//! The spec editor on arbitrary config.json bytes: `spec::parse`, `spec::apply` of a fixed
-//! plan, serialize. Never a panic; the output is valid JSON that keeps every input field (the
-//! arrays the editor owns only grow at their end), and a second apply changes nothing.
+//! The spec editor on arbitrary config.json bytes: `spec::Document::parse`, `spec::apply` of a
+//! fixed plan, `to_bytes` (the splice). Never a panic; the output is valid JSON that keeps
+//! every input field (the arrays the editor owns only grow at their end), a second apply
+//! writes the same bytes, and a document with nothing to add is written back unchanged.
+//!
+//! The parse checks JSON syntax for the whole document but decodes only what the shim reads,
+//! so a document serde_json's `Value` refuses elsewhere (a lone surrogate escape, a number out
+//! of f64's range) may parse: runc (Go) takes such a document too. Those inputs are only
+//! required not to panic.
 #![no_main]
 
 use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
@@ -47,17 +53,23 @@ fn kept(old: &Value, new: &Value, at: &str) -> bool {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(input) = spec::parse(data) else {
+    let Ok(mut doc) = spec::Document::parse(data) else {
         return;
     };
-    let mut edited = input.clone();
-    if spec::apply(&mut edited, &plan()).is_err() {
+    let applied = spec::apply(&mut doc, &plan());
+    let out = doc.to_bytes();
+    let Ok(input) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
+    if applied.is_err() {
         return;
     }
-    let out = serde_json::to_vec(&edited).expect("serializes");
     let back: Value = serde_json::from_slice(&out).expect("output is valid JSON");
     assert!(kept(&input, &back, ""), "an input field was lost or changed");
-    let mut again = spec::parse(&out).expect("output passes the shape check");
+    let mut again = spec::Document::parse(&out).expect("output passes the shape check");
     spec::apply(&mut again, &plan()).expect("second apply");
-    assert_eq!(serde_json::to_vec(&again).unwrap(), out, "second apply changed the spec");
+    assert_eq!(again.to_bytes(), out, "second apply changed the spec");
+    let mut unchanged = spec::Document::parse(data).expect("parsed before");
+    spec::apply(&mut unchanged, &Plan::default()).expect("empty plan");
+    assert_eq!(unchanged.to_bytes(), data, "an empty edit changed the bytes");
 });
