@@ -231,12 +231,7 @@ fn search_dirs(
             return;
         }
         let wanted = |n: &str| missing.iter().any(|&i| matches_stem(n, &stems[i]));
-        let mut names: Vec<String> = std::fs::read_dir(Profile::under(resolver.root(), dir))
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| wanted(n))
-            .collect();
+        let mut names = list_matching(&Profile::under(resolver.root(), dir), wanted);
         names.sort();
         missing.retain(|&i| {
             let mut here: Vec<Found> = Vec::new();
@@ -259,6 +254,25 @@ fn search_dirs(
     }
 }
 
+/// The names in `dir` that `wanted` takes (none when it cannot be read). Names are looked at
+/// in readdir's buffer and copied only when wanted: `std::fs::read_dir` allocates one per
+/// entry, and a GPU node's /usr/lib/x86_64-linux-gnu held 720.
+fn list_matching(dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<String> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(mut d) = nix::dir::Dir::open(dir, flags, Mode::empty()) else {
+        return Vec::new();
+    };
+    d.iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str().ok()?;
+            wanted(name).then(|| name.to_string())
+        })
+        .collect()
+}
+
 /// For each of `names`, the first ELF file of that name in the profile's binary search dirs,
 /// else the first regular file. Hosts put wrapper scripts in `/usr/bin` that `exec` the real
 /// tool by its host path (seen on a GPU node whose driver lives in /usr/local/nvidia): such a
@@ -272,7 +286,8 @@ pub fn binaries(profile: &Profile, names: &[String], resolver: &mut Resolver) ->
             let Ok(r) = resolver.resolve(&dir.join(name)) else {
                 continue;
             };
-            if !r.is_file {
+            // `/bin` is often a link to `/usr/bin`: the same file is not read twice.
+            if !r.is_file || first.as_ref() == Some(&r.host) {
                 continue;
             }
             if is_elf(&r.host) {
