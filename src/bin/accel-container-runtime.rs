@@ -9,7 +9,10 @@
 //! over runc alone (benches/BENCHMARKS.md), and the ignored SIGPIPE would then have to be
 //! undone before exec. Here the signal dispositions runc gets are exactly the engine's.
 //! Arguments still come from `std::env::args_os` (glibc hands them to std at load time).
-#![no_main]
+// `cargo test --all-targets` builds this file with libtest's main (there are no unit tests
+// here: the binary is tested as a binary by tests/hostile.rs and tests/e2e_*.rs).
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -17,6 +20,7 @@ use std::path::Path;
 use accel_container_runtime::{argv, config, create, exec, logging, spec};
 
 /// The C entry point (see the module doc). Returns only on failure: exit status 1.
+#[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     shim()
