@@ -436,6 +436,9 @@ mod tests {
         // Annotations: the last value of a repeated key, once.
         let doc = Document::parse(br#"{"annotations":{"a":"1","b":2,"a":"3"}}"#).unwrap();
         assert_eq!(doc.annotations(), [("a".into(), "3".into())]);
+        let doc = Document::parse(br#"{"annotations":{"x":"1","a":"1","y":"2","a":"3"}}"#).unwrap();
+        let keys: Vec<&str> = doc.annotations().iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(keys, ["x", "y", "a"]);
     }
 
     #[test]

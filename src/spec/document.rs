@@ -264,8 +264,15 @@ impl<'a> Document<'a> {
         }
         if let Some(raw) = doc.raw(&["annotations"]) {
             let all = members(raw).map_err(ParseError::Json)?.unwrap_or_default();
+            // The last of a repeated key counts; found from the end with a set, as a spec can
+            // hold thousands of annotations (a search per key was quadratic).
+            let mut seen = std::collections::HashSet::with_capacity(all.len());
+            let mut last = vec![false; all.len()];
+            for (i, (k, _)) in all.iter().enumerate().rev() {
+                last[i] = seen.insert(k.as_ref());
+            }
             for (i, (k, v)) in all.iter().enumerate() {
-                if all[i + 1..].iter().any(|(later, _)| later == k) {
+                if !last[i] {
                     continue;
                 }
                 let Str(v) = serde_json::from_str(v).map_err(ParseError::Json)?;
