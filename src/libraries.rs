@@ -7,6 +7,7 @@
 //! somewhere it should not by the time it is used).
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::ldcache;
@@ -168,13 +169,21 @@ pub fn libraries(
         .collect();
     let missing: Vec<usize> = (0..stems.len()).filter(|&i| found[i].is_empty()).collect();
     if !missing.is_empty() {
-        search_dirs(
-            resolver,
-            &profile.library_search_dirs,
-            stems,
-            missing,
-            &mut found,
-        );
+        // A directory ldconfig indexed holds no library the cache lacks: listing it again
+        // finds nothing (on a GPU node, /usr/lib/x86_64-linux-gnu's 720 entries on every
+        // create, for the stems this driver does not ship).
+        let indexed = cache_dirs(cache);
+        let dirs: Vec<PathBuf> = profile
+            .library_search_dirs
+            .iter()
+            .filter(|d| {
+                let d = d.as_os_str().as_bytes();
+                let d = d.strip_suffix(b"/").unwrap_or(d);
+                !indexed.contains(&d)
+            })
+            .cloned()
+            .collect();
+        search_dirs(resolver, &dirs, stems, missing, &mut found);
     }
     let mut out: Vec<Found> = Vec::new();
     for f in found.into_iter().flatten() {
@@ -183,6 +192,21 @@ pub fn libraries(
         }
     }
     out
+}
+
+/// The directories the cache's entries are in, as ldconfig spelled them.
+fn cache_dirs(cache: &ldcache::Cache) -> Vec<&[u8]> {
+    let mut dirs: Vec<&[u8]> = Vec::new();
+    for e in cache.iter() {
+        let p = e.path.as_os_str().as_bytes();
+        if let Some(slash) = p.iter().rposition(|&b| b == b'/') {
+            let dir = &p[..slash];
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    dirs
 }
 
 /// The cache's libraries of `stem` that exist under the root, one per soname.
@@ -580,6 +604,42 @@ mod tests {
                     host: r.join("a/libnvidia-ml.so.1"),
                     name: "libnvidia-ml.so.1".into()
                 },
+            ]
+        );
+    }
+
+    #[test]
+    fn search_skips_dirs_the_cache_indexed() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for (dir, file) in [
+            ("usr/lib/x86_64-linux-gnu", "libcuda.so.1"),
+            // Not in the cache although in an indexed dir: ldconfig would have listed it.
+            ("usr/lib/x86_64-linux-gnu", "libnvidia-ml.so.1"),
+            ("opt/x", "libnvidia-ml.so.1"),
+        ] {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+            std::fs::write(r.join(dir).join(file), "elf").unwrap();
+        }
+        let mut p = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone();
+        p.library_search_dirs = vec!["/usr/lib/x86_64-linux-gnu/".into(), "/opt/x".into()];
+        let cache = ldcache::Cache::parse(ldcache::build(&[(
+            "libcuda.so.1",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            ldcache::native_flags(),
+        )]))
+        .unwrap();
+        let stems = ["libcuda".to_string(), "libnvidia-ml".to_string()];
+        let found = libraries(&p, &stems, &cache, &mut Resolver::new(r));
+        assert_eq!(
+            found.iter().map(|f| f.host.clone()).collect::<Vec<_>>(),
+            [
+                r.join("usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                r.join("opt/x/libnvidia-ml.so.1")
             ]
         );
     }
