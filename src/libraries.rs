@@ -6,7 +6,7 @@
 //! shim mount a host file from outside it (the class of CVE-2024-0132: a path that resolves
 //! somewhere it should not by the time it is used).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -172,14 +172,20 @@ pub fn libraries(
         // A directory ldconfig indexed holds no library the cache lacks: listing it again
         // finds nothing (on a GPU node, /usr/lib/x86_64-linux-gnu's 720 entries on every
         // create, for the stems this driver does not ship).
-        let indexed = cache_dirs(cache);
+        // Compared as resolved under the root: ldconfig may spell a directory through a link
+        // (`/lib/x86_64-linux-gnu` on a distro whose /lib is a link to usr/lib).
+        let indexed: Vec<PathBuf> = cache_dirs(cache)
+            .into_iter()
+            .filter_map(|d| resolver.resolve(Path::new(OsStr::from_bytes(d))).ok())
+            .map(|r| r.host)
+            .collect();
         let dirs: Vec<PathBuf> = profile
             .library_search_dirs
             .iter()
             .filter(|d| {
-                let d = d.as_os_str().as_bytes();
-                let d = d.strip_suffix(b"/").unwrap_or(d);
-                !indexed.contains(&d)
+                resolver
+                    .resolve(d)
+                    .map_or(true, |r| !indexed.contains(&r.host))
             })
             .cloned()
             .collect();
@@ -626,10 +632,12 @@ mod tests {
             .profile("nvidia")
             .unwrap()
             .clone();
+        // ldconfig spelled the directory through a link, the profile does not.
+        symlink("usr/lib", r.join("lib")).unwrap();
         p.library_search_dirs = vec!["/usr/lib/x86_64-linux-gnu/".into(), "/opt/x".into()];
         let cache = ldcache::Cache::parse(ldcache::build(&[(
             "libcuda.so.1",
-            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/lib/x86_64-linux-gnu/libcuda.so.1",
             ldcache::native_flags(),
         )]))
         .unwrap();
