@@ -271,11 +271,11 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
     if f.name.is_empty() || f.name.contains('/') || f.name == "." || f.name == ".." {
         return Err(unsafe_mount(&f.host, "name is not a plain file name"));
     }
-    if !is_under(&f.host, &profile.driver_root) || has_dotdot(&f.host) {
+    if !is_under(&f.host, &profile.driver_root) || profile::has_dotdot(&f.host) {
         return Err(unsafe_mount(&f.host, "source is outside the driver root"));
     }
     let destination = dir.join(&f.name);
-    if !destination.is_absolute() || has_dotdot(&destination) {
+    if !destination.is_absolute() || profile::has_dotdot(&destination) {
         return Err(unsafe_mount(
             &destination,
             "destination must be absolute without '..'",
@@ -287,23 +287,14 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
     })
 }
 
-// Byte-level forms of `Path::starts_with` and a `..` component test: a create checks every
-// mount with them, and `Path` parses components on each call. Both err on the safe side: a
-// spelling that only component parsing would equate (`a//b`) is refused, never accepted.
-
-/// `path` is `root` or inside it.
+/// `path` is `root` or inside it: a byte-level `Path::starts_with` (a create checks every
+/// mount, and `Path` parses components on each call). It errs on the safe side: a spelling
+/// only component parsing would equate (`a//b`) is refused, never accepted.
 fn is_under(path: &Path, root: &Path) -> bool {
     let p = path.as_os_str().as_bytes();
     let r = root.as_os_str().as_bytes();
     let r = r.strip_suffix(b"/").unwrap_or(r);
     p.starts_with(r) && matches!(p.get(r.len()), None | Some(b'/'))
-}
-
-fn has_dotdot(path: &Path) -> bool {
-    path.as_os_str()
-        .as_bytes()
-        .split(|&b| b == b'/')
-        .any(|c| c == b"..")
 }
 
 #[cfg(test)]
@@ -351,8 +342,11 @@ mod tests {
             ("/a/b../c", false),
             ("/a/./b", false),
         ] {
-            assert_eq!(has_dotdot(Path::new(path)), dotdot, "{path}");
             assert_eq!(profile::has_dotdot(Path::new(path)), dotdot, "{path}");
+            let components = Path::new(path)
+                .components()
+                .any(|c| c == std::path::Component::ParentDir);
+            assert_eq!(components, dotdot, "{path}");
         }
     }
 
