@@ -348,6 +348,14 @@ fn is_elf(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nvidia() -> Profile {
+        crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("nvidia")
+            .unwrap()
+            .clone()
+    }
     use std::os::unix::fs::symlink;
 
     #[test]
@@ -476,11 +484,7 @@ mod tests {
             r.join("usr/local/nvidia/lib64/libnvidia-ml.so.1"),
         )
         .unwrap();
-        let mut p = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut p = nvidia();
         p.driver_root = r.to_path_buf();
         let cache = ldcache::Cache::parse(ldcache::build(&[
             (
@@ -539,11 +543,7 @@ mod tests {
         // Only a script anywhere: the script is taken (a vendor may ship one).
         std::fs::write(root.join("usr/bin/efsmi"), "#!/bin/sh\necho efsmi\n").unwrap();
         std::fs::write(root.join("opt/bin/efsmi"), "#!/bin/sh\necho later\n").unwrap();
-        let mut profile = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut profile = nvidia();
         profile.binary_search_dirs = ["/usr/bin", "/usr/local/nvidia/bin", "/opt/bin"]
             .iter()
             .map(PathBuf::from)
@@ -582,11 +582,7 @@ mod tests {
             std::fs::create_dir_all(r.join(dir)).unwrap();
             std::fs::write(r.join(dir).join(file), "elf").unwrap();
         }
-        let mut p = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut p = nvidia();
         p.library_search_dirs = vec!["/none".into(), "/a".into(), "/b".into()];
         let stems = [
             "libcuda".to_string(),
@@ -627,11 +623,7 @@ mod tests {
             std::fs::create_dir_all(r.join(dir)).unwrap();
             std::fs::write(r.join(dir).join(file), "elf").unwrap();
         }
-        let mut p = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut p = nvidia();
         // ldconfig spelled the directory through a link, the profile does not.
         symlink("usr/lib", r.join("lib")).unwrap();
         p.library_search_dirs = vec!["/usr/lib/x86_64-linux-gnu/".into(), "/opt/x".into()];
@@ -661,11 +653,7 @@ mod tests {
         std::fs::write(lib.join("libascend_hal.so"), "elf").unwrap();
         std::fs::write(lib.join("libcuda.so.1"), "elf").unwrap();
         symlink("libcuda.so.1", lib.join("libcuda.so")).unwrap();
-        let mut p = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut p = nvidia();
         p.driver_root = r.to_path_buf();
         let flags = ldcache::native_flags();
         let cache = ldcache::Cache::parse(ldcache::build(&[
