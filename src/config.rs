@@ -177,9 +177,9 @@ impl Quick {
             .any(|t| profile::quoted_in(t, name))
     }
 
-    /// The [`Config`] that [`Config::load`] (`names`: `None`) or [`Config::load_claiming`]
-    /// gives, from what was read here: config.toml and the profile files are neither read nor
-    /// parsed again.
+    /// The [`Config`] that [`Config::load`] gives (for `names`: only the profiles that may
+    /// claim them, as [`Config::parse_claiming`]), from what was read here: config.toml and the
+    /// profile files are neither read nor parsed again.
     pub fn into_config(self, names: Option<&[String]>) -> Result<Config, ConfigError> {
         let names: Option<Vec<&str>> = names.map(|n| n.iter().map(String::as_str).collect());
         let names = names.as_deref();
@@ -282,28 +282,17 @@ impl Config {
         check_runtime(&parsed.low_level_runtime, path)
     }
 
-    /// As [`Config::load`], for a container whose spec sets only the variables `names`: a
-    /// built-in profile nothing can involve is not built (parsing the profiles is most of a
-    /// create's cost). A built-in is involved when its text holds one of `names` as a TOML
-    /// string (see [`Quick`]), when config.toml overrides it, or when one of the operator's
-    /// profiles uses a variable it names. Every profile file and config.toml table is still
-    /// built and validated, so the result, errors and warnings are those of [`Config::load`]
-    /// for every profile that can matter.
-    pub fn load_claiming(names: &[&str]) -> Result<Config, ConfigError> {
-        let path = config_path();
-        match read_text(&path)? {
-            Some(text) => Self::parse_claiming(&text, Some(&path), Some(names)),
-            None => Self::parse_claiming("", None, Some(names)),
-        }
-    }
-
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
         Self::parse_claiming(text, path, None)
     }
 
-    /// [`Config::parse`], skipping the built-ins nothing involves for a spec setting `names`
-    /// (`None`: skip none), as [`Config::load_claiming`] does.
+    /// [`Config::parse`] for a container whose spec sets only the variables `names` (`None`:
+    /// any): a built-in profile nothing can involve is not built. A built-in is involved when
+    /// its text holds one of `names` as a TOML string (see [`Quick`]), when config.toml
+    /// overrides it, or when one of the operator's profiles uses a variable it names. Every
+    /// profile file and config.toml table is still built and validated, so the result, errors
+    /// and warnings are those of [`Config::parse`] for every profile that can matter.
     pub fn parse_claiming(
         text: &str,
         path: Option<&Path>,
