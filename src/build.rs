@@ -7,6 +7,9 @@
 //! the text holds as TOML strings (what `config::Quick` screens a spec with). `src/profile.rs`
 //! includes that file; its tests check both forms against the text.
 
+#[path = "profile/quoted.rs"]
+mod quoted;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -15,6 +18,7 @@ const BUILTIN: &[&str] = &["nvidia.toml", "enflame.toml"];
 
 fn main() {
     println!("cargo:rerun-if-changed=src/build.rs");
+    println!("cargo:rerun-if-changed=src/profile/quoted.rs");
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
     let mut code = String::from(
@@ -74,18 +78,9 @@ fn data(value: &toml::Value, origin: &str) -> String {
     }
 }
 
-/// Each run of `[A-Za-z0-9_]` with the same quote (`"` or `'`) right before and after it,
-/// sorted, without duplicates: what `config::quoted_names` finds in the text at run time.
+/// What `profile::quoted_names` finds in the text at run time, sorted, without duplicates.
 fn quoted_names(text: &str) -> Vec<&str> {
-    let b = text.as_bytes();
-    let name_byte = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
-    let mut names: Vec<&str> = (0..b.len())
-        .filter(|&i| b[i] == b'"' || b[i] == b'\'')
-        .filter_map(|i| {
-            let len = b[i + 1..].iter().take_while(|c| name_byte(c)).count();
-            (len > 0 && b.get(i + 1 + len) == Some(&b[i])).then(|| &text[i + 1..i + 1 + len])
-        })
-        .collect();
+    let mut names: Vec<&str> = quoted::quoted_names(text).collect();
     names.sort_unstable();
     names.dedup();
     names

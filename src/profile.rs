@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+// Shared with src/build.rs, which includes the file (a build script cannot use the crate).
+mod quoted;
+pub use quoted::{is_name_byte, quoted_names};
+
 /// A profile compiled into the binary (the list, `BUILTIN`, is made by src/build.rs from
 /// `config/profiles/`): its TOML text and, prepared from that text at build time, the same
 /// table as static [`Data`] and the names the text quotes. Reading the data instead of parsing
@@ -175,26 +179,6 @@ impl<'de> serde::de::IntoDeserializer<'de> for Data {
     fn into_deserializer(self) -> Data {
         self
     }
-}
-
-/// Bytes of a variable name as engines write it in a spec's env (never escaped).
-pub fn is_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
-/// Each run of name bytes (`[A-Za-z0-9_]`) in `text` with the same quote right before and
-/// after it: every name `n` for which [`quoted_in`]`(text, n)` holds.
-pub fn quoted_names(text: &str) -> impl Iterator<Item = &str> {
-    let b = text.as_bytes();
-    b.iter().enumerate().filter_map(move |(i, &q)| {
-        if q != b'"' && q != b'\'' {
-            return None;
-        }
-        let start = i + 1;
-        let len = b[start..].iter().take_while(|&&c| is_name_byte(c)).count();
-        // Name bytes are ASCII, so both ends are char boundaries.
-        (len > 0 && b.get(start + len) == Some(&q)).then(|| &text[start..start + len])
-    })
 }
 
 /// Whether `text` holds `name` between two equal quotes: a TOML string `"name"` or `'name'`
