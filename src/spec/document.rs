@@ -21,10 +21,9 @@ use serde::de::{
     Deserialize, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess,
     Visitor,
 };
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{SpecError, DOCKER_GPU_HOOK};
+use super::{scan, SpecError, DOCKER_GPU_HOOK};
 
 #[derive(Debug)]
 pub enum ParseError {
@@ -231,11 +230,19 @@ impl<'a> Document<'a> {
                 "the document is not a JSON object".into(),
             ));
         }
-        let mut de = serde_json::Deserializer::from_str(src);
-        let Top { root, mut nested } = TopSeed(src)
-            .deserialize(&mut de)
-            .map_err(ParseError::Json)?;
-        de.end().map_err(ParseError::Json)?;
+        // The whole text is checked here, once; the top level's members are delimited in the
+        // same pass, and those of the few objects the shim goes into after it.
+        let bytes = src.as_bytes();
+        let start = bytes.len() - src.trim_start_matches(JSON_WS).len();
+        let top_level = |key: &str| CACHED.iter().any(|c| c.len() == 1 && key == c[0]);
+        let (top, mut nested, end) = scan::members_nesting(src, start, &mut Vec::new(), |k| {
+            top_level(&k[1..k.len() - 1])
+        })
+        .map_err(|e| ParseError::Json(invalid(src, e)))?;
+        if scan::ws(bytes, end) != bytes.len() {
+            return Err(ParseError::Json(invalid(src, scan::Invalid(end))));
+        }
+        let root = decoded(top).map_err(ParseError::Json)?;
         let mut doc = Document {
             src,
             root,
@@ -246,12 +253,12 @@ impl<'a> Document<'a> {
         };
         for (i, path) in CACHED.iter().enumerate() {
             if let Some(raw) = doc.raw(path) {
-                // Parsed with the top level when it was the last occurrence of its key.
+                // Split with the top level when it was the last occurrence of its key.
                 let same = nested
                     .iter()
-                    .rposition(|(span, _)| span.as_ptr() == raw.as_ptr());
+                    .rposition(|(j, _)| doc.root[*j].1.as_ptr() == raw.as_ptr());
                 doc.objects[i] = match same {
-                    Some(j) => Some(nested.swap_remove(j).1),
+                    Some(j) => Some(decoded(nested.swap_remove(j).1).map_err(ParseError::Json)?),
                     None => members(raw).map_err(ParseError::Json)?,
                 };
             }
@@ -1098,12 +1105,37 @@ fn last<'a>(members: &Members<'a>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| *v)
 }
 
-/// The members of `raw` when it is an object.
+/// The members of `raw` when it is an object (`raw`: a value in the checked document, so
+/// only a key that does not decode, a lone surrogate escape, is an error).
 fn members(raw: &str) -> Result<Option<Members<'_>>, serde_json::Error> {
     if !raw.starts_with('{') {
         return Ok(None);
     }
-    serde_json::from_str::<Obj<'_>>(raw).map(|o| Some(o.0))
+    let (all, _) = scan::members(raw, 0, &mut Vec::new()).map_err(|e| invalid(raw, e))?;
+    decoded(all).map(Some)
+}
+
+/// Members as the scanner delimits them, their keys decoded.
+fn decoded(all: Vec<scan::Member<'_>>) -> Result<Members<'_>, serde_json::Error> {
+    all.into_iter().map(|(k, v)| Ok((key(k)?, v))).collect()
+}
+
+/// A key (its text, quotes included) unescaped; borrowed when it has no escapes.
+fn key(raw: &str) -> Result<Cow<'_, str>, serde_json::Error> {
+    let inner = &raw[1..raw.len() - 1];
+    if inner.contains('\\') {
+        serde_json::from_str(raw).map(Cow::Owned)
+    } else {
+        Ok(Cow::Borrowed(inner))
+    }
+}
+
+/// serde_json's error for `text`, where the scanner stopped at `at` (serde_json's message
+/// has the line and column).
+fn invalid(text: &str, at: scan::Invalid) -> serde_json::Error {
+    serde_json::from_str::<IgnoredAny>(text)
+        .err()
+        .unwrap_or_else(|| serde_json::Error::custom(format!("not JSON at byte {}", at.0)))
 }
 
 /// The elements of `raw` when it is an array, else none.
@@ -1111,8 +1143,7 @@ fn elements(raw: &str) -> Vec<&str> {
     if !raw.starts_with('[') {
         return Vec::new();
     }
-    let all: Vec<&RawValue> = serde_json::from_str(raw).unwrap_or_default();
-    all.into_iter().map(RawValue::get).collect()
+    scan::elements(raw, 0, &mut Vec::new()).map_or_else(|_| Vec::new(), |(all, _)| all)
 }
 
 /// The elements of an array decoded when strings.
@@ -1131,78 +1162,6 @@ fn string(raw: &str) -> Option<Cow<'_, str>> {
 
 /// JSON's whitespace.
 const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
-
-/// The top level's members, and the members of the objects among them that [`CACHED`]
-/// names, parsed in the same pass: the biggest section (`linux`, with docker's seccomp
-/// profile) is scanned once, not once for the top level and again for its members.
-struct Top<'a> {
-    root: Members<'a>,
-    /// Each such object's text in the document, and its members.
-    nested: Vec<(&'a str, Members<'a>)>,
-}
-
-/// Parses [`Top`] from the document text it is given.
-struct TopSeed<'a>(&'a str);
-
-impl<'de> DeserializeSeed<'de> for TopSeed<'de> {
-    type Value = Top<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TopSeed<'de> {
-    type Value = Top<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
-        let src = self.0;
-        let mut top = Top {
-            root: Vec::with_capacity(16),
-            nested: Vec::new(),
-        };
-        while let Some(Key(key)) = map.next_key()? {
-            // The value's start is known from the key's place in the text (a key borrowed
-            // from it has no escapes); other keys' values are only delimited.
-            let start = match &key {
-                Cow::Borrowed(k) if CACHED.iter().any(|c| *c == [*k]) => object_start(src, k),
-                _ => None,
-            };
-            let Some(start) = start else {
-                top.root
-                    .push((key, map.next_value::<&'de RawValue>()?.get()));
-                continue;
-            };
-            let Obj(members) = map.next_value()?;
-            let end = object_end(src, start, &members)
-                .ok_or_else(|| A::Error::custom("an object without its closing brace"))?;
-            let text = &src[start..end];
-            top.root.push((key, text));
-            top.nested.push((text, members));
-        }
-        Ok(top)
-    }
-}
-
-/// Where the value after the key `key` (a slice of `src`) starts, when it is an object.
-fn object_start(src: &str, key: &str) -> Option<usize> {
-    let key_end = (key.as_ptr() as usize).checked_sub(src.as_ptr() as usize)? + key.len();
-    let rest = src.get(key_end..)?.strip_prefix('"')?;
-    let value = rest.trim_start_matches(JSON_WS).strip_prefix(':')?;
-    let value = value.trim_start_matches(JSON_WS);
-    value.starts_with('{').then(|| src.len() - value.len())
-}
-
-/// Where the object starting at `start` with these members ends (after its `}`).
-fn object_end(src: &str, start: usize, members: &Members<'_>) -> Option<usize> {
-    let after = match members.last() {
-        Some((_, v)) => (v.as_ptr() as usize).checked_sub(src.as_ptr() as usize)? + v.len(),
-        None => start + 1,
-    };
-    let rest = src.get(after..)?.trim_start_matches(JSON_WS);
-    rest.starts_with('}').then(|| src.len() - rest.len() + 1)
-}
 
 /// Of each element of an array: the string of its member of this name (the last when
 /// repeated), `null` when it has none or is not an object.
@@ -1277,29 +1236,6 @@ impl<'de> Visitor<'de> for MemberOf {
     }
     fn visit_unit<E>(self) -> Result<Value, E> {
         Ok(Value::Null)
-    }
-}
-
-/// An object's members (see [`Members`]), values left as written.
-struct Obj<'a>(Members<'a>);
-
-impl<'de> Deserialize<'de> for Obj<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Obj<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<'de>, A::Error> {
-                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(Key(k)) = map.next_key()? {
-                    out.push((k, map.next_value::<&'de RawValue>()?.get()));
-                }
-                Ok(Obj(out))
-            }
-        }
-        d.deserialize_map(V)
     }
 }
 
