@@ -244,13 +244,13 @@ pub fn driver_edits(
             plan.push_node(n?);
         }
     }
-    let stems: Vec<String> = groups
+    let stems: Vec<&str> = groups
         .iter()
-        .flat_map(|g| g.libraries.iter().cloned())
+        .flat_map(|g| g.libraries.iter().map(String::as_str))
         .collect();
-    let bins: Vec<String> = groups
+    let bins: Vec<&str> = groups
         .iter()
-        .flat_map(|g| g.binaries.iter().cloned())
+        .flat_map(|g| g.binaries.iter().map(String::as_str))
         .collect();
     // One resolver for both: libraries and binaries share the driver root's directories.
     let mut resolver = libraries::Resolver::new(&profile.driver_root);
