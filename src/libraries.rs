@@ -11,6 +11,7 @@
 //! are read and walked here, under the root.
 
 use std::ffi::{OsStr, OsString};
+use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -53,7 +54,8 @@ pub struct Resolved {
 /// What one path under the root turned out to be.
 #[derive(Debug, Clone)]
 enum Lookup {
-    Link(Vec<u8>),
+    /// The target, as a range of [`Resolver::names`].
+    Link(Range<usize>),
     /// Exists and is no symlink; whether it is a regular file, once that was asked: a
     /// directory on the way to a file needs only `readlinkat` (which says "no link" with
     /// EINVAL), not a stat as well.
@@ -76,14 +78,20 @@ pub struct Resolver<'a> {
     /// from `/` through the root's own components on every call. Not used for `/` itself,
     /// whose paths are walked from the cwd's fd as absolute ones.
     dir: Option<Result<OwnedFd, Errno>>,
-    /// Path under the root (`/usr/lib`, as in the container) and what it was; a create
-    /// resolves a few dozen, so a list beats hashing.
-    seen: Vec<(Box<[u8]>, Lookup)>,
-    /// Buffers reused by every resolution: what is left to walk, the path walked so far
-    /// (a key of `seen`), and a link's target.
+    /// Paths under the root (`/usr/lib`, as in the container) as ranges of `names`, and what
+    /// each was; a create resolves a few dozen, so a list beats hashing.
+    seen: Vec<(Range<usize>, Lookup)>,
+    /// The bytes of the paths in `seen` and of the links' targets: one buffer, not an
+    /// allocation each.
+    names: Vec<u8>,
+    /// The directory of the last path walked when that path spelled it as it resolved (no
+    /// link, `.`, `..` or doubled slash in it): the next path in the same directory (the
+    /// libraries of a driver share one) starts its walk after it instead of looking each of
+    /// its components up again. Empty when there is none.
+    last_dir: Vec<u8>,
+    /// Buffers reused by every walk: what is left to walk, and the path walked so far.
     rest: Vec<u8>,
     key: Vec<u8>,
-    link: Vec<u8>,
 }
 
 impl<'a> Resolver<'a> {
@@ -95,9 +103,10 @@ impl<'a> Resolver<'a> {
             prefix: &bytes[..trimmed],
             dir: None,
             seen: Vec::new(),
+            names: Vec::new(),
+            last_dir: Vec::new(),
             rest: Vec::new(),
             key: Vec::new(),
-            link: Vec::new(),
         }
     }
 
@@ -130,7 +139,9 @@ impl<'a> Resolver<'a> {
 
     /// Looks at `key` on the host: `kind` asks whether it is a regular file as well.
     fn look(&mut self, key: &[u8], kind: bool) -> Lookup {
-        let mut link = std::mem::take(&mut self.link);
+        // A link's target is read straight to the end of `names`.
+        let mut names = std::mem::take(&mut self.names);
+        let start = names.len();
         let l = match self.at(key) {
             Err(e) => Lookup::Failed(e),
             Ok((dir, path)) => {
@@ -146,11 +157,13 @@ impl<'a> Resolver<'a> {
                     Err(e) => Lookup::Failed(e),
                     Ok(Some(is_file)) => Lookup::Node(Some(is_file)),
                     Ok(None) => {
-                        link.clear();
-                        link.reserve(LINK_MAX);
-                        match rustix::fs::readlinkat_raw(dir, path, spare_capacity(&mut link)) {
-                            Ok(n) if n < LINK_MAX => Lookup::Link(link.clone()),
-                            Ok(_) => Lookup::Failed(Errno::NAMETOOLONG),
+                        names.reserve(LINK_MAX);
+                        match rustix::fs::readlinkat_raw(dir, path, spare_capacity(&mut names)) {
+                            Ok(n) if n < LINK_MAX => Lookup::Link(start..names.len()),
+                            Ok(_) => {
+                                names.truncate(start);
+                                Lookup::Failed(Errno::NAMETOOLONG)
+                            }
                             // Not a link (the only other cause, a zero size, is not ours).
                             Err(Errno::INVAL) if !kind => Lookup::Node(None),
                             Err(e) => Lookup::Failed(e),
@@ -159,14 +172,19 @@ impl<'a> Resolver<'a> {
                 }
             }
         };
-        self.link = link;
+        self.names = names;
         l
     }
 
     /// What `key` is, looked at on first use: `kind` when the caller needs to know whether it
     /// is a regular file.
     fn lookup(&mut self, key: &[u8], kind: bool) -> Result<Step<'_>, Errno> {
-        let i = match self.seen.iter().rposition(|(p, _)| **p == *key) {
+        let names = &self.names;
+        let i = match self
+            .seen
+            .iter()
+            .rposition(|(p, _)| names[p.clone()] == *key)
+        {
             Some(i) => {
                 if kind && matches!(self.seen[i].1, Lookup::Node(None)) {
                     self.seen[i].1 = self.look(key, true);
@@ -175,12 +193,14 @@ impl<'a> Resolver<'a> {
             }
             None => {
                 let l = self.look(key, kind);
-                self.seen.push((key.into(), l));
+                let start = self.names.len();
+                self.names.extend_from_slice(key);
+                self.seen.push((start..self.names.len(), l));
                 self.seen.len() - 1
             }
         };
         match &self.seen[i].1 {
-            Lookup::Link(target) => Ok(Step::Link(target)),
+            Lookup::Link(target) => Ok(Step::Link(&self.names[target.clone()])),
             Lookup::Node(is_file) => Ok(Step::Node(is_file.unwrap_or(false))),
             Lookup::Failed(e) => Err(*e),
         }
@@ -264,9 +284,17 @@ impl<'a> Resolver<'a> {
         rest.extend_from_slice(path);
         key.clear();
         let r = self.walk_in(&mut rest, &mut key, kind);
+        if let Ok((_, verbatim)) = r {
+            // The directory part of `path`, when it was walked as spelled.
+            let dir = path.iter().rposition(|&b| b == b'/').unwrap_or(0);
+            if dir > 0 && verbatim >= dir {
+                self.last_dir.clear();
+                self.last_dir.extend_from_slice(&path[..dir]);
+            }
+        }
         self.rest = rest;
         self.key = key;
-        r
+        r.map(|(is_file, _)| is_file)
     }
 
     fn walk_in(
@@ -274,10 +302,22 @@ impl<'a> Resolver<'a> {
         rest: &mut Vec<u8>,
         key: &mut Vec<u8>,
         kind: bool,
-    ) -> std::io::Result<bool> {
+    ) -> std::io::Result<(bool, usize)> {
         let prefix = self.prefix;
         // `rest[pos..]` is still to walk; a link's target is put in place of what was walked.
         let mut pos = 0;
+        let dir = self.last_dir.len();
+        if dir > 0
+            && rest.starts_with(&self.last_dir)
+            && rest.get(dir) == Some(&b'/')
+            && !is_end(rest, dir)
+        {
+            key.extend_from_slice(&self.last_dir);
+            pos = dir;
+        }
+        // How much of `rest` resolved to itself: `key == rest[..verbatim]`, until a link.
+        let mut verbatim = pos;
+        let mut linked = false;
         // The root itself and anything reached by `..` is a directory.
         let mut is_file = false;
         let mut hops = 0;
@@ -288,6 +328,7 @@ impl<'a> Resolver<'a> {
                 let parent = key.iter().rposition(|&b| b == b'/').unwrap_or(0);
                 key.truncate(parent);
                 is_file = false;
+                linked = true;
                 continue;
             }
             let len = key.len();
@@ -313,11 +354,17 @@ impl<'a> Resolver<'a> {
                     }
                     rest.splice(..pos, target.iter().copied().chain([b'/']));
                     pos = 0;
+                    linked = true;
                 }
-                Step::Node(f) => is_file = f,
+                Step::Node(f) => {
+                    is_file = f;
+                    if !linked && key.len() == pos {
+                        verbatim = pos;
+                    }
+                }
             }
         }
-        Ok(is_file)
+        Ok((is_file, verbatim))
     }
 }
 
@@ -500,15 +547,19 @@ fn search_dirs(
 /// script mounted into a container only fails there, so an ELF found later wins over it.
 /// `resolver` must be for the profile's driver root.
 pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> Vec<Found> {
-    let mut out = Vec::new();
+    // Every regular file of each name, in the order of the dirs; one reached twice (`/bin` is
+    // often a link to `/usr/bin`) counts once.
+    let mut files: Vec<Vec<PathBuf>> = vec![Vec::new(); names.len()];
     let mut path: Vec<u8> = Vec::new();
-    for &name in names {
-        // Every regular file of that name, in the order of the dirs; one reached twice
-        // (`/bin` is often a link to `/usr/bin`) counts once.
-        let mut files: Vec<PathBuf> = Vec::new();
-        for dir in &profile.binary_search_dirs {
+    for dir in &profile.binary_search_dirs {
+        // A directory that does not exist (most of them, on most hosts) is looked at once,
+        // not once per name.
+        let Ok(key) = resolver.locate_key(dir.as_os_str().as_bytes()) else {
+            continue;
+        };
+        for (name, files) in names.iter().zip(&mut files) {
             path.clear();
-            path.extend_from_slice(dir.as_os_str().as_bytes());
+            path.extend_from_slice(&key);
             path.push(b'/');
             path.extend_from_slice(name.as_bytes());
             if let Ok(r) = resolver.resolve_bytes(&path) {
@@ -517,20 +568,25 @@ pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> V
                 }
             }
         }
-        // A lone file is the answer whatever it holds: reading it (open, read, close) only
-        // pays when there is a choice, and looking in the other dirs costs less (their
-        // parents are looked at once per create, and mostly do not exist).
-        let pick = match files.len() {
-            0 => continue,
-            1 => 0,
-            _ => files.iter().position(|f| is_elf(f)).unwrap_or(0),
-        };
-        out.push(Found {
-            host: files.swap_remove(pick),
-            name: name.to_string(),
-        });
     }
-    out
+    names
+        .iter()
+        .zip(files)
+        .filter_map(|(name, mut files)| {
+            // A lone file is the answer whatever it holds: reading it (open, read, close)
+            // only pays when there is a choice, and looking in the other dirs costs less
+            // (each is looked at once per create, and mostly does not exist).
+            let pick = match files.len() {
+                0 => return None,
+                1 => 0,
+                _ => files.iter().position(|f| is_elf(f)).unwrap_or(0),
+            };
+            Some(Found {
+                host: files.swap_remove(pick),
+                name: name.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Whether `path`, a regular file just resolved, starts with the ELF magic. `O_NOFOLLOW`: had
@@ -604,6 +660,18 @@ mod tests {
             "/usr/lib/link",
             "/usr/lib/link/libx.so.1/..",
             "/usr/lib/abs/missing",
+            // Same directory as the path before, spelled through `..`, `.`, `//`, a link.
+            "/usr/lib/real/libx.so.1",
+            "/usr/lib/real/up/../real",
+            "/usr/lib/real/../link/libx.so.1",
+            "/usr/lib/real/./libx.so.1",
+            "/usr/lib/real//libx.so.1/",
+            "/usr/lib/real/libx.so.1/x",
+            "/usr/lib/realx",
+            "/usr/lib/real",
+            "/usr/lib/real/",
+            "/usr/lib/real/.",
+            "/usr/lib/real/up/passwd",
         ];
         let mut shared = Resolver::new(r);
         for _ in 0..2 {
@@ -835,7 +903,9 @@ mod tests {
         std::fs::write(root.join("usr/bin/efsmi"), "#!/bin/sh\necho efsmi\n").unwrap();
         std::fs::write(root.join("opt/bin/efsmi"), "#!/bin/sh\necho later\n").unwrap();
         let mut profile = nvidia();
-        profile.binary_search_dirs = ["/usr/bin", "/usr/local/nvidia/bin", "/opt/bin"]
+        // `/bin` is a link to usr/bin: a file reached through both counts once.
+        symlink("usr/bin", root.join("bin")).unwrap();
+        profile.binary_search_dirs = ["/usr/bin", "/bin", "/usr/local/nvidia/bin", "/opt/bin"]
             .iter()
             .map(PathBuf::from)
             .collect();
