@@ -89,9 +89,12 @@ pub struct Resolver<'a> {
     /// libraries of a driver share one) starts its walk after it instead of looking each of
     /// its components up again. Empty when there is none.
     last_dir: Vec<u8>,
-    /// Buffers reused by every walk: what is left to walk, and the path walked so far.
+    /// Buffers reused by every walk: what is left to walk, the path walked so far, and
+    /// readlinkat's room (a target is then copied to `names`: reading it there would make
+    /// `names` grow by the room each time, reallocating and touching fresh pages).
     rest: Vec<u8>,
     key: Vec<u8>,
+    link: Vec<u8>,
 }
 
 impl<'a> Resolver<'a> {
@@ -102,11 +105,13 @@ impl<'a> Resolver<'a> {
             root,
             prefix: &bytes[..trimmed],
             dir: None,
-            seen: Vec::new(),
-            names: Vec::new(),
+            seen: Vec::with_capacity(64),
+            // Room for the paths of a create (a few dozen, 40 bytes each), grown only beyond.
+            names: Vec::with_capacity(2048),
             last_dir: Vec::new(),
             rest: Vec::new(),
             key: Vec::new(),
+            link: Vec::new(),
         }
     }
 
@@ -139,9 +144,7 @@ impl<'a> Resolver<'a> {
 
     /// Looks at `key` on the host: `kind` asks whether it is a regular file as well.
     fn look(&mut self, key: &[u8], kind: bool) -> Lookup {
-        // A link's target is read straight to the end of `names`.
-        let mut names = std::mem::take(&mut self.names);
-        let start = names.len();
+        let mut link = std::mem::take(&mut self.link);
         let l = match self.at(key) {
             Err(e) => Lookup::Failed(e),
             Ok((dir, path)) => {
@@ -157,13 +160,15 @@ impl<'a> Resolver<'a> {
                     Err(e) => Lookup::Failed(e),
                     Ok(Some(is_file)) => Lookup::Node(Some(is_file)),
                     Ok(None) => {
-                        names.reserve(LINK_MAX);
-                        match rustix::fs::readlinkat_raw(dir, path, spare_capacity(&mut names)) {
-                            Ok(n) if n < LINK_MAX => Lookup::Link(start..names.len()),
-                            Ok(_) => {
-                                names.truncate(start);
-                                Lookup::Failed(Errno::NAMETOOLONG)
+                        link.clear();
+                        link.reserve(LINK_MAX);
+                        match rustix::fs::readlinkat_raw(dir, path, spare_capacity(&mut link)) {
+                            Ok(n) if n < LINK_MAX => {
+                                let start = self.names.len();
+                                self.names.extend_from_slice(&link);
+                                Lookup::Link(start..self.names.len())
                             }
+                            Ok(_) => Lookup::Failed(Errno::NAMETOOLONG),
                             // Not a link (the only other cause, a zero size, is not ours).
                             Err(Errno::INVAL) if !kind => Lookup::Node(None),
                             Err(e) => Lookup::Failed(e),
@@ -172,7 +177,7 @@ impl<'a> Resolver<'a> {
                 }
             }
         };
-        self.names = names;
+        self.link = link;
         l
     }
 
