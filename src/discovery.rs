@@ -4,7 +4,12 @@
 //! the container reaches it. It returns container-side node paths (`/dev/nvidia1`); the
 //! host node for one is `Profile::under(dev_root, path)`.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use rustix::buffer::spare_capacity;
+use rustix::fs::{Mode, OFlags, RawDir};
+use rustix::io::Errno;
 
 use crate::profile::{Discovery, Profile};
 
@@ -66,53 +71,73 @@ pub fn discover(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
     }
 }
 
-fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(DiscoveryError::Read {
-                path: dir.into(),
-                source,
-            })
-        }
-    };
-    let mut names = Vec::new();
-    for e in rd {
-        let e = e.map_err(|source| DiscoveryError::Read {
+/// `dir` opened (`O_DIRECTORY`) to list it and open files in it; `None` when it does not
+/// exist.
+fn open_dir(dir: &Path) -> Result<Option<OwnedFd>, DiscoveryError> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match rustix::fs::open(dir, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(DiscoveryError::Read {
             path: dir.into(),
-            source,
+            source: e.into(),
+        }),
+    }
+}
+
+/// The names in the directory `fd` (named `dir` in errors), read with getdents64 into one
+/// small buffer (`fs::read_dir` allocates per entry and stats the directory as well).
+fn dir_names(fd: &OwnedFd, dir: &Path) -> Result<Vec<String>, DiscoveryError> {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut entries = RawDir::new(fd, buf.spare_capacity_mut());
+    let mut names = Vec::new();
+    while let Some(e) = entries.next() {
+        let e = e.map_err(|e| DiscoveryError::Read {
+            path: dir.into(),
+            source: e.into(),
         })?;
-        if let Some(n) = e.file_name().to_str() {
-            names.push(n.to_string());
+        match e.file_name().to_str() {
+            Ok("." | "..") | Err(_) => {}
+            Ok(n) => names.push(n.to_string()),
         }
     }
     Ok(names)
 }
 
-/// A procfs file in one read into `buf` (reused across files): they report a size of 0, for
-/// which `fs::read_to_string` reads in growing probes from 32 bytes (five reads and a stat for
-/// one GPU's `information`).
-fn read_proc<'b>(path: &Path, buf: &'b mut Vec<u8>) -> std::io::Result<&'b str> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    if buf.len() < 4096 {
-        buf.resize(4096, 0);
+/// The names in `dir`; none when it does not exist.
+fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
+    match open_dir(dir)? {
+        Some(fd) => dir_names(&fd, dir),
+        None => Ok(Vec::new()),
     }
-    let mut len = 0;
+}
+
+/// The file at `path` under the directory `dir`, read whole into `buf` (reused across files).
+/// Procfs files report a size of 0, so there is no size to read up to: `fs::read_to_string`
+/// reads those in growing probes from 32 bytes (five reads and a stat for one GPU's
+/// `information`).
+fn read_proc<'b>(dir: &OwnedFd, path: &str, buf: &'b mut Vec<u8>) -> std::io::Result<&'b str> {
+    let file = rustix::fs::openat(dir, path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    buf.clear();
+    buf.reserve(4096);
     loop {
-        if len == buf.len() {
-            buf.resize(buf.len() * 2, 0);
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity());
         }
-        match file.read(&mut buf[len..]) {
+        let room = buf.capacity() - buf.len();
+        match rustix::io::read(&file, spare_capacity(buf)) {
             Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            // A read that leaves room is the end: the driver's `information` is a single_open
+            // seq_file, whose whole text is made at once and handed out as far as the reader
+            // has room, and a regular file (a simulated root) reads short only at its end.
+            // That saves the read that would return 0, once per GPU.
+            Ok(n) if n < room => break,
+            Ok(_) => {}
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    std::str::from_utf8(&buf[..len])
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    std::str::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 fn nvidia_procfs(
@@ -121,12 +146,20 @@ fn nvidia_procfs(
     node_template: &str,
 ) -> Result<Vec<Device>, DiscoveryError> {
     let dir = Profile::under(&profile.driver_root, proc_dir);
+    let Some(fd) = open_dir(&dir)? else {
+        return Ok(Vec::new());
+    };
     let mut gpus = Vec::new();
     let mut buf = Vec::new();
-    for bus in read_dir_names(&dir)? {
-        let path = dir.join(&bus).join("information");
-        let text = read_proc(&path, &mut buf).map_err(|source| DiscoveryError::Read {
-            path: path.clone(),
+    // `<bus>/information`, opened relative to the directory just listed.
+    let mut rel = String::new();
+    for bus in dir_names(&fd, &dir)? {
+        let path = || dir.join(&bus).join("information");
+        rel.clear();
+        rel.push_str(&bus);
+        rel.push_str("/information");
+        let text = read_proc(&fd, &rel, &mut buf).map_err(|source| DiscoveryError::Read {
+            path: path(),
             source,
         })?;
         // `Key: \t value` lines; the first of each key counts.
@@ -141,17 +174,18 @@ fn nvidia_procfs(
             slot.get_or_insert(v.trim());
         }
         let minor = minor.ok_or_else(|| DiscoveryError::Malformed {
-            path: path.clone(),
+            path: path(),
             msg: "no `Device Minor` line".into(),
         })?;
         let minor: u32 = minor.parse().map_err(|_| DiscoveryError::Malformed {
-            path: path.clone(),
+            path: path(),
             msg: format!("`Device Minor` {minor:?} is not a number"),
         })?;
         let uuid = uuid
             .filter(|u| !u.is_empty() && !u.contains('/'))
             .map(str::to_string);
-        let bus_id = bus_id.map_or(bus, str::to_string).to_ascii_lowercase();
+        let mut bus_id = bus_id.map_or(bus, str::to_string);
+        bus_id.make_ascii_lowercase();
         gpus.push((bus_id, minor, uuid));
     }
     // nvidia-smi numbers GPUs in PCI bus order, which is what users mean by an index.
@@ -298,6 +332,23 @@ mod tests {
             err.contains("information") && err.contains("Device Minor"),
             "{err}"
         );
+    }
+
+    /// A file longer than the first read's room is read to its end.
+    #[test]
+    fn nvidia_long_information_is_read_whole() {
+        let root = tempfile::tempdir().unwrap();
+        info(root.path(), "0000:3b:00.0", 3, "GPU-aaa");
+        let p = root
+            .path()
+            .join("proc/driver/nvidia/gpus/0000:3b:00.0/information");
+        let filler = "Padding: x\n".repeat(1000);
+        std::fs::write(&p, format!("{filler}GPU UUID: GPU-long\nDevice Minor: 7\n")).unwrap();
+        let devs = discover(&profile("nvidia", root.path())).unwrap();
+        assert_eq!(devs[0].minor, Some(7));
+        assert_eq!(devs[0].uuid.as_deref(), Some("GPU-long"));
+        // Without `Bus Location`, the directory's name is the bus id.
+        assert_eq!(devs[0].pci_bus_id.as_deref(), Some("0000:3b:00.0"));
     }
 
     #[test]

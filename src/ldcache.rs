@@ -173,7 +173,7 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
 /// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
 pub fn load(root: &Path) -> std::io::Result<Cache> {
     let path = root.join("etc/ld.so.cache");
-    match std::fs::read(&path) {
+    match read_whole(&path) {
         Ok(data) => Cache::parse(data).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -183,6 +183,33 @@ pub fn load(root: &Path) -> std::io::Result<Cache> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Cache::default()),
         Err(e) => Err(e),
     }
+}
+
+/// `fs::read` less its last call: that reads until a read returns 0, one read past the size
+/// fstat gave. Here a read that stops short of the room it had, with the file at that size,
+/// is the end (a regular file reads short only there; ldconfig replaces the cache by rename,
+/// so an open file does not change under us). A file larger than it said reads on to 0.
+fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
+    use rustix::io::Errno;
+    let file = std::fs::File::open(path)?;
+    let size = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut data: Vec<u8> = Vec::new();
+    data.try_reserve_exact(size.saturating_add(1))
+        .map_err(std::io::Error::other)?;
+    loop {
+        if data.len() == data.capacity() {
+            data.try_reserve(data.capacity().max(4096))
+                .map_err(std::io::Error::other)?;
+        }
+        let room = data.capacity() - data.len();
+        match rustix::io::read(&file, rustix::buffer::spare_capacity(&mut data)) {
+            Ok(0) => break,
+            Ok(n) if n < room && data.len() == size => break,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(data)
 }
 
 impl Entry<'_> {
@@ -251,6 +278,38 @@ mod tests {
         assert_eq!(e[0].name, "libcuda.so.1");
         assert!(e[0].is_native());
         assert!(!e[1].is_native() || native_arch_flags() == 0);
+    }
+
+    /// The file is read whole, small or spanning many reads; a missing one is an empty cache
+    /// and a bad one an error naming it.
+    #[test]
+    fn load_reads_the_whole_file() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc");
+        std::fs::create_dir_all(&etc).unwrap();
+        assert!(load(root.path()).unwrap().is_empty());
+        for n in [1, 3000] {
+            let names: Vec<(String, String)> = (0..n)
+                .map(|i| (format!("lib{i}.so.1"), format!("/usr/lib/lib{i}.so.1")))
+                .collect();
+            let entries: Vec<(&str, &str, i32)> = names
+                .iter()
+                .map(|(a, b)| (a.as_str(), b.as_str(), native_flags()))
+                .collect();
+            let img = build(&entries);
+            std::fs::write(etc.join("ld.so.cache"), &img).unwrap();
+            let cache = load(root.path()).unwrap();
+            assert_eq!(cache.len(), n, "{} bytes", img.len());
+            assert_eq!(cache.data, img);
+            let last = cache.iter().last().unwrap();
+            assert_eq!(last.name, names[n - 1].0);
+        }
+        std::fs::write(etc.join("ld.so.cache"), "junk").unwrap();
+        let e = load(root.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("etc/ld.so.cache") && e.contains("bad magic"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! `spec::apply` writes one into config.json. Sources of mounts are host files inside the
 //! profile's driver root; destinations are fixed directories plus a file name.
 
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -158,16 +159,21 @@ pub fn device_edits(profile: &Profile, devices: &[&Device]) -> Result<Plan, Plan
     for d in devices {
         for node in &d.nodes {
             let host = Profile::under(profile.dev_root(), node);
-            let label = d
-                .uuid
-                .clone()
-                .map_or_else(|| d.index.to_string(), |u| format!("{} ({u})", d.index));
-            let n = stat_node(&host, node).map_err(|source| PlanError::MissingNode {
-                vendor: profile.name.clone(),
-                device: label,
-                host: host.clone(),
-                source,
-            })??;
+            let n = match stat_node(&host, node) {
+                Ok(n) => n?,
+                Err(source) => {
+                    let device = match &d.uuid {
+                        Some(u) => format!("{} ({u})", d.index),
+                        None => d.index.to_string(),
+                    };
+                    return Err(PlanError::MissingNode {
+                        vendor: profile.name.clone(),
+                        device,
+                        host,
+                        source,
+                    });
+                }
+            };
             plan.push_node(n);
         }
     }
@@ -244,13 +250,13 @@ pub fn driver_edits(
             plan.push_node(n?);
         }
     }
-    let stems: Vec<String> = groups
+    let stems: Vec<&str> = groups
         .iter()
-        .flat_map(|g| g.libraries.iter().cloned())
+        .flat_map(|g| g.libraries.iter().map(String::as_str))
         .collect();
-    let bins: Vec<String> = groups
+    let bins: Vec<&str> = groups
         .iter()
-        .flat_map(|g| g.binaries.iter().cloned())
+        .flat_map(|g| g.binaries.iter().map(String::as_str))
         .collect();
     // One resolver for both: libraries and binaries share the driver root's directories.
     let mut resolver = libraries::Resolver::new(&profile.driver_root);
@@ -274,16 +280,24 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
     if !is_under(&f.host, &profile.driver_root) || profile::has_dotdot(&f.host) {
         return Err(unsafe_mount(&f.host, "source is outside the driver root"));
     }
-    let destination = dir.join(&f.name);
-    if !destination.is_absolute() || profile::has_dotdot(&destination) {
+    // `name` is a plain file name: the destination is absolute without `..` when `dir` is
+    // (checked on the shorter path), and joins with a byte copy, as `Path::join` would.
+    if !dir.is_absolute() || profile::has_dotdot(dir) {
         return Err(unsafe_mount(
-            &destination,
+            &dir.join(&f.name),
             "destination must be absolute without '..'",
         ));
     }
+    let dir = dir.as_os_str().as_bytes();
+    let mut destination = Vec::with_capacity(dir.len() + 1 + f.name.len());
+    destination.extend_from_slice(dir);
+    if !dir.ends_with(b"/") {
+        destination.push(b'/');
+    }
+    destination.extend_from_slice(f.name.as_bytes());
     Ok(BindMount {
         source: f.host,
-        destination,
+        destination: PathBuf::from(OsString::from_vec(destination)),
     })
 }
 
@@ -426,5 +440,16 @@ mod tests {
             name: "..".into(),
         };
         assert!(bind(&p, f, Path::new("/usr/lib64")).is_err());
+        let f = Found {
+            host: "/run/nvidia/driver/lib/x".into(),
+            name: "x.so.1".into(),
+        };
+        assert!(bind(&p, f.clone(), Path::new("/usr/../etc")).is_err());
+        assert!(bind(&p, f.clone(), Path::new("usr/lib")).is_err());
+        for dir in ["/usr/lib64", "/usr/lib64/", "/"] {
+            let m = bind(&p, f.clone(), Path::new(dir)).unwrap();
+            assert_eq!(m.destination, Path::new(dir).join("x.so.1"), "{dir}");
+            assert_eq!(m.source, f.host);
+        }
     }
 }
