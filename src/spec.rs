@@ -203,7 +203,10 @@ mod tests {
     fn edited(input: &str, edit: impl FnOnce(&mut Document<'_>)) -> String {
         let mut doc = Document::parse(input.as_bytes()).unwrap();
         edit(&mut doc);
-        let out = String::from_utf8(doc.to_bytes()).unwrap();
+        let bytes = doc.to_bytes();
+        // Allocated once, at the size it was computed to have.
+        assert_eq!(bytes.capacity(), bytes.len());
+        let out = String::from_utf8(bytes).unwrap();
         serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
         out
     }

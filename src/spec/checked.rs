@@ -167,11 +167,17 @@ impl<'a> Iterator for Members<'a> {
     }
 }
 
+/// Whether the text has no backslash: a string literal without escapes. Every byte is
+/// looked at (no early end), which the compiler turns into a wide loop.
+pub fn is_plain(text: &str) -> bool {
+    !text.bytes().fold(false, |any, b| any | (b == b'\\'))
+}
+
 /// What the string literal `lit` (with its quotes) holds; `None` when it is not a string or
 /// does not decode.
 pub fn unescape(lit: &str) -> Option<Cow<'_, str>> {
     let inner = lit.strip_prefix('"')?.strip_suffix('"')?;
-    if !inner.contains('\\') {
+    if is_plain(inner) {
         return Some(Cow::Borrowed(inner));
     }
     serde_json::from_str::<String>(lit).ok().map(Cow::Owned)
@@ -179,7 +185,7 @@ pub fn unescape(lit: &str) -> Option<Cow<'_, str>> {
 
 /// Whether the string literals `a` and `b` hold the same string.
 pub fn same_string(a: &str, b: &str) -> bool {
-    if !a.contains('\\') && !b.contains('\\') {
+    if is_plain(a) && is_plain(b) {
         return a == b;
     }
     matches!((unescape(a), unescape(b)), (Some(x), Some(y)) if x == y)
@@ -188,7 +194,7 @@ pub fn same_string(a: &str, b: &str) -> bool {
 /// Whether the key literal `lit` is `name`.
 fn key_is(lit: &str, name: &str) -> bool {
     match lit.strip_prefix('"').and_then(|l| l.strip_suffix('"')) {
-        Some(inner) if !inner.contains('\\') => inner == name,
+        Some(inner) if is_plain(inner) => inner == name,
         _ => unescape(lit).is_some_and(|k| k == name),
     }
 }

@@ -103,6 +103,8 @@ struct Seen<'a> {
     text: &'a str,
     /// For [`Same::Member`]: the literal of the element's string member of that name.
     key: Option<&'a str>,
+    /// Whether that literal has no escapes.
+    key_plain: bool,
     /// For [`Same::Value`]: the element's fingerprint.
     fp: u64,
 }
@@ -112,10 +114,14 @@ impl<'a> Seen<'a> {
     fn all(same: Same, raw: &'a str) -> Vec<Seen<'a>> {
         match same {
             Same::Member(name) => checked::elements(raw)
-                .map(|text| Seen {
-                    text,
-                    key: checked::string_member(text, name),
-                    fp: 0,
+                .map(|text| {
+                    let key = checked::string_member(text, name);
+                    Seen {
+                        text,
+                        key,
+                        key_plain: key.is_some_and(checked::is_plain),
+                        fp: 0,
+                    }
                 })
                 .collect(),
             Same::Value => {
@@ -124,6 +130,7 @@ impl<'a> Seen<'a> {
                     .map(|text| Seen {
                         text,
                         key: None,
+                        key_plain: false,
                         fp: fps.of(text),
                     })
                     .collect()
@@ -134,9 +141,13 @@ impl<'a> Seen<'a> {
     /// Whether `entry` is the same as this element.
     fn is(&self, entry: &Entry) -> bool {
         match entry.same {
-            Same::Member(_) => self
-                .key
-                .is_some_and(|k| checked::same_string(k, entry.key_literal())),
+            Same::Member(_) => self.key.is_some_and(|k| {
+                if self.key_plain && entry.key_plain {
+                    k == entry.key_literal()
+                } else {
+                    checked::same_string(k, entry.key_literal())
+                }
+            }),
             Same::Value => self.fp == entry.fp && entry.equal_value(self.text),
         }
     }
@@ -624,8 +635,10 @@ impl<'a> Document<'a> {
                 e.seen = Some((entry.same, Seen::all(entry.same, raw)));
             }
         }
-        let old = e.seen.iter().flat_map(|(_, seen)| seen);
-        if old.clone().any(|s| s.is(&entry)) || e.added.iter().any(|a| entry.same_as(a)) {
+        let there = |seen: &[Seen<'_>]| seen.iter().any(|s| s.is(&entry));
+        if e.seen.as_ref().is_some_and(|(_, seen)| there(seen))
+            || e.added.iter().any(|a| entry.same_as(a))
+        {
             return Ok(false);
         }
         e.added.push(entry);
@@ -682,36 +695,42 @@ impl<'a> Document<'a> {
             .collect();
         // Stable: members inserted at one place keep the order they were created in.
         order.sort_by_key(|(offset, _)| *offset);
-        let mut out = Vec::with_capacity(self.src.len() + 4096);
+        // The sections edited as values are serialized first, so that the output's size is
+        // known and it is allocated once, at its size.
+        let values: Vec<Option<Vec<u8>>> = order.iter().map(|(_, e)| value_text(e)).collect();
+        let mut size = 0;
+        self.splice(&order, &values, |b| size += b.len());
+        let mut out = Vec::with_capacity(size);
+        self.splice(&order, &values, |b| out.extend_from_slice(b));
+        out
+    }
+
+    /// Passes the pieces of [`to_bytes`](Document::to_bytes)'s output to `put`, in order:
+    /// `order` is the edits sorted by offset, `values` what [`value_text`] gave for each.
+    fn splice(
+        &self,
+        order: &[(usize, &Edit<'a>)],
+        values: &[Option<Vec<u8>>],
+        mut put: impl FnMut(&[u8]),
+    ) {
+        let src = self.src.as_bytes();
         let mut copied = 0;
         let mut inserted_at = None;
-        for (offset, e) in order {
-            out.extend_from_slice(&self.src.as_bytes()[copied..offset]);
+        for ((offset, e), value) in order.iter().zip(values) {
+            let offset = *offset;
+            put(src.get(copied..offset).unwrap_or_default());
             copied = offset;
             match e.at {
                 At::Replace(raw) => {
-                    let mark = out.len();
-                    write_json(&mut out, &e.value);
-                    let old = raw.as_bytes();
-                    // Not changed, only written differently (pretty-printed, escaped): keep
-                    // the old bytes, so that an unchanged document is the input exactly.
-                    if out[mark..] != *old
-                        && len(&e.value) == e.parsed_len
-                        && serde_json::from_str::<Value>(raw).is_ok_and(|v| v == e.value)
-                    {
-                        out.truncate(mark);
-                    } else {
-                        copied += old.len();
+                    // `None`: not changed, the old bytes stay.
+                    if let Some(v) = value {
+                        put(v);
+                        copied += raw.len();
                     }
                 }
                 At::Insert { first, .. } => {
-                    if !first || inserted_at == Some(offset) {
-                        out.push(b',');
-                    }
-                    let key = e.path.last().copied().unwrap_or_default();
-                    write_json(&mut out, &key);
-                    out.push(b':');
-                    write_json(&mut out, &e.value);
+                    put_key(&mut put, e, !first || inserted_at == Some(offset));
+                    put(value.as_deref().unwrap_or_default());
                     inserted_at = Some(offset);
                 }
                 At::Append {
@@ -721,34 +740,70 @@ impl<'a> Document<'a> {
                 } => {
                     for (i, a) in e.added.iter().enumerate() {
                         if !first || i > 0 {
-                            out.push(b',');
+                            put(b",");
                         }
-                        out.extend_from_slice(a.json.as_bytes());
+                        put(a.json.as_bytes());
                     }
                 }
                 At::Append {
                     raw: None, first, ..
                 } => {
-                    if !first || inserted_at == Some(offset) {
-                        out.push(b',');
-                    }
-                    let key = e.path.last().copied().unwrap_or_default();
-                    write_json(&mut out, &key);
-                    out.extend_from_slice(b":[");
+                    put_key(&mut put, e, !first || inserted_at == Some(offset));
+                    put(b"[");
                     for (i, a) in e.added.iter().enumerate() {
                         if i > 0 {
-                            out.push(b',');
+                            put(b",");
                         }
-                        out.extend_from_slice(a.json.as_bytes());
+                        put(a.json.as_bytes());
                     }
-                    out.push(b']');
+                    put(b"]");
                     inserted_at = Some(offset);
                 }
             }
         }
-        out.extend_from_slice(&self.src.as_bytes()[copied..]);
-        out
+        put(src.get(copied..).unwrap_or_default());
     }
+}
+
+/// The key of an inserted section and its colon, after a comma when `comma`.
+fn put_key(put: &mut impl FnMut(&[u8]), e: &Edit<'_>, comma: bool) {
+    if comma {
+        put(b",");
+    }
+    let key = e.path.last().copied().unwrap_or_default();
+    // The keys of sections are names without characters to escape; any other is escaped as
+    // serde_json escapes it.
+    if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        put(b"\"");
+        put(key.as_bytes());
+        put(b"\":");
+    } else {
+        put(&serde_json::to_vec(key).unwrap_or_default());
+        put(b":");
+    }
+}
+
+/// The text of a section edited as a value ([`At::Replace`], [`At::Insert`]); `None` for an
+/// appended array, and for a replaced section not changed, only written differently
+/// (pretty-printed, escaped): its old bytes stay, so that an unchanged document is the input
+/// exactly.
+fn value_text(e: &Edit<'_>) -> Option<Vec<u8>> {
+    let text = match e.at {
+        At::Append { .. } => return None,
+        At::Replace(_) | At::Insert { .. } => {
+            // Serializing a Value into a Vec cannot fail: its keys are strings.
+            serde_json::to_vec(&e.value).unwrap_or_default()
+        }
+    };
+    if let At::Replace(raw) = e.at {
+        if text != raw.as_bytes()
+            && len(&e.value) == e.parsed_len
+            && serde_json::from_str::<Value>(raw).is_ok_and(|v| v == e.value)
+        {
+            return None;
+        }
+    }
+    Some(text)
 }
 
 /// Goes from the edited value at `path[..depth]` down to `path`, creating what is missing.
@@ -789,12 +844,6 @@ fn new_object(path: &[&str]) -> Value {
     } else {
         Value::Object(Map::new())
     }
-}
-
-fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
-    // Serializing a Value or a str into a Vec cannot fail: its keys are strings and the Vec
-    // grows as needed.
-    let _ = serde_json::to_writer(out, v);
 }
 
 fn last_env<'s>(entries: impl DoubleEndedIterator<Item = &'s str>, name: &str) -> Option<&'s str> {

@@ -34,6 +34,8 @@ pub struct Entry {
     pub(super) same: Same,
     /// For [`Same::Member`]: the member's string literal in `json` (quotes included).
     key: Range<usize>,
+    /// Whether that literal has no escapes (compared byte for byte with another such).
+    pub(super) key_plain: bool,
     /// For [`Same::Value`]: the fingerprint of the value.
     pub(super) fp: u64,
     pub(super) json: String,
@@ -44,7 +46,7 @@ impl Entry {
     /// has the same `path`.
     pub fn device(n: &DeviceNode) -> Result<Entry, String> {
         let path = utf8(&n.path)?;
-        let mut w = Writer::with_capacity(path.len() + 96);
+        let mut w = Writer::with_capacity(path.len() + 96, false);
         w.json.push('{');
         let key = w.str_member("path", path);
         w.str_member("type", device_type(n.kind));
@@ -60,7 +62,7 @@ impl Entry {
     /// The `linux.resources.devices` allow rule for a node with the given cgroup access
     /// (`LinuxDeviceCgroup`), already there when an element is the same value.
     pub fn rule(n: &DeviceNode, access: &str) -> Entry {
-        let mut w = Writer::with_capacity(access.len() + 72);
+        let mut w = Writer::with_capacity(access.len() + 72, true);
         w.json.push('{');
         w.bool_member("allow", true);
         w.str_member("type", device_type(n.kind));
@@ -81,7 +83,10 @@ impl Entry {
         let (dest, source) = (utf8(&m.destination)?, utf8(&m.source)?);
         let options_len: usize = options.iter().map(|o| o.as_ref().len() + 3).sum();
         let typ_len = typ.map_or(0, |t| t.len() + 10);
-        let mut w = Writer::with_capacity(dest.len() + source.len() + options_len + typ_len + 48);
+        let mut w = Writer::with_capacity(
+            dest.len() + source.len() + options_len + typ_len + 48,
+            false,
+        );
         w.json.push('{');
         let key = w.str_member("destination", dest);
         if let Some(t) = typ {
@@ -103,11 +108,12 @@ impl Entry {
     /// A `process.user.additionalGids` element, already there when an element is the
     /// same number.
     pub fn gid(g: u32) -> Entry {
-        let mut w = Writer::with_capacity(10);
+        let mut w = Writer::with_capacity(10, false);
         w.int(g.into());
         Entry {
             same: Same::Value,
             key: 0..0,
+            key_plain: true,
             fp: fp_u64(g.into()),
             json: w.json,
         }
@@ -123,6 +129,7 @@ impl Entry {
         Ok(Entry {
             same: Same::Member(name),
             key: start..start + lit.len(),
+            key_plain: checked::is_plain(lit),
             fp: 0,
             json,
         })
@@ -134,6 +141,7 @@ impl Entry {
         Entry {
             same: Same::Value,
             key: 0..0,
+            key_plain: true,
             fp: checked::Fingerprints::default().of(&json),
             json,
         }
@@ -191,7 +199,11 @@ impl Entry {
     pub(super) fn same_as(&self, other: &Entry) -> bool {
         match (self.same, other.same) {
             (Same::Member(a), Same::Member(b)) if a == b => {
-                checked::same_string(self.key_literal(), other.key_literal())
+                if self.key_plain && other.key_plain {
+                    self.key_literal() == other.key_literal()
+                } else {
+                    checked::same_string(self.key_literal(), other.key_literal())
+                }
             }
             (Same::Value, Same::Value) => self.fp == other.fp && self.equal_value(&other.json),
             _ => self.matches_text(&other.json),
@@ -212,27 +224,29 @@ fn device_type(k: NodeKind) -> &'static str {
     }
 }
 
-/// Writes one object's members as JSON text, and the fingerprint of the members written.
+/// Writes one object's members as JSON text, and for an entry compared by value the
+/// fingerprint of the members written.
 struct Writer {
     json: String,
-    /// The fingerprint of the members written.
-    fp: ObjectFp,
+    /// Whether a member was written (the next one needs a comma).
+    any: bool,
+    /// `Some` for an entry compared by value.
+    fp: Option<ObjectFp>,
 }
 
 impl Writer {
-    fn with_capacity(n: usize) -> Writer {
+    fn with_capacity(n: usize, by_value: bool) -> Writer {
         Writer {
             json: String::with_capacity(n),
-            fp: ObjectFp::default(),
+            any: false,
+            fp: by_value.then(ObjectFp::default),
         }
     }
 
     /// A member's name and colon, after a comma unless it is the first.
     fn name(&mut self, name: &'static str) {
-        if !self.json.ends_with('{') {
-            self.json.push(',');
-        }
-        self.json.push('"');
+        self.json.push_str(if self.any { ",\"" } else { "\"" });
+        self.any = true;
         self.json.push_str(name);
         self.json.push_str("\":");
     }
@@ -240,8 +254,12 @@ impl Writer {
     /// A string, escaped as serde_json escapes it; where its literal is in the text.
     fn string(&mut self, s: &str) -> Range<usize> {
         let start = self.json.len();
-        // serde_json escapes `"`, `\` and control characters only.
-        if s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        // serde_json escapes `"`, `\` and control characters only. Every byte is looked at
+        // (no early end), which the compiler turns into a wide loop.
+        let escape = s
+            .bytes()
+            .fold(false, |e, b| e | (b < 0x20) | (b == b'"') | (b == b'\\'));
+        if escape {
             // Serializing a str cannot fail.
             self.json
                 .push_str(&serde_json::to_string(s).unwrap_or_default());
@@ -254,12 +272,12 @@ impl Writer {
     }
 
     fn int(&mut self, i: i64) {
-        let mut buf = [0u8; 20];
-        let mut at = buf.len();
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
         let mut u = i.unsigned_abs();
         loop {
             at -= 1;
-            buf[at] = b'0' + (u % 10) as u8;
+            digits[at] = b'0' + (u % 10) as u8;
             u /= 10;
             if u == 0 {
                 break;
@@ -268,33 +286,41 @@ impl Writer {
         if i < 0 {
             self.json.push('-');
         }
-        // Digits only.
-        self.json
-            .push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+        for d in &digits[at..] {
+            self.json.push(char::from(*d));
+        }
     }
 
     fn str_member(&mut self, name: &'static str, value: &str) -> Range<usize> {
         self.name(name);
-        self.fp.add(name, fp_str(value));
+        if let Some(fp) = &mut self.fp {
+            fp.add(name, fp_str(value));
+        }
         self.string(value)
     }
 
     fn i64_member(&mut self, name: &'static str, value: i64) {
         self.name(name);
-        self.fp.add(name, fp_i64(value));
+        if let Some(fp) = &mut self.fp {
+            fp.add(name, fp_i64(value));
+        }
         self.int(value);
     }
 
     fn bool_member(&mut self, name: &'static str, value: bool) {
         self.name(name);
-        self.fp.add(name, fp_bool(value));
+        if let Some(fp) = &mut self.fp {
+            fp.add(name, fp_bool(value));
+        }
         self.json.push_str(if value { "true" } else { "false" });
     }
 
     fn by_member(self, name: &'static str, key: Range<usize>) -> Entry {
+        let key_plain = self.json.get(key.clone()).is_some_and(checked::is_plain);
         Entry {
             same: Same::Member(name),
             key,
+            key_plain,
             fp: 0,
             json: self.json,
         }
@@ -304,7 +330,8 @@ impl Writer {
         Entry {
             same: Same::Value,
             key: 0..0,
-            fp: self.fp.get(),
+            key_plain: true,
+            fp: self.fp.unwrap_or_default().get(),
             json: self.json,
         }
     }
