@@ -29,15 +29,32 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 /// The end (after the closing quote) of the string literal whose opening quote is at `i`.
 fn string_end(b: &[u8], i: usize) -> usize {
     let mut j = i + 1;
-    while let Some(&c) = b.get(j) {
-        match c {
-            b'"' => return j + 1,
+    loop {
+        // Eight bytes at a time up to the first quote or backslash.
+        while let Some(word) = b.get(j..j + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            let hits = has_byte(word, b'"') | has_byte(word, b'\\');
+            if hits != 0 {
+                // The lowest hit is exact (a false one can only follow a true one).
+                j += hits.trailing_zeros() as usize / 8;
+                break;
+            }
+            j += 8;
+        }
+        match b.get(j) {
+            None => return b.len(),
+            Some(b'"') => return j + 1,
             // A backslash and the byte it escapes (`\u` is followed by hex digits only).
-            b'\\' => j += 2,
-            _ => j += 1,
+            Some(b'\\') => j += 2,
+            Some(_) => j += 1,
         }
     }
-    b.len()
+}
+
+/// The high bit of each byte of `word` that is `c` (and maybe of bytes after one).
+fn has_byte(word: [u8; 8], c: u8) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    let x = u64::from_le_bytes(word) ^ (ONES * u64::from(c));
+    x.wrapping_sub(ONES) & !x & (ONES << 7)
 }
 
 /// The end of the value that starts at `i`.
@@ -217,7 +234,9 @@ pub fn string_member<'a>(raw: &'a str, name: &str) -> Option<&'a str> {
 /// allocates once.
 #[derive(Default)]
 pub struct Fingerprints<'a> {
-    members: Vec<(Cow<'a, str>, u64)>,
+    /// Of each member of the objects open: its key, the key's hash (compared first), and
+    /// its value's fingerprint.
+    members: Vec<(Cow<'a, str>, u64, u64)>,
 }
 
 /// Objects with more members than this find a repeated key through a hash map, not a scan.
@@ -227,7 +246,7 @@ impl<'a> Fingerprints<'a> {
     /// The fingerprint of the value `text`: equal values have equal fingerprints (object
     /// members in any order, the last of a repeated key, strings escaped or not, numbers as
     /// serde_json tells them apart), so most unequal values are told apart without decoding
-    /// them. The same as [`fp_str`], [`fp_u64`], [`fp_object`] and the others give of a
+    /// them. The same as [`fp_str`], [`fp_u64`], [`ObjectFp`] and the others give of a
     /// value's parts.
     pub fn of(&mut self, text: &'a str) -> u64 {
         self.value(text, 0).0
@@ -296,29 +315,34 @@ impl<'a> Fingerprints<'a> {
             }
             // A key that does not decode is told apart by its literal.
             let key = unescape(k).unwrap_or(Cow::Borrowed(k));
+            let hash = fp_text(10, &key);
             let seen = match &index {
                 Some(index) => index.get(&key).copied(),
                 None => self.members[base..]
                     .iter()
-                    .position(|(seen, _)| *seen == key)
+                    .position(|(seen, h, _)| *h == hash && *seen == key)
                     .map(|p| base + p),
             };
             match seen {
                 // A repeated key: the last value counts.
-                Some(p) => self.members[p].1 = fp,
+                Some(p) => self.members[p].2 = fp,
                 None => {
                     if let Some(index) = &mut index {
                         index.insert(key.clone(), self.members.len());
                     }
-                    self.members.push((key, fp));
+                    self.members.push((key, hash, fp));
                     if index.is_none() && self.members.len() - base > SCAN_MEMBERS {
                         let all = self.members[base..].iter().enumerate();
-                        index = Some(all.map(|(p, (k, _))| (k.clone(), base + p)).collect());
+                        index = Some(all.map(|(p, (k, ..))| (k.clone(), base + p)).collect());
                     }
                 }
             }
         }
-        let fp = fp_object(self.members[base..].iter().map(|(k, fp)| (k.as_ref(), *fp)));
+        let mut fp = ObjectFp::default();
+        for (_, hash, value) in &self.members[base..] {
+            fp.add_hashed(*hash, *value);
+        }
+        let fp = fp.get();
         self.members.truncate(base);
         (fp, (j + 1).min(b.len()))
     }
@@ -364,10 +388,12 @@ fn fp_f64(f: f64) -> u64 {
 /// A number as written, as serde_json reads it: an integer as `u64` or `i64` when it fits,
 /// else an `f64`.
 fn fp_number(text: &str) -> u64 {
-    if text.bytes().all(|c| c.is_ascii_digit()) {
-        if let Ok(u) = text.parse::<u64>() {
-            return fp_u64(u);
-        }
+    let digits = text.bytes().try_fold(0u64, |u, c| {
+        let d = c.checked_sub(b'0').filter(|d| *d < 10)?;
+        u.checked_mul(10)?.checked_add(d.into())
+    });
+    if let Some(u) = digits.filter(|_| !text.is_empty()) {
+        return fp_u64(u);
     }
     match serde_json::from_str::<serde_json::Number>(text) {
         Ok(n) => match (n.as_u64(), n.as_i64()) {
@@ -388,16 +414,8 @@ fn fp_element(h: u64, element: u64) -> u64 {
     mix(h.rotate_left(5) ^ element)
 }
 
-/// Of members with distinct keys, in any order.
-pub fn fp_object<'k>(members: impl Iterator<Item = (&'k str, u64)>) -> u64 {
-    let mut fp = ObjectFp::default();
-    for (k, v) in members {
-        fp.add(k, v);
-    }
-    fp.get()
-}
-
-/// [`fp_object`] one member at a time.
+/// The fingerprint of an object, added to one member at a time (members with distinct
+/// keys, in any order).
 #[derive(Default)]
 pub struct ObjectFp {
     n: u64,
@@ -406,10 +424,13 @@ pub struct ObjectFp {
 
 impl ObjectFp {
     pub fn add(&mut self, key: &str, fp: u64) {
+        self.add_hashed(fp_text(10, key), fp);
+    }
+
+    /// [`ObjectFp::add`] of a key whose `fp_text(10, key)` is `hash`.
+    fn add_hashed(&mut self, hash: u64, fp: u64) {
         self.n += 1;
-        self.sum = self
-            .sum
-            .wrapping_add(mix(fp_text(10, key) ^ fp.rotate_left(1)));
+        self.sum = self.sum.wrapping_add(mix(hash ^ fp.rotate_left(1)));
     }
 
     pub fn get(&self) -> u64 {
@@ -452,6 +473,34 @@ mod tests {
         let want: Vec<Box<serde_json::value::RawValue>> = serde_json::from_str(raw).unwrap();
         let want: Vec<&str> = want.iter().map(|r| r.get()).collect();
         assert_eq!(all, want);
+    }
+
+    #[test]
+    fn string_ends_found_at_any_offset() {
+        // Quotes and backslashes at every place in and across the eight-byte steps.
+        for len in 0..40 {
+            for at in 0..len {
+                for c in ['"', '\\'] {
+                    let mut inner: Vec<char> = "é".repeat(len).chars().collect();
+                    inner.truncate(len);
+                    inner[at] = c;
+                    if c == '\\' {
+                        inner.insert(at + 1, 'n');
+                    }
+                    let inner: String = inner.into_iter().collect();
+                    let lit = format!("\"{inner}\" , 1");
+                    // Where serde_json ends the first value (a string).
+                    let mut values =
+                        serde_json::Deserializer::from_str(&lit).into_iter::<serde_json::Value>();
+                    let Some(Ok(_)) = values.next() else {
+                        continue;
+                    };
+                    let want = values.byte_offset();
+                    assert_eq!(string_end(lit.as_bytes(), 0), want, "{lit}");
+                }
+            }
+        }
+        assert_eq!(string_end(b"\"abcdefghijklmnop", 0), 17);
     }
 
     #[test]
@@ -556,17 +605,13 @@ mod tests {
         let same = format!("{{\"k3\":\"x\",{}}}", reordered.join(","));
         assert_eq!(fp(&big), fp(&same));
         // Of the parts: as the entry writer computes it.
-        assert_eq!(
-            fp(r#"{"a":"x","b":[1],"c":-2,"d":false}"#),
-            fp_object(
-                [
-                    ("a", fp_str("x")),
-                    ("b", fp_element(ARRAY, fp_u64(1))),
-                    ("c", fp_i64(-2)),
-                    ("d", fp_bool(false)),
-                ]
-                .into_iter()
-            )
-        );
+        assert_eq!(fp(r#"{"a":"x","b":[1],"c":-2,"d":false}"#), {
+            let mut fp = ObjectFp::default();
+            fp.add("d", fp_bool(false));
+            fp.add("b", fp_element(ARRAY, fp_u64(1)));
+            fp.add("a", fp_str("x"));
+            fp.add("c", fp_i64(-2));
+            fp.get()
+        });
     }
 }

@@ -48,13 +48,13 @@ impl Entry {
         let path = utf8(&n.path)?;
         let mut w = Writer::with_capacity(path.len() + 96, false);
         w.json.push('{');
-        let key = w.str_member("path", path);
-        w.str_member("type", device_type(n.kind));
-        w.i64_member("major", n.major as i64);
-        w.i64_member("minor", n.minor as i64);
-        w.i64_member("fileMode", n.file_mode.into());
-        w.i64_member("uid", n.uid.into());
-        w.i64_member("gid", n.gid.into());
+        let key = w.str_member(r#""path":"#, path);
+        w.str_member(r#""type":"#, device_type(n.kind));
+        w.i64_member(r#""major":"#, n.major as i64);
+        w.i64_member(r#""minor":"#, n.minor as i64);
+        w.i64_member(r#""fileMode":"#, n.file_mode.into());
+        w.i64_member(r#""uid":"#, n.uid.into());
+        w.i64_member(r#""gid":"#, n.gid.into());
         w.json.push('}');
         Ok(w.by_member("path", key))
     }
@@ -64,11 +64,11 @@ impl Entry {
     pub fn rule(n: &DeviceNode, access: &str) -> Entry {
         let mut w = Writer::with_capacity(access.len() + 72, true);
         w.json.push('{');
-        w.bool_member("allow", true);
-        w.str_member("type", device_type(n.kind));
-        w.i64_member("major", n.major as i64);
-        w.i64_member("minor", n.minor as i64);
-        w.str_member("access", access);
+        w.bool_member(r#""allow":"#, true);
+        w.str_member(r#""type":"#, device_type(n.kind));
+        w.i64_member(r#""major":"#, n.major as i64);
+        w.i64_member(r#""minor":"#, n.minor as i64);
+        w.str_member(r#""access":"#, access);
         w.json.push('}');
         w.by_value()
     }
@@ -88,12 +88,12 @@ impl Entry {
             false,
         );
         w.json.push('{');
-        let key = w.str_member("destination", dest);
+        let key = w.str_member(r#""destination":"#, dest);
         if let Some(t) = typ {
-            w.str_member("type", t);
+            w.str_member(r#""type":"#, t);
         }
-        w.str_member("source", source);
-        w.name("options");
+        w.str_member(r#""source":"#, source);
+        w.name(r#""options":"#);
         w.json.push('[');
         for (i, o) in options.iter().enumerate() {
             if i > 0 {
@@ -243,12 +243,17 @@ impl Writer {
         }
     }
 
-    /// A member's name and colon, after a comma unless it is the first.
-    fn name(&mut self, name: &'static str) {
-        self.json.push_str(if self.any { ",\"" } else { "\"" });
+    /// A member's name (`"name":`, quotes and colon written with it) after a comma unless it
+    /// is the first; the name itself.
+    fn name(&mut self, quoted: &'static str) -> &'static str {
+        if self.any {
+            self.json.push(',');
+        }
         self.any = true;
-        self.json.push_str(name);
-        self.json.push_str("\":");
+        self.json.push_str(quoted);
+        quoted
+            .get(1..quoted.len().saturating_sub(2))
+            .unwrap_or_default()
     }
 
     /// A string, escaped as serde_json escapes it; where its literal is in the text.
@@ -291,24 +296,24 @@ impl Writer {
         }
     }
 
-    fn str_member(&mut self, name: &'static str, value: &str) -> Range<usize> {
-        self.name(name);
+    fn str_member(&mut self, quoted: &'static str, value: &str) -> Range<usize> {
+        let name = self.name(quoted);
         if let Some(fp) = &mut self.fp {
             fp.add(name, fp_str(value));
         }
         self.string(value)
     }
 
-    fn i64_member(&mut self, name: &'static str, value: i64) {
-        self.name(name);
+    fn i64_member(&mut self, quoted: &'static str, value: i64) {
+        let name = self.name(quoted);
         if let Some(fp) = &mut self.fp {
             fp.add(name, fp_i64(value));
         }
         self.int(value);
     }
 
-    fn bool_member(&mut self, name: &'static str, value: bool) {
-        self.name(name);
+    fn bool_member(&mut self, quoted: &'static str, value: bool) {
+        let name = self.name(quoted);
         if let Some(fp) = &mut self.fp {
             fp.add(name, fp_bool(value));
         }
