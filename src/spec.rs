@@ -6,8 +6,12 @@
 //! capabilities, seccomp, masked paths). So the document is a [`Document`] borrowing the
 //! file's bytes: read in place, the sections edited spliced back, everything else copied
 //! byte for byte. This module has the file handling and the editor's rules ([`apply`]);
-//! typed `oci-spec` structs are used only to build the entries added here.
+//! the entries added are written as JSON text by [`Entry`], scanned for in the arrays'
+//! bytes by `checked`.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
+
+mod checked;
+mod entry;
 
 mod document;
 pub mod scan;
@@ -16,14 +20,12 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{
-    LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, Mount, MountBuilder,
-};
 use serde_json::Value;
 
 use crate::atomic;
-use crate::plan::{self, BindMount, DeviceNode, NodeKind, Plan};
-pub use document::{Document, Entry, ParseError};
+use crate::plan::{self, BindMount, DeviceNode, Plan};
+pub use document::{Document, ParseError};
+pub use entry::Entry;
 
 /// Larger than any real spec (docker's are ~10 KB); a bigger file is refused, not parsed.
 pub const MAX_SIZE: u64 = 64 << 20;
@@ -153,17 +155,13 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
 /// rules by value, mounts by destination, gids by value.
 pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
     for n in &plan.nodes {
-        let entry = Entry::by_member("path", &n.path.to_string_lossy(), &device(n)?)?;
-        doc.append_unique(&["linux", "devices"], entry)?;
+        doc.append_unique(&["linux", "devices"], Entry::device(n)?)?;
     }
     for n in &plan.nodes {
-        let rule = Entry::by_value(rule_entry(n, "rwm")?);
-        doc.append_unique(&["linux", "resources", "devices"], rule)?;
+        doc.append_unique(&["linux", "resources", "devices"], Entry::rule(n, "rwm"))?;
     }
-    let options: Vec<String> = plan::MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
     for m in &plan.mounts {
-        let dest = m.destination.to_string_lossy();
-        let entry = Entry::by_member("destination", &dest, &mount(m, Some("bind"), &options)?)?;
+        let entry = Entry::mount(m, Some("bind"), &plan::MOUNT_OPTIONS)?;
         doc.append_unique(&["mounts"], entry)?;
     }
     add_gids(doc, &plan.additional_gids)
@@ -172,64 +170,24 @@ pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
 /// Adds groups to `process.user.additionalGids` (creating the sections), each once.
 pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
     for g in add {
-        let path = ["process", "user", "additionalGids"];
-        doc.append_unique(&path, Entry::by_value(Value::from(*g)))?;
+        doc.append_unique(&["process", "user", "additionalGids"], Entry::gid(*g))?;
     }
     Ok(())
 }
 
-/// The `linux.devices` entry for a node (shared with CDI's edits, so both paths write the same).
+/// The `linux.devices` entry for a node as a value ([`Entry::device`]'s).
 pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
-    serde_json::to_value(device(n)?).map_err(|e| e.to_string())
+    Entry::device(n)?.to_value()
 }
 
-fn device(n: &DeviceNode) -> Result<LinuxDevice, String> {
-    LinuxDeviceBuilder::default()
-        .path(n.path.clone())
-        .typ(device_type(n.kind))
-        .major(n.major as i64)
-        .minor(n.minor as i64)
-        .file_mode(n.file_mode)
-        .uid(n.uid)
-        .gid(n.gid)
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-/// The `linux.resources.devices` allow rule for a node with the given cgroup access.
+/// The `linux.resources.devices` allow rule for a node as a value ([`Entry::rule`]'s).
 pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
-    let rule = LinuxDeviceCgroupBuilder::default()
-        .allow(true)
-        .typ(device_type(n.kind))
-        .major(n.major as i64)
-        .minor(n.minor as i64)
-        .access(access)
-        .build()
-        .map_err(|e| e.to_string())?;
-    serde_json::to_value(rule).map_err(|e| e.to_string())
+    Entry::rule(n, access).to_value()
 }
 
-/// A `mounts` entry; `typ` `None` leaves the type out (runc then goes by the options).
+/// A `mounts` entry as a value ([`Entry::mount`]'s).
 pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
-    serde_json::to_value(mount(m, typ, options)?).map_err(|e| e.to_string())
-}
-
-fn mount(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Mount, String> {
-    let mut b = MountBuilder::default()
-        .destination(m.destination.clone())
-        .source(m.source.clone())
-        .options(options.to_vec());
-    if let Some(t) = typ {
-        b = b.typ(t);
-    }
-    b.build().map_err(|e| e.to_string())
-}
-
-fn device_type(k: NodeKind) -> LinuxDeviceType {
-    match k {
-        NodeKind::Char => LinuxDeviceType::C,
-        NodeKind::Block => LinuxDeviceType::B,
-    }
+    Entry::mount(m, typ, options)?.to_value()
 }
 
 /// Atomically replaces config.json with `data` (mode and owner kept).
@@ -243,6 +201,7 @@ pub fn write_bytes(path: &Path, data: &[u8]) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::NodeKind;
     use serde_json::json;
 
     fn node(path: &str, minor: u64) -> DeviceNode {
@@ -273,7 +232,10 @@ mod tests {
     fn edited(input: &str, edit: impl FnOnce(&mut Document<'_>)) -> String {
         let mut doc = Document::parse(input.as_bytes()).unwrap();
         edit(&mut doc);
-        let out = String::from_utf8(doc.to_bytes()).unwrap();
+        let bytes = doc.to_bytes();
+        // Allocated once, at the size it was computed to have.
+        assert_eq!(bytes.capacity(), bytes.len());
+        let out = String::from_utf8(bytes).unwrap();
         serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
         out
     }
@@ -492,6 +454,28 @@ mod tests {
     }
 
     #[test]
+    fn elements_written_with_escapes_are_the_same_elements() {
+        // The mount, the node, the gid and the /dev/nvidiactl rule are there, escaped; the
+        // /dev/nvidia1 rule is not (a minor of 1.0 is not the number 1 to serde_json or Go).
+        let input = r#"{"mounts":[{"d\u0065stination":"\/usr\/lib64\/libcuda.so.1"}],"linux":{"devices":[{"path":"\u002fdev/nvidia1"}],"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1.0,"access":"rwm"},{"access":"rw\u006d","minor":255,"allow":true,"type":"\u0063","major":195}]}},"process":{"user":{"additionalGids":[4.4e1,44]}}}"#;
+        let out = applied(input);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let len = |p: &str| v.pointer(p).and_then(Value::as_array).map(Vec::len);
+        assert_eq!(len("/mounts"), Some(1), "{out}");
+        assert_eq!(len("/linux/devices"), Some(2), "{out}");
+        assert_eq!(len("/linux/resources/devices"), Some(3), "{out}");
+        assert_eq!(len("/process/user/additionalGids"), Some(2), "{out}");
+        assert_eq!(v["linux"]["resources"]["devices"][2]["minor"], 1);
+        assert_eq!(applied(&out), out);
+        // The last of a repeated member is the one compared, escaped or not.
+        let out = applied(
+            r#"{"mounts":[{"destination":"/usr/lib64/libcuda.so.1","destin\u0061tion":"/o"}]}"#,
+        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["mounts"].as_array().unwrap().len(), 2, "{out}");
+    }
+
+    #[test]
     fn spans_end_at_the_value_not_at_brackets_in_strings() {
         let input = r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]}],"linux":{"devices":[],"x":"]}"},"z":"{["}"#;
         let out = applied(input);
@@ -512,7 +496,7 @@ mod tests {
         let input = "{\"mounts\": [ {\"destination\": \"/a\"} ]}";
         let out = edited(input, |d| {
             let add = |dest: &str| json!({"destination": dest});
-            let by_dest = |dest: &str| Entry::by_member("destination", dest, &add(dest)).unwrap();
+            let by_dest = |dest: &str| Entry::by_member("destination", &add(dest)).unwrap();
             assert!(d.append_unique(&["mounts"], by_dest("/b")).unwrap());
             assert!(!d.append_unique(&["mounts"], by_dest("/a")).unwrap());
             assert!(!d.append_unique(&["mounts"], by_dest("/b")).unwrap());
@@ -529,9 +513,9 @@ mod tests {
         );
         // Appended only: the old elements as written.
         let out = edited(input, |d| {
-            d.append_unique(&["mounts"], Entry::by_value(json!(2)))
+            d.append_unique(&["mounts"], Entry::by_value(&json!(2)))
                 .unwrap();
-            d.append_unique(&["mounts"], Entry::by_value(json!(3)))
+            d.append_unique(&["mounts"], Entry::by_value(&json!(3)))
                 .unwrap();
         });
         assert_eq!(out, "{\"mounts\": [ {\"destination\": \"/a\"},2,3 ]}");

@@ -207,11 +207,8 @@ fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
         }
         for n in &r.nodes {
             if let Some(access) = &n.access {
-                let rule = spec::rule_entry(&n.node, access)?;
-                doc.append_unique(
-                    &["linux", "resources", "devices"],
-                    spec::Entry::by_value(rule),
-                )?;
+                let rule = spec::Entry::rule(&n.node, access);
+                doc.append_unique(&["linux", "resources", "devices"], rule)?;
             }
         }
     }

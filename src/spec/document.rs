@@ -17,12 +17,11 @@ use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::de::{
-    Deserialize, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess,
-    Visitor,
-};
+use serde::de::{Deserialize, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::checked;
+use super::entry::{Entry, Same};
 use super::{scan, SpecError, DOCKER_GPU_HOOK};
 
 #[derive(Debug)]
@@ -73,12 +72,9 @@ struct Edit<'a> {
     parsed_len: Option<usize>,
     /// For [`At::Append`]: the elements added.
     added: Vec<Entry>,
-    /// For [`At::Append`] to an array in the bytes: what [`Same`] sees of each of its
-    /// elements (computed once).
-    seen: Option<(Same, Vec<Seen>)>,
-    /// For [`At::Append`] to an array in the bytes: the text of each element, split out when
-    /// a [`Seen`] without its key needs comparing.
-    texts: Vec<&'a str>,
+    /// For [`At::Append`] to an array in the bytes: its elements as written, with what
+    /// [`Same`] sees of each (computed once).
+    seen: Option<(Same, Vec<Seen<'a>>)>,
 }
 
 enum At<'a> {
@@ -98,108 +94,57 @@ enum At<'a> {
     },
 }
 
-/// When an element is already in an array ([`Entry`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Same {
-    /// An object whose member of this name is the same string.
-    Member(&'static str),
-    /// An equal JSON value.
-    Value,
+/// An element of an array in the bytes, and what [`Same`] sees of it.
+struct Seen<'a> {
+    text: &'a str,
+    /// For [`Same::Member`]: the literal of the element's string member of that name.
+    key: Option<&'a str>,
+    /// Whether that literal has no escapes.
+    key_plain: bool,
+    /// For [`Same::Value`]: the element's fingerprint.
+    fp: u64,
 }
 
-impl Same {
-    /// Whether element `v` is the same as one whose key is `key` (see [`Entry`]).
-    fn matches(self, v: &Value, key: &Value) -> bool {
-        match self {
-            Same::Member(k) => key
-                .as_str()
-                .is_some_and(|key| member(v, k).and_then(Value::as_str) == Some(key)),
-            Same::Value => json_eq(v, key),
-        }
-    }
-
-    /// The key of each element of the array `raw` as written, in one pass: its member's
-    /// string (`null` when it has none), or its value.
-    fn raw_keys(self, raw: &str) -> Result<Vec<Seen>, serde_json::Error> {
-        let mut de = serde_json::Deserializer::from_str(raw);
-        let seen = match self {
-            Same::Member(k) => MemberOfEach(k)
-                .deserialize(&mut de)?
-                .into_iter()
-                .map(|key| Seen {
-                    fp: fingerprint(&key),
-                    key: Some(key),
+impl<'a> Seen<'a> {
+    /// Each element of the array `raw` (in the bytes, so checked JSON), as `same` sees it.
+    fn all(same: Same, raw: &'a str) -> Vec<Seen<'a>> {
+        match same {
+            Same::Member(name) => checked::elements(raw)
+                .map(|text| {
+                    let key = checked::string_member(text, name);
+                    Seen {
+                        text,
+                        key,
+                        key_plain: key.is_some_and(checked::is_plain),
+                        fp: 0,
+                    }
                 })
                 .collect(),
-            // Values are not built for this, only their fingerprints: most differ.
-            Same::Value => FpOfEach
-                .deserialize(&mut de)?
-                .into_iter()
-                .map(|fp| Seen { fp, key: None })
-                .collect(),
-        };
-        de.end()?;
-        Ok(seen)
-    }
-}
-
-/// What [`Same`] sees of an element in the bytes: its key's [`fingerprint`], and the key
-/// (`None`: not built; the element is decoded when the fingerprint matches).
-struct Seen {
-    fp: u64,
-    key: Option<Value>,
-}
-
-/// An element to append with [`Document::append_unique`]: its JSON, and what tells whether
-/// the array already has it.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    same: Same,
-    key: Value,
-    /// [`fingerprint`] of `key`.
-    fp: u64,
-    json: String,
-}
-
-impl Entry {
-    /// `entry`, already there when an element is an object whose member `name` is the string
-    /// `value` (which must be `entry`'s own): a device by path, a mount by destination.
-    pub fn by_member(
-        name: &'static str,
-        value: &str,
-        entry: &impl serde::Serialize,
-    ) -> Result<Entry, String> {
-        let key = Value::from(value);
-        Ok(Entry {
-            same: Same::Member(name),
-            fp: fingerprint(&key),
-            key,
-            json: serde_json::to_string(entry).map_err(|e| e.to_string())?,
-        })
-    }
-
-    /// `value`, already there when an element is an equal value: a cgroup rule, a gid.
-    pub fn by_value(value: Value) -> Entry {
-        Entry {
-            same: Same::Value,
-            json: value.to_string(),
-            fp: fingerprint(&value),
-            key: value,
+            Same::Value => {
+                let mut fps = checked::Fingerprints::default();
+                checked::elements(raw)
+                    .map(|text| Seen {
+                        text,
+                        key: None,
+                        key_plain: false,
+                        fp: fps.of(text),
+                    })
+                    .collect()
+            }
         }
     }
 
-    fn to_value(&self) -> Result<Value, String> {
-        serde_json::from_str(&self.json).map_err(|e| e.to_string())
-    }
-
-    /// Whether `self` and `other` are the same element for `self`'s rule.
-    fn same_as(&self, other: &Entry) -> bool {
-        if self.same == other.same {
-            self.fp == other.fp && json_eq(&self.key, &other.key)
-        } else {
-            other
-                .to_value()
-                .is_ok_and(|v| self.same.matches(&v, &self.key))
+    /// Whether `entry` is the same as this element.
+    fn is(&self, entry: &Entry) -> bool {
+        match entry.same {
+            Same::Member(_) => self.key.is_some_and(|k| {
+                if self.key_plain && entry.key_plain {
+                    k == entry.key_literal()
+                } else {
+                    checked::same_string(k, entry.key_literal())
+                }
+            }),
+            Same::Value => self.fp == entry.fp && entry.equal_value(self.text),
         }
     }
 }
@@ -235,10 +180,9 @@ impl<'a> Document<'a> {
         let bytes = src.as_bytes();
         let start = bytes.len() - src.trim_start_matches(JSON_WS).len();
         let top_level = |key: &str| CACHED.iter().any(|c| c.len() == 1 && key == c[0]);
-        let (top, mut nested, end) = scan::members_nesting(src, start, &mut Vec::new(), |k| {
-            top_level(&k[1..k.len() - 1])
-        })
-        .map_err(|e| ParseError::Json(invalid(src, e)))?;
+        let (top, mut nested, end) =
+            scan::members_nesting(src, start, |k| top_level(&k[1..k.len() - 1]))
+                .map_err(|e| ParseError::Json(invalid(src, e)))?;
         if scan::ws(bytes, end) != bytes.len() {
             return Err(ParseError::Json(invalid(src, scan::Invalid(end))));
         }
@@ -427,8 +371,7 @@ impl<'a> Document<'a> {
                 .collect()
         }
         let raw = |raw: &'a str| -> Vec<Cow<'a, str>> {
-            elements(raw)
-                .into_iter()
+            checked::elements(raw)
                 .filter_map(|m| string(last(&members(m).ok()??, "destination")?))
                 .collect()
         };
@@ -467,7 +410,7 @@ impl<'a> Document<'a> {
                     .iter()
                     .any(|h| is_gpu_hook(h.get("path").and_then(Value::as_str)))
             }),
-            Some(Found::Raw(raw)) => elements(raw).into_iter().any(|h| {
+            Some(Found::Raw(raw)) => checked::elements(raw).any(|h| {
                 let path = members(h)
                     .ok()
                     .flatten()
@@ -553,7 +496,6 @@ impl<'a> Document<'a> {
                 };
                 e.parsed_len = None;
                 e.seen = None;
-                e.texts = Vec::new();
             }
             let depth = e.path.len();
             return descend(&mut e.value, path, depth, empty);
@@ -583,7 +525,6 @@ impl<'a> Document<'a> {
                         parsed_len,
                         added: Vec::new(),
                         seen: None,
-                        texts: Vec::new(),
                     });
                     break;
                 }
@@ -625,7 +566,6 @@ impl<'a> Document<'a> {
                         parsed_len: None,
                         added: Vec::new(),
                         seen: None,
-                        texts: Vec::new(),
                     });
                     break;
                 }
@@ -660,21 +600,14 @@ impl<'a> Document<'a> {
             }
             Some(_) => return self.push_value(path, entry),
             None => {
-                let mut seen = None;
                 let at = match self.raw(path) {
                     Some(raw) if raw.starts_with('[') => {
-                        let keys = entry
-                            .same
-                            .raw_keys(raw)
-                            .map_err(|e| format!("`{}`: {e}", path.join(".")))?;
                         // After the last element: the text before `]`, less whitespace.
                         let inside = raw[..raw.len() - 1].trim_end_matches(JSON_WS);
-                        let (offset, first) = (self.offset(inside) + inside.len(), keys.is_empty());
-                        seen = Some((entry.same, keys));
                         At::Append {
                             raw: Some(raw),
-                            offset,
-                            first,
+                            offset: self.offset(inside) + inside.len(),
+                            first: inside == "[",
                         }
                     }
                     Some(_) => return Err(not_array()),
@@ -694,8 +627,7 @@ impl<'a> Document<'a> {
                     value: Value::Null,
                     parsed_len: None,
                     added: Vec::new(),
-                    seen,
-                    texts: Vec::new(),
+                    seen: None,
                 });
                 self.edits.len() - 1
             }
@@ -703,44 +635,13 @@ impl<'a> Document<'a> {
         let e = &mut self.edits[i];
         if let At::Append { raw: Some(raw), .. } = e.at {
             if e.seen.as_ref().is_none_or(|(by, _)| *by != entry.same) {
-                let seen = entry
-                    .same
-                    .raw_keys(raw)
-                    .map_err(|err| format!("`{}`: {err}", path.join(".")))?;
-                e.seen = Some((entry.same, seen));
+                e.seen = Some((entry.same, Seen::all(entry.same, raw)));
             }
         }
-        let Edit {
-            at,
-            seen,
-            texts,
-            added,
-            ..
-        } = e;
-        let mut already = false;
-        for (i, s) in seen.iter().flat_map(|(_, seen)| seen).enumerate() {
-            if s.fp != entry.fp {
-                continue;
-            }
-            already = match &s.key {
-                Some(key) => json_eq(key, &entry.key),
-                None => {
-                    if let (true, At::Append { raw: Some(raw), .. }) = (texts.is_empty(), &at) {
-                        *texts = elements(raw);
-                    }
-                    // Written as this editor writes it (a second create): equal without
-                    // decoding.
-                    texts.get(i).is_some_and(|t| {
-                        *t == entry.json
-                            || serde_json::from_str(t).is_ok_and(|v: Value| json_eq(&v, &entry.key))
-                    })
-                }
-            };
-            if already {
-                break;
-            }
-        }
-        if already || added.iter().any(|a| entry.same_as(a)) {
+        let there = |seen: &[Seen<'_>]| seen.iter().any(|s| s.is(&entry));
+        if e.seen.as_ref().is_some_and(|(_, seen)| there(seen))
+            || e.added.iter().any(|a| entry.same_as(a))
+        {
             return Ok(false);
         }
         e.added.push(entry);
@@ -751,7 +652,7 @@ impl<'a> Document<'a> {
     fn push_value(&mut self, path: &[&'static str], entry: Entry) -> Result<bool, String> {
         let value = entry.to_value()?;
         let array = self.array_mut(path)?;
-        if array.iter().any(|v| entry.same.matches(v, &entry.key)) {
+        if array.iter().any(|v| entry.matches_value(v)) {
             return Ok(false);
         }
         array.push(value);
@@ -797,36 +698,42 @@ impl<'a> Document<'a> {
             .collect();
         // Stable: members inserted at one place keep the order they were created in.
         order.sort_by_key(|(offset, _)| *offset);
-        let mut out = Vec::with_capacity(self.src.len() + 4096);
+        // The sections edited as values are serialized first, so that the output's size is
+        // known and it is allocated once, at its size.
+        let values: Vec<Option<Vec<u8>>> = order.iter().map(|(_, e)| value_text(e)).collect();
+        let mut size = 0;
+        self.splice(&order, &values, |b| size += b.len());
+        let mut out = Vec::with_capacity(size);
+        self.splice(&order, &values, |b| out.extend_from_slice(b));
+        out
+    }
+
+    /// Passes the pieces of [`to_bytes`](Document::to_bytes)'s output to `put`, in order:
+    /// `order` is the edits sorted by offset, `values` what [`value_text`] gave for each.
+    fn splice(
+        &self,
+        order: &[(usize, &Edit<'a>)],
+        values: &[Option<Vec<u8>>],
+        mut put: impl FnMut(&[u8]),
+    ) {
+        let src = self.src.as_bytes();
         let mut copied = 0;
         let mut inserted_at = None;
-        for (offset, e) in order {
-            out.extend_from_slice(&self.src.as_bytes()[copied..offset]);
+        for ((offset, e), value) in order.iter().zip(values) {
+            let offset = *offset;
+            put(src.get(copied..offset).unwrap_or_default());
             copied = offset;
             match e.at {
                 At::Replace(raw) => {
-                    let mark = out.len();
-                    write_json(&mut out, &e.value);
-                    let old = raw.as_bytes();
-                    // Not changed, only written differently (pretty-printed, escaped): keep
-                    // the old bytes, so that an unchanged document is the input exactly.
-                    if out[mark..] != *old
-                        && len(&e.value) == e.parsed_len
-                        && serde_json::from_str::<Value>(raw).is_ok_and(|v| v == e.value)
-                    {
-                        out.truncate(mark);
-                    } else {
-                        copied += old.len();
+                    // `None`: not changed, the old bytes stay.
+                    if let Some(v) = value {
+                        put(v);
+                        copied += raw.len();
                     }
                 }
                 At::Insert { first, .. } => {
-                    if !first || inserted_at == Some(offset) {
-                        out.push(b',');
-                    }
-                    let key = e.path.last().copied().unwrap_or_default();
-                    write_json(&mut out, &key);
-                    out.push(b':');
-                    write_json(&mut out, &e.value);
+                    put_key(&mut put, e, !first || inserted_at == Some(offset));
+                    put(value.as_deref().unwrap_or_default());
                     inserted_at = Some(offset);
                 }
                 At::Append {
@@ -836,34 +743,70 @@ impl<'a> Document<'a> {
                 } => {
                     for (i, a) in e.added.iter().enumerate() {
                         if !first || i > 0 {
-                            out.push(b',');
+                            put(b",");
                         }
-                        out.extend_from_slice(a.json.as_bytes());
+                        put(a.json.as_bytes());
                     }
                 }
                 At::Append {
                     raw: None, first, ..
                 } => {
-                    if !first || inserted_at == Some(offset) {
-                        out.push(b',');
-                    }
-                    let key = e.path.last().copied().unwrap_or_default();
-                    write_json(&mut out, &key);
-                    out.extend_from_slice(b":[");
+                    put_key(&mut put, e, !first || inserted_at == Some(offset));
+                    put(b"[");
                     for (i, a) in e.added.iter().enumerate() {
                         if i > 0 {
-                            out.push(b',');
+                            put(b",");
                         }
-                        out.extend_from_slice(a.json.as_bytes());
+                        put(a.json.as_bytes());
                     }
-                    out.push(b']');
+                    put(b"]");
                     inserted_at = Some(offset);
                 }
             }
         }
-        out.extend_from_slice(&self.src.as_bytes()[copied..]);
-        out
+        put(src.get(copied..).unwrap_or_default());
     }
+}
+
+/// The key of an inserted section and its colon, after a comma when `comma`.
+fn put_key(put: &mut impl FnMut(&[u8]), e: &Edit<'_>, comma: bool) {
+    if comma {
+        put(b",");
+    }
+    let key = e.path.last().copied().unwrap_or_default();
+    // The keys of sections are names without characters to escape; any other is escaped as
+    // serde_json escapes it.
+    if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        put(b"\"");
+        put(key.as_bytes());
+        put(b"\":");
+    } else {
+        put(&serde_json::to_vec(key).unwrap_or_default());
+        put(b":");
+    }
+}
+
+/// The text of a section edited as a value ([`At::Replace`], [`At::Insert`]); `None` for an
+/// appended array, and for a replaced section not changed, only written differently
+/// (pretty-printed, escaped): its old bytes stay, so that an unchanged document is the input
+/// exactly.
+fn value_text(e: &Edit<'_>) -> Option<Vec<u8>> {
+    let text = match e.at {
+        At::Append { .. } => return None,
+        At::Replace(_) | At::Insert { .. } => {
+            // Serializing a Value into a Vec cannot fail: its keys are strings.
+            serde_json::to_vec(&e.value).unwrap_or_default()
+        }
+    };
+    if let At::Replace(raw) = e.at {
+        if text != raw.as_bytes()
+            && len(&e.value) == e.parsed_len
+            && serde_json::from_str::<Value>(raw).is_ok_and(|v| v == e.value)
+        {
+            return None;
+        }
+    }
+    Some(text)
 }
 
 /// Goes from the edited value at `path[..depth]` down to `path`, creating what is missing.
@@ -888,184 +831,6 @@ fn descend<'v>(
     Ok(v)
 }
 
-/// `a == b`, cheaper for objects with their keys in the same order (as the entries built
-/// here always are): no hash lookups then, and the first differing value ends it (a key is
-/// in an object once, so the same key with another value means unequal objects).
-fn json_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            if x.len() != y.len() {
-                return false;
-            }
-            for ((kx, vx), (ky, vy)) in x.iter().zip(y) {
-                if kx != ky {
-                    return a == b;
-                }
-                if !json_eq(vx, vy) {
-                    return false;
-                }
-            }
-            true
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q))
-        }
-        _ => a == b,
-    }
-}
-
-/// Equal values have equal fingerprints (object members in any order), so most unequal
-/// elements are told apart without comparing them: an array of cgroup rules is compared
-/// with each new rule. [`Fp`] gives the same of a value as written.
-fn fingerprint(v: &Value) -> u64 {
-    match v {
-        Value::Null => 1,
-        Value::Bool(b) => 2 + u64::from(*b),
-        // The variants serde_json's number equality tells apart.
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => fp_u64(u),
-            (None, Some(i)) => fp_i64(i),
-            (None, None) => fp_f64(n.as_f64().unwrap_or_default()),
-        },
-        Value::String(s) => fp_str(s),
-        Value::Array(a) => fp_array(a.iter().map(fingerprint)),
-        Value::Object(o) => fp_object(o.iter().map(|(k, v)| (k.as_str(), fingerprint(v)))),
-    }
-}
-
-fn mix(h: u64) -> u64 {
-    let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
-}
-
-fn fp_text(tag: u64, s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325 ^ tag, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-fn fp_u64(u: u64) -> u64 {
-    mix(u ^ 3)
-}
-
-/// A negative integer (serde_json keeps a non-negative one as `u64`).
-fn fp_i64(i: i64) -> u64 {
-    if i >= 0 {
-        fp_u64(i as u64)
-    } else {
-        mix((i as u64) ^ 4)
-    }
-}
-
-fn fp_f64(f: f64) -> u64 {
-    // 0.0 == -0.0.
-    mix(if f == 0.0 { 5 } else { f.to_bits() ^ 6 })
-}
-
-fn fp_str(s: &str) -> u64 {
-    fp_text(7, s)
-}
-
-fn fp_array(elements: impl Iterator<Item = u64>) -> u64 {
-    elements.fold(8, |h, fp| mix(h.rotate_left(5) ^ fp))
-}
-
-/// Of members with distinct keys, in any order.
-fn fp_object<'k>(members: impl Iterator<Item = (&'k str, u64)>) -> u64 {
-    let (mut n, mut sum) = (0u64, 0u64);
-    for (k, fp) in members {
-        n += 1;
-        sum = sum.wrapping_add(mix(fp_text(10, k) ^ fp.rotate_left(1)));
-    }
-    mix(sum ^ (9 + n))
-}
-
-/// [`fingerprint`] of each element of an array as written, without building values.
-struct FpOfEach;
-
-impl<'de> DeserializeSeed<'de> for FpOfEach {
-    type Value = Vec<u64>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FpOfEach {
-    type Value = Vec<u64>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON array")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
-        let mut out = Vec::new();
-        while let Some(fp) = seq.next_element_seed(Fp)? {
-            out.push(fp);
-        }
-        Ok(out)
-    }
-}
-
-/// [`fingerprint`] of a value as written.
-struct Fp;
-
-impl<'de> DeserializeSeed<'de> for Fp {
-    type Value = u64;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Fp {
-    type Value = u64;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_unit<E>(self) -> Result<u64, E> {
-        Ok(1)
-    }
-    fn visit_bool<E>(self, b: bool) -> Result<u64, E> {
-        Ok(2 + u64::from(b))
-    }
-    fn visit_u64<E>(self, u: u64) -> Result<u64, E> {
-        Ok(fp_u64(u))
-    }
-    fn visit_i64<E>(self, i: i64) -> Result<u64, E> {
-        Ok(fp_i64(i))
-    }
-    fn visit_f64<E>(self, f: f64) -> Result<u64, E> {
-        Ok(fp_f64(f))
-    }
-    fn visit_str<E>(self, s: &str) -> Result<u64, E> {
-        Ok(fp_str(s))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut fps = Vec::new();
-        while let Some(fp) = seq.next_element_seed(Fp)? {
-            fps.push(fp);
-        }
-        Ok(fp_array(fps.into_iter()))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
-        let mut members: Vec<(Cow<'de, str>, u64)> = Vec::new();
-        while let Some(Key(k)) = map.next_key()? {
-            let fp = map.next_value_seed(Fp)?;
-            // A repeated key: the last value, as a `Value` keeps.
-            match members.iter_mut().find(|(seen, _)| *seen == k) {
-                Some(m) => m.1 = fp,
-                None => members.push((k, fp)),
-            }
-        }
-        Ok(fp_object(members.iter().map(|(k, fp)| (k.as_ref(), *fp))))
-    }
-}
-
-/// The member `key` of an object, found without hashing (the objects compared are small).
-fn member<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
-    v.as_object()?
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
-}
-
 /// The number of elements or members.
 fn len(v: &Value) -> Option<usize> {
     match v {
@@ -1082,12 +847,6 @@ fn new_object(path: &[&str]) -> Value {
     } else {
         Value::Object(Map::new())
     }
-}
-
-fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
-    // Serializing a Value or a str into a Vec cannot fail: its keys are strings and the Vec
-    // grows as needed.
-    let _ = serde_json::to_writer(out, v);
 }
 
 fn last_env<'s>(entries: impl DoubleEndedIterator<Item = &'s str>, name: &str) -> Option<&'s str> {
@@ -1111,7 +870,7 @@ fn members(raw: &str) -> Result<Option<Members<'_>>, serde_json::Error> {
     if !raw.starts_with('{') {
         return Ok(None);
     }
-    let (all, _) = scan::members(raw, 0, &mut Vec::new()).map_err(|e| invalid(raw, e))?;
+    let (all, _) = scan::members(raw, 0).map_err(|e| invalid(raw, e))?;
     decoded(all).map(Some)
 }
 
@@ -1138,14 +897,6 @@ fn invalid(text: &str, at: scan::Invalid) -> serde_json::Error {
         .unwrap_or_else(|| serde_json::Error::custom(format!("not JSON at byte {}", at.0)))
 }
 
-/// The elements of `raw` when it is an array, else none.
-fn elements(raw: &str) -> Vec<&str> {
-    if !raw.starts_with('[') {
-        return Vec::new();
-    }
-    scan::elements(raw, 0, &mut Vec::new()).map_or_else(|_| Vec::new(), |(all, _)| all)
-}
-
 /// The elements of an array decoded when strings.
 fn strings(raw: &str) -> Result<Vec<Option<Cow<'_, str>>>, serde_json::Error> {
     if !raw.starts_with('[') {
@@ -1162,94 +913,6 @@ fn string(raw: &str) -> Option<Cow<'_, str>> {
 
 /// JSON's whitespace.
 const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
-
-/// Of each element of an array: the string of its member of this name (the last when
-/// repeated), `null` when it has none or is not an object.
-struct MemberOfEach(&'static str);
-
-impl<'de> DeserializeSeed<'de> for MemberOfEach {
-    type Value = Vec<Value>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Value>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MemberOfEach {
-    type Value = Vec<Value>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON array")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
-        let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(MemberOf(self.0))? {
-            out.push(v);
-        }
-        Ok(out)
-    }
-}
-
-/// [`MemberOfEach`] of one element.
-struct MemberOf(&'static str);
-
-impl<'de> DeserializeSeed<'de> for MemberOf {
-    type Value = Value;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MemberOf {
-    type Value = Value;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut found = Value::Null;
-        while let Some(Key(k)) = map.next_key()? {
-            if k == self.0 {
-                let Str(s) = map.next_value()?;
-                found = s.map_or(Value::Null, |s| Value::from(s.as_ref()));
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Value::Null)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-}
-
-/// An object key, borrowed from the bytes unless it has escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(StrVisitor).and_then(|s| {
-            s.0.map(Key)
-                .ok_or_else(|| serde::de::Error::custom("a key that is not a string"))
-        })
-    }
-}
 
 /// A value that is a string (borrowed unless it has escapes), or `None` for any other value.
 struct Str<'a>(Option<Cow<'a, str>>);
@@ -1298,61 +961,5 @@ impl<'de> Visitor<'de> for StrVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Str<'de>, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
         Ok(Str(None))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn json_eq_is_value_equality() {
-        let pairs = [
-            (
-                json!({"a": 1, "b": [1, {"c": 2}]}),
-                json!({"a": 1, "b": [1, {"c": 2}]}),
-            ),
-            (json!({"a": 1, "b": 2}), json!({"b": 2, "a": 1})),
-            (json!({"a": 1, "b": 2}), json!({"b": 1, "a": 2})),
-            (json!({"a": 1, "b": 2}), json!({"a": 1, "c": 2})),
-            (json!({"a": 1}), json!({"a": 1.0})),
-            (json!([1, 2]), json!([2, 1])),
-            (
-                json!({"a": {"x": 1, "y": 2}}),
-                json!({"a": {"y": 2, "x": 1}}),
-            ),
-        ];
-        for (a, b) in pairs {
-            assert_eq!(json_eq(&a, &b), a == b, "{a} {b}");
-            if a == b {
-                assert_eq!(fingerprint(&a), fingerprint(&b), "{a} {b}");
-            }
-        }
-        let zero: Value = serde_json::from_str("0.0").unwrap();
-        let minus_zero: Value = serde_json::from_str("-0.0").unwrap();
-        assert_eq!(zero, minus_zero);
-        assert_eq!(fingerprint(&zero), fingerprint(&minus_zero));
-        // Told apart: what differs in the rules compared in practice.
-        let rule = |minor: u64| json!({"allow": true, "type": "c", "major": 195, "minor": minor, "access": "rwm"});
-        assert_ne!(fingerprint(&rule(1)), fingerprint(&rule(2)));
-        assert_ne!(fingerprint(&json!(1)), fingerprint(&json!(1.0)));
-        // Of the text, without building the value: the same as of the value.
-        for text in [
-            "null",
-            "true",
-            "[1, -1, 1.5, -0.0, 0.0, 18446744073709551615, -9223372036854775808, 1e300]",
-            r#"{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"}"#,
-            r#"{"b": [1, {"c": "\u0041"}], "a": {}, "a": {"x": [true, null]}}"#,
-            r#"["\ud83d\ude00", "é", ""]"#,
-        ] {
-            let value: Value = serde_json::from_str(text).unwrap();
-            let mut de = serde_json::Deserializer::from_str(text);
-            assert_eq!(
-                Fp.deserialize(&mut de).unwrap(),
-                fingerprint(&value),
-                "{text}"
-            );
-        }
     }
 }

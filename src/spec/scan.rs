@@ -11,8 +11,8 @@
 //! The grammar is RFC 8259's, as strict as serde_json's (`tests/fuzz/fuzz_targets/
 //! json_scan.rs` compares the two): no trailing commas, no leading zeros, no control
 //! characters in strings, only JSON's escapes. Two differences, both where serde_json and Go
-//! (runc) disagree: nesting is not limited to serde_json's 128 levels (Go has no such limit;
-//! the stack here is on the heap), and `\u` escapes are not paired (a lone surrogate passes,
+//! (runc) disagree: nesting is not limited to serde_json's 128 levels (Go has no such limit,
+//! and nothing here recurses), and `\u` escapes are not paired (a lone surrogate passes,
 //! as in Go and in serde_json's `IgnoredAny`).
 //! The text must be UTF-8 already (`&str`): nothing here checks it again.
 
@@ -23,8 +23,7 @@ pub struct Invalid(pub usize);
 /// Whether `s` is one JSON value, with only whitespace around it.
 pub fn is_json(s: &str) -> bool {
     let b = s.as_bytes();
-    let mut stack = Vec::new();
-    value_end(b, ws(b, 0), &mut stack).is_ok_and(|end| ws(b, end) == b.len())
+    value_end(b, ws(b, 0)).is_ok_and(|end| ws(b, end) == b.len())
 }
 
 /// The offset after JSON's whitespace from `i`.
@@ -36,10 +35,45 @@ pub fn ws(s: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// The closing brackets of the arrays and objects a value is inside: the first 64 levels
+/// in place (a spec nests 5 or 6 deep), deeper ones on the heap (JSON has no depth limit
+/// here, and nothing recurses).
+struct Open {
+    near: [u8; 64],
+    far: Vec<u8>,
+    depth: usize,
+}
+
+impl Open {
+    fn new() -> Open {
+        Open {
+            near: [0; 64],
+            far: Vec::new(),
+            depth: 0,
+        }
+    }
+    fn push(&mut self, close: u8) {
+        match self.near.get_mut(self.depth) {
+            Some(slot) => *slot = close,
+            None => self.far.push(close),
+        }
+        self.depth += 1;
+    }
+    fn last(&self) -> Option<u8> {
+        let top = self.depth.checked_sub(1)?;
+        self.near.get(top).or(self.far.last()).copied()
+    }
+    fn pop(&mut self) {
+        if self.depth > self.near.len() {
+            self.far.pop();
+        }
+        self.depth = self.depth.saturating_sub(1);
+    }
+}
+
 /// Where the value starting at `i` ends (the offset after it), checking it is valid.
-/// `stack` is scratch space for the open arrays and objects, reused across calls.
-pub fn value_end(s: &[u8], mut i: usize, stack: &mut Vec<u8>) -> Result<usize, Invalid> {
-    stack.clear();
+pub fn value_end(s: &[u8], mut i: usize) -> Result<usize, Invalid> {
+    let mut stack = Open::new();
     loop {
         // One value at `i`; an array or object is entered, not skipped.
         match s.get(i) {
@@ -72,7 +106,7 @@ pub fn value_end(s: &[u8], mut i: usize, stack: &mut Vec<u8>) -> Result<usize, I
         // A value ended: a comma goes on to the next element (or member), a closing
         // bracket ends its container, which is a value that ended too.
         loop {
-            let Some(&close) = stack.last() else {
+            let Some(close) = stack.last() else {
                 return Ok(i);
             };
             i = ws(s, i);
@@ -211,12 +245,8 @@ fn number_end(s: &[u8], i: usize) -> Result<usize, Invalid> {
 pub type Member<'s> = (&'s str, &'s str);
 
 /// The members of the object whose `{` is at `i`, and the offset after its `}`.
-pub fn members<'s>(
-    src: &'s str,
-    i: usize,
-    stack: &mut Vec<u8>,
-) -> Result<(Vec<Member<'s>>, usize), Invalid> {
-    members_nesting(src, i, stack, |_| false).map(|(all, _, end)| (all, end))
+pub fn members(src: &str, i: usize) -> Result<(Vec<Member<'_>>, usize), Invalid> {
+    members_nesting(src, i, |_| false).map(|(all, _, end)| (all, end))
 }
 
 /// Members of nested objects, each with the index of the member whose value it is.
@@ -227,7 +257,6 @@ pub type Nested<'s> = Vec<(usize, Vec<Member<'s>>)>;
 pub fn members_nesting<'s>(
     src: &'s str,
     i: usize,
-    stack: &mut Vec<u8>,
     nest: impl Fn(&str) -> bool,
 ) -> Result<(Vec<Member<'s>>, Nested<'s>, usize), Invalid> {
     let s = src.as_bytes();
@@ -250,11 +279,11 @@ pub fn members_nesting<'s>(
         }
         let start = ws(s, colon + 1);
         let end = if s.get(start) == Some(&b'{') && nest(key) {
-            let (inner, end) = members(src, start, stack)?;
+            let (inner, end) = members(src, start)?;
             nested.push((out.len(), inner));
             end
         } else {
-            value_end(s, start, stack)?
+            value_end(s, start)?
         };
         out.push((key, &src[start..end]));
         i = ws(s, end);
@@ -267,11 +296,7 @@ pub fn members_nesting<'s>(
 }
 
 /// The elements of the array whose `[` is at `i`, and the offset after its `]`.
-pub fn elements<'s>(
-    src: &'s str,
-    i: usize,
-    stack: &mut Vec<u8>,
-) -> Result<(Vec<&'s str>, usize), Invalid> {
+pub fn elements(src: &str, i: usize) -> Result<(Vec<&str>, usize), Invalid> {
     let s = src.as_bytes();
     debug_assert_eq!(s.get(i), Some(&b'['));
     let mut out = Vec::new();
@@ -280,7 +305,7 @@ pub fn elements<'s>(
         return Ok((out, i + 1));
     }
     loop {
-        let end = value_end(s, i, stack)?;
+        let end = value_end(s, i)?;
         out.push(&src[i..end]);
         i = ws(s, end);
         match s.get(i) {
@@ -366,11 +391,10 @@ mod tests {
     #[test]
     fn value_end_and_members_give_exact_spans() {
         let src = r#" {"a" : [1, {"b": "}]"}] , "c\"d":"x\\" ,"e":{}}  "#;
-        let mut stack = Vec::new();
         let start = ws(src.as_bytes(), 0);
-        let end = value_end(src.as_bytes(), start, &mut stack).unwrap();
+        let end = value_end(src.as_bytes(), start).unwrap();
         assert_eq!(&src[start..end], src.trim());
-        let (members, after) = members(src, start, &mut stack).unwrap();
+        let (members, after) = members(src, start).unwrap();
         assert_eq!(after, end);
         assert_eq!(
             members,
@@ -380,10 +404,10 @@ mod tests {
                 (r#""e""#, "{}")
             ]
         );
-        let (elements, _) = elements(members[0].1, 0, &mut stack).unwrap();
+        let (elements, _) = elements(members[0].1, 0).unwrap();
         assert_eq!(elements, ["1", r#"{"b": "}]"}"#]);
         assert_eq!(
-            value_end(b"[1, 2", 0, &mut stack),
+            value_end(b"[1, 2", 0),
             Err(Invalid(5)),
             "the offset where it stopped"
         );
