@@ -161,23 +161,25 @@ static STOPS: [bool; 256] = {
 pub fn string_end(s: &[u8], i: usize) -> Result<usize, Invalid> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // Whether some byte of `w` is below `n` (n <= 0x80): exact as a yes or no (borrows
-    // start only at such a byte); a word with a stop is left to the byte loop.
-    let has_below = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS != 0;
+    // The high bit of each byte of `w` below `n` (n <= 0x80). A borrow starts only at such a
+    // byte, so the lowest bit set is exact (higher ones may be false): it is the first stop.
+    let below = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS;
     let mut at = i + 1;
     loop {
         while let Some(word) = s.get(at..at + 8) {
             let w = u64::from_le_bytes([
                 word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
             ]);
-            if has_below(w, 0x20)
-                || has_below(w ^ (ONES * u64::from(b'"')), 1)
-                || has_below(w ^ (ONES * u64::from(b'\\')), 1)
-            {
+            let stops = below(w, 0x20)
+                | below(w ^ (ONES * u64::from(b'"')), 1)
+                | below(w ^ (ONES * u64::from(b'\\')), 1);
+            if stops != 0 {
+                at += stops.trailing_zeros() as usize / 8;
                 break;
             }
             at += 8;
         }
+        // The last few bytes of the text, byte by byte (on a stop already, this stays).
         while s.get(at).is_some_and(|&b| !STOPS[b as usize]) {
             at += 1;
         }
