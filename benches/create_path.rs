@@ -260,10 +260,30 @@ fn bench_spec_edit(c: &mut Criterion) {
     g.finish();
 }
 
+/// The whole-file check every create makes: the scanner the shim uses against serde_json's
+/// `IgnoredAny` (what it used before), on docker's spec and a padded 1 MB one.
+fn bench_json_check(c: &mut Criterion) {
+    let mut g = c.benchmark_group("json_check");
+    for (label, size) in [("9KB", 0), ("1MB", 1_000_000)] {
+        let data = padded_spec(size);
+        let text = std::str::from_utf8(&data).expect("UTF-8");
+        g.throughput(Throughput::Bytes(data.len() as u64));
+        g.bench_with_input(BenchmarkId::new("spec_scan", label), text, |b, t| {
+            b.iter(|| assert!(spec::scan::is_json(black_box(t))))
+        });
+        g.bench_with_input(
+            BenchmarkId::new("serde_ignored_any", label),
+            text,
+            |b, t| b.iter(|| serde_json::from_str::<serde::de::IgnoredAny>(black_box(t)).unwrap()),
+        );
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = pieces;
     config = quick();
-    targets = bench_argv, bench_config, bench_discovery, bench_ldcache, bench_spec_edit
+    targets = bench_argv, bench_config, bench_discovery, bench_ldcache, bench_json_check, bench_spec_edit
 }
 /// `criterion_main!`, plus one thing: CI runs `cargo test --all-targets -- --test-threads=2`,
 /// which hands libtest's `--test-threads` to every target, and criterion's argument parser
