@@ -86,6 +86,11 @@ impl<'a> Iterator for Members<'a> {
     fn next(&mut self) -> Option<(&'a str, &'a str)> {
         let b = self.text.as_bytes();
         let key = skip_ws(b, self.at);
+        if b.get(key) == Some(&b'}') {
+            // Stays here: [`Members::closed`] tells where the object ends.
+            self.at = key;
+            return None;
+        }
         let member = (|| {
             if b.get(key) != Some(&b'"') {
                 return None;
@@ -112,6 +117,56 @@ impl<'a> Iterator for Members<'a> {
         };
         Some((key, value))
     }
+}
+
+impl Members<'_> {
+    /// After the last member: the offset of the object's `}` in its text, when it ended
+    /// there (on checked text, always).
+    pub fn closed(&self) -> Option<usize> {
+        (self.text.as_bytes().get(self.at) == Some(&b'}')).then_some(self.at)
+    }
+}
+
+/// Each element of the array `raw` as written, with what [`string_member`] gives of it for
+/// `name`, each element scanned once (an element's end and its members come from the same
+/// pass); none when `raw` is not an array.
+pub fn elements_with_member<'a>(raw: &'a str, name: &str) -> Vec<(&'a str, Option<&'a str>)> {
+    let b = raw.as_bytes();
+    let mut out = Vec::new();
+    if !raw.starts_with('[') {
+        return out;
+    }
+    let mut i = skip_ws(b, 1);
+    while let Some(&c) = b.get(i) {
+        if c == b']' {
+            break;
+        }
+        let (end, found) = if c == b'{' {
+            let mut m = members(&raw[i..]);
+            let mut found = None;
+            for (k, v) in m.by_ref() {
+                if key_is(k, name) {
+                    found = Some(v);
+                }
+            }
+            match m.closed() {
+                Some(close) => (i + close + 1, found.filter(|v| v.starts_with('"'))),
+                None => break,
+            }
+        } else {
+            (value_end(b, i), None)
+        };
+        if end <= i {
+            break;
+        }
+        out.push((&raw[i..end], found));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Whether the text has no backslash: a string literal without escapes. Every byte is
@@ -458,6 +513,24 @@ mod tests {
             for e in elements(bad) {
                 let _ = fp(e);
             }
+        }
+    }
+
+    #[test]
+    fn elements_with_member_is_elements_then_string_member() {
+        for raw in [
+            "[]",
+            "[ ]",
+            r#"[{"destination":"/a"}]"#,
+            r#"[ {"destination" : "/a" , "x":[1,{"destination":"/no"}]} , 3 , "s", {"d\u0065stination":"/b"},{} ,{"destination":1},{"destination":"/c","destination":"/d"}, [{"destination":"/e"}] ]"#,
+            r#"[{"destination":"/a","destination":2}]"#,
+            "{}",
+            "1",
+        ] {
+            let want: Vec<(&str, Option<&str>)> = elements(raw)
+                .map(|e| (e, string_member(e, "destination")))
+                .collect();
+            assert_eq!(elements_with_member(raw, "destination"), want, "{raw}");
         }
     }
 

@@ -109,15 +109,13 @@ impl<'a> Seen<'a> {
     /// Each element of the array `raw` (in the bytes, so checked JSON), as `same` sees it.
     fn all(same: Same, raw: &'a str) -> Vec<Seen<'a>> {
         match same {
-            Same::Member(name) => checked::elements(raw)
-                .map(|text| {
-                    let key = checked::string_member(text, name);
-                    Seen {
-                        text,
-                        key,
-                        key_plain: key.is_some_and(checked::is_plain),
-                        fp: 0,
-                    }
+            Same::Member(name) => checked::elements_with_member(raw, name)
+                .into_iter()
+                .map(|(text, key)| Seen {
+                    text,
+                    key,
+                    key_plain: key.is_some_and(checked::is_plain),
+                    fp: 0,
                 })
                 .collect(),
             Same::Value => {
@@ -179,9 +177,12 @@ impl<'a> Document<'a> {
         // same pass, and those of the few objects the shim goes into after it.
         let bytes = src.as_bytes();
         let start = bytes.len() - src.trim_start_matches(JSON_WS).len();
-        let top_level = |key: &str| CACHED.iter().any(|c| c.len() == 1 && key == c[0]);
+        // Split in the same pass: the top-level objects the shim goes into, and annotations
+        // (read whole: a spec can hold thousands).
+        let split =
+            |key: &str| key == "annotations" || CACHED.iter().any(|c| c.len() == 1 && key == c[0]);
         let (top, mut nested, end) =
-            scan::members_nesting(src, start, |k| top_level(&k[1..k.len() - 1]))
+            scan::members_nesting(src, start, |k| split(&k[1..k.len() - 1]))
                 .map_err(|e| ParseError::Json(invalid(src, e)))?;
         if scan::ws(bytes, end) != bytes.len() {
             return Err(ParseError::Json(invalid(src, scan::Invalid(end))));
@@ -195,16 +196,21 @@ impl<'a> Document<'a> {
             annotations: Vec::new(),
             edits: Vec::new(),
         };
+        // The members of `raw`: split with the top level when it was the last occurrence of
+        // its key, else now.
+        let mut members_of = |raw: &'a str| {
+            let same = nested
+                .iter()
+                .rposition(|(j, _)| doc.root[*j].1.as_ptr() == raw.as_ptr());
+            match same {
+                Some(j) => decoded(nested.swap_remove(j).1).map(Some),
+                None => members(raw),
+            }
+            .map_err(ParseError::Json)
+        };
         for (i, path) in CACHED.iter().enumerate() {
             if let Some(raw) = doc.raw(path) {
-                // Split with the top level when it was the last occurrence of its key.
-                let same = nested
-                    .iter()
-                    .rposition(|(j, _)| doc.root[*j].1.as_ptr() == raw.as_ptr());
-                doc.objects[i] = match same {
-                    Some(j) => Some(decoded(nested.swap_remove(j).1).map_err(ParseError::Json)?),
-                    None => members(raw).map_err(ParseError::Json)?,
-                };
+                doc.objects[i] = members_of(raw)?;
             }
         }
         doc.check_shape().map_err(ParseError::Shape)?;
@@ -214,7 +220,7 @@ impl<'a> Document<'a> {
             doc.env = strings(raw).map_err(ParseError::Json)?;
         }
         if let Some(raw) = doc.raw(&["annotations"]) {
-            let all = members(raw).map_err(ParseError::Json)?.unwrap_or_default();
+            let all = members_of(raw)?.unwrap_or_default();
             // The last of a repeated key counts; found from the end with a set, as a spec can
             // hold thousands of annotations (a search per key was quadratic).
             let mut seen = std::collections::HashSet::with_capacity(all.len());
