@@ -225,10 +225,9 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
     if data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Screen::Anything;
     }
-    // Docker's --gpus hook to replace, or CDI annotations to resolve. (memchr's searches: every
-    // create scans the whole file three times, a byte loop was ~0.1 M instructions for 9 KB.)
+    // Docker's --gpus hook to replace, or CDI annotations to resolve.
     for needle in [spec::DOCKER_GPU_HOOK, cdi::model::ANNOTATION_PREFIX] {
-        if memchr::memmem::find(data, needle.as_bytes()).is_some() {
+        if bytes::contains(data, needle.as_bytes()) {
             return Screen::Anything;
         }
     }
@@ -236,7 +235,7 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
     // than `"` in a spec, so the scan starts from it.
     let is_name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
     let mut names: Vec<String> = Vec::new();
-    for eq in memchr::memchr_iter(b'=', data) {
+    for eq in bytes::positions(b'=', data) {
         let len = data[..eq].iter().rev().take_while(|b| is_name(b)).count();
         let start = eq - len;
         if start > 0 && data[start - 1] == b'"' {
@@ -307,6 +306,76 @@ fn ranges(profile: &Profile) -> bool {
             ..
         }
     )
+}
+
+/// memchr's searches for the screen, which looks at every byte of every create's config.json
+/// (a byte loop was ~0.1 M instructions for 9 KB). On x86_64 its SSE2 routines, which every
+/// x86_64 CPU has, rather than the ones it picks at run time: the pick runs CPUID about ten
+/// times per process, and in a VM each CPUID traps to the hypervisor (~0.8 us on the bench
+/// VM, more than the searches themselves).
+mod bytes {
+    /// Whether `needle` is in `haystack`.
+    #[cfg(target_arch = "x86_64")]
+    pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        use memchr::arch::x86_64::sse2::packedpair::Finder;
+        match Finder::new(needle) {
+            Some(f) if haystack.len() >= f.min_haystack_len() => f.find(haystack, needle).is_some(),
+            _ => needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle),
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        memchr::memmem::find(haystack, needle).is_some()
+    }
+
+    /// The offsets of `byte` in `haystack`.
+    #[cfg(target_arch = "x86_64")]
+    pub fn positions(byte: u8, haystack: &[u8]) -> impl Iterator<Item = usize> + '_ {
+        // SAFETY: SSE2 is part of every x86_64 CPU (the target's baseline).
+        let one = unsafe { memchr::arch::x86_64::sse2::memchr::One::new_unchecked(byte) };
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let found = at + one.find(haystack.get(at..)?)?;
+            at = found + 1;
+            Some(found)
+        })
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn positions(byte: u8, haystack: &[u8]) -> impl Iterator<Item = usize> + '_ {
+        memchr::memchr_iter(byte, haystack)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn searches_agree_with_plain_loops() {
+            let text: Vec<u8> = (0..3000u32)
+                .map(|i| b"ab=\"x-h\\"[(i * 7 % 13 % 8) as usize])
+                .chain(*b"nvidia-container-runtime-hook==")
+                .collect();
+            for len in [0, 1, 5, 16, 40, 100, text.len()] {
+                let hay = &text[text.len() - len..];
+                for needle in [
+                    &b"nvidia-container-runtime-hook"[..],
+                    b"=\\",
+                    b"ab=",
+                    b"zz",
+                    b"x",
+                ] {
+                    let want = hay.windows(needle.len()).any(|w| w == needle);
+                    assert_eq!(super::contains(hay, needle), want, "{len} {needle:?}");
+                }
+                let want: Vec<usize> = (0..hay.len()).filter(|&i| hay[i] == b'=').collect();
+                assert_eq!(
+                    super::positions(b'=', hay).collect::<Vec<_>>(),
+                    want,
+                    "{len}"
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]
