@@ -3,7 +3,7 @@
 # low-level runtime, measured in ONE hyperfine run so every ratio comes from the same
 # conditions. Needs root (mknod of the simulated GPUs), gcc, python3, hyperfine, cargo.
 #
-#   bash benches/bench.sh                  # default: 1200 runs per command in 4 rounds
+#   bash benches/bench.sh                  # default: 1200 runs per command in 12 rounds
 #   RUNS=300 ROUNDS=1 BENCH_STATIC=0 bash benches/bench.sh
 #   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # before/after
 #
@@ -28,8 +28,8 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 RUNS=${RUNS:-1200}
-ROUNDS=${ROUNDS:-4}
-WARMUP=${WARMUP:-50}
+ROUNDS=${ROUNDS:-12}
+WARMUP=${WARMUP:-20}
 BENCH_STATIC=${BENCH_STATIC:-1}
 OUT=${OUT:-$repo/target/bench}
 
@@ -190,17 +190,19 @@ add_shim() { # label binary
 add_shim "shim" "$shim_dyn"
 [ -z "$shim_static" ] || add_shim "shim static" "$shim_static"
 
-args=()
-for ((i = 0; i < ${#cmds[@]}; i += 3)); do
-  args+=(-n "${cmds[i]}" --prepare "${cmds[i + 1]}" "${cmds[i + 2]}")
-done
-
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" >&2
 echo "== kernel $(uname -r); bundles on $(stat -f -c %T "$work"), disk bundle on $(stat -f -c %T "$disk")" >&2
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-# The machine may be shared: in ROUNDS rounds, each running every command RUNS/ROUNDS times,
-# a slow spell hits all commands alike; medians are taken over the pooled runs.
+# The machine may be shared and its speed drifts: in ROUNDS rounds, each running every command
+# RUNS/ROUNDS times in a new random order, a slow spell hits all commands alike; medians are
+# taken over the pooled runs. (In a fixed order, the commands run last in a round were
+# measured up to 0.3 ms slower than the same binary run first.)
+for ((i = 0; i < ${#cmds[@]}; i += 3)); do echo "${cmds[i]}"; done >"$OUT/commands.txt"
 for r in $(seq 1 "$ROUNDS"); do
+  args=()
+  for i in $(seq 0 3 $((${#cmds[@]} - 3)) | shuf); do
+    args+=(-n "${cmds[i]}" --prepare "${cmds[i + 1]}" "${cmds[i + 2]}")
+  done
   hyperfine -N --warmup "$WARMUP" --runs $((RUNS / ROUNDS)) --style basic \
     --export-json "$OUT/hyperfine-$r.json" "${args[@]}" >"$OUT/hyperfine-$r.txt" 2>&1
   echo "   round $r done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -244,12 +246,13 @@ rss() { # label prepare command...
   done
 } >"$OUT/rss.txt"
 
-python3 - "$OUT"/hyperfine-*.json >"$OUT/summary.txt" <<'EOF'
+python3 - "$OUT/commands.txt" "$OUT"/hyperfine-*.json >"$OUT/summary.txt" <<'EOF'
 import json, statistics, sys
-times = {}
-for path in sys.argv[1:]:
+# In the order the commands are listed (each round ran them in a random order).
+times = {name: [] for name in open(sys.argv[1]).read().splitlines()}
+for path in sys.argv[2:]:
     for r in json.load(open(path))["results"]:
-        times.setdefault(r["command"], []).extend(r["times"])
+        times[r["command"]].extend(r["times"])
 med = {name: statistics.median(t) for name, t in times.items()}
 ms = lambda s: s * 1000
 noop = med["noop"]
