@@ -20,8 +20,13 @@
 #                      is added, config.json is not rewritten
 #   ... bundle on disk the rewrite with the bundle on the disk instead of tmpfs (fsync cost)
 # each shim line twice when BENCH_STATIC=1 (default): the release build as cargo makes it
-# (dynamically linked) and the one the packages ship: `-C target-feature=+crt-static
-# -C relocation-model=static` (static, not PIE).
+# (dynamically linked) and the one the packages ship (packaging/rustflags.sh: static, not PIE,
+# hot functions laid out together).
+#
+# ORDER_OUT=packaging/symbol-order.txt bash benches/bench.sh writes that layout instead of
+# measuring: the functions a create of 8 GPUs, a create without a request and a `state` run
+# (callgrind, on the static build made without the current file), first-run order. Rerun it
+# when the create path changes much, or after a rustc upgrade (symbol names change).
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +62,7 @@ shim_static=
 if [ "$BENCH_STATIC" = 1 ]; then
   host=$(rustc -vV | sed -n 's/^host: //p')
   # --target keeps RUSTFLAGS off build scripts and proc macros (which cannot be static).
-  RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" cargo build --release --quiet \
+  RUSTFLAGS="$(bash packaging/rustflags.sh)" cargo build --release --quiet \
     --bin accel-container-runtime --target "$host" --target-dir "$repo/target/bench-static"
   shim_static=$repo/target/bench-static/$host/release/accel-container-runtime
   if readelf -d "$shim_static" | grep -q NEEDED; then
@@ -169,6 +174,21 @@ cp "$work/b-again/config.json" "$work/b-again/config.json.edited"
 "$shim_dyn" create --bundle "$work/b-again" ctr
 cmp "$work/b-again/config.json" "$work/b-again/config.json.edited"
 echo "   create none: config.json unchanged; create again: unchanged; state: exit 0" >&2
+
+if [ -n "${ORDER_OUT:-}" ]; then
+  command -v valgrind >/dev/null || { echo "benches/bench.sh: ORDER_OUT needs valgrind" >&2; exit 1; }
+  cp "$work/b-all/config.json.orig" "$work/b-all/config.json"
+  # The low-level runtime is missing, so each run ends where the shim would exec.
+  sed 's|^low-level-runtime = .*|low-level-runtime = "/nonexistent/noop"|' "$work/config.toml" >"$work/order.toml"
+  for args in "state ctr" "create --bundle $work/b-none ctr" "create --bundle $work/b-all ctr"; do
+    # shellcheck disable=SC2086 # the arguments are separate words
+    ACCEL_CONTAINER_RUNTIME_CONFIG=$work/order.toml valgrind --tool=callgrind --demangle=no \
+      --callgrind-out-file="$work/order.%p" "$shim_static" $args >/dev/null 2>&1 || true
+  done
+  cat "$work"/order.* | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | grep -v '^0x' | awk '!seen[$0]++' >"$ORDER_OUT"
+  echo "benches/bench.sh: $(wc -l <"$ORDER_OUT") functions written to $ORDER_OUT" >&2
+  exit 0
+fi
 
 cmds=(
   noop "true" "$work/noop state ctr"

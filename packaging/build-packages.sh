@@ -26,17 +26,13 @@ for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
     }
 done
 
-# The shipped binaries are linked statically: no dynamic loader on every container start, 0.3-0.5 ms
-# per call on the benchmark machine (benches/BENCHMARKS.md). The shim makes no NSS lookups, so
-# glibc's static-linking caveats do not apply. Not position-independent either
-# (relocation-model=static): a static-pie binary relocates ~2,600 pointers at every start, each
-# a write that dirties a page. `--target` keeps the flags off build scripts and proc macros; both
-# packagers map Cargo.toml's target/release/ assets to target/<triple>/release/. install.sh and
+# The shipped binaries: static, not PIE, hot functions laid out together (packaging/rustflags.sh
+# says why). `--target` keeps the flags off build scripts and proc macros; both packagers map
+# Cargo.toml's target/release/ assets to target/<triple>/release/. install.sh and
 # benches/bench.sh build with the same flags.
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 if [ "$build" = 1 ]; then
-    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
-        cargo build --release --locked --bins --target "$triple"
+    RUSTFLAGS="$(bash packaging/rustflags.sh)" cargo build --release --locked --bins --target "$triple"
 fi
 for b in accel-container-runtime accel-ctk; do
     bin="target/$triple/release/$b"

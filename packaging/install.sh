@@ -136,10 +136,10 @@ if [ "$build" = 1 ]; then
         echo "install.sh: cargo not found: install Rust (https://rustup.rs) or pass --no-build --bin-dir" >&2
         exit 1
     }
-    # The packages' build (build-packages.sh): static, not PIE, so no loader and no start-up
-    # relocations on every container start.
+    # The packages' build (build-packages.sh, packaging/rustflags.sh): static, not PIE, hot
+    # functions together, so no loader and no start-up relocations on every container start.
     triple="$(rustc -vV | sed -n 's/^host: //p')"
-    (cd "$src" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
+    (cd "$src" && RUSTFLAGS="$(bash packaging/rustflags.sh)" \
         cargo build --release --locked --bins --target "$triple")
     : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi
