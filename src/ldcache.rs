@@ -173,7 +173,9 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
 /// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
 pub fn load(root: &Path) -> std::io::Result<Cache> {
     let path = root.join("etc/ld.so.cache");
-    match read_whole(&path) {
+    let data = std::fs::File::open(&path)
+        .and_then(|f| crate::read::whole(&f, f.metadata()?.len(), u64::MAX));
+    match data {
         Ok(data) => Cache::parse(data).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -183,33 +185,6 @@ pub fn load(root: &Path) -> std::io::Result<Cache> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Cache::default()),
         Err(e) => Err(e),
     }
-}
-
-/// `fs::read` less its last call: that reads until a read returns 0, one read past the size
-/// fstat gave. Here a read that stops short of the room it had, with the file at that size,
-/// is the end (a regular file reads short only there; ldconfig replaces the cache by rename,
-/// so an open file does not change under us). A file larger than it said reads on to 0.
-fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
-    use rustix::io::Errno;
-    let file = std::fs::File::open(path)?;
-    let size = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-    let mut data: Vec<u8> = Vec::new();
-    data.try_reserve_exact(size.saturating_add(1))
-        .map_err(std::io::Error::other)?;
-    loop {
-        if data.len() == data.capacity() {
-            data.try_reserve(data.capacity().max(4096))
-                .map_err(std::io::Error::other)?;
-        }
-        let room = data.capacity() - data.len();
-        match rustix::io::read(&file, rustix::buffer::spare_capacity(&mut data)) {
-            Ok(0) => break,
-            Ok(n) if n < room && data.len() == size => break,
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(data)
 }
 
 impl Entry<'_> {

@@ -2,7 +2,7 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `argv`, `atomic`, `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
 //! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
@@ -24,6 +24,7 @@ pub mod libraries;
 pub mod logging;
 pub mod plan;
 pub mod profile;
+pub mod read;
 pub mod request;
 pub mod spec;
 pub mod topology;

@@ -16,7 +16,6 @@ mod entry;
 mod document;
 pub mod scan;
 
-use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -93,37 +92,7 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
             msg: format!("is {} bytes, over the {} byte limit", meta.size(), MAX_SIZE),
         });
     }
-    read_regular(file, meta.size() as usize).map_err(open_err)
-}
-
-/// The whole of a regular file of about `size` bytes, in one read(2) when it has not grown.
-/// (File's read_to_end would stat it and seek again to size the buffer, then read twice.)
-/// A read of a regular file returns less than asked only at its end: that ends it, and a
-/// full buffer means the file grew and is read on, up to [`MAX_SIZE`].
-fn read_regular(mut file: std::fs::File, size: usize) -> std::io::Result<Vec<u8>> {
-    let mut data = vec![0; size + 1];
-    let mut len = 0;
-    loop {
-        match file.read(&mut data[len..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                len += n;
-                if len < data.len() {
-                    break;
-                }
-                if len as u64 > MAX_SIZE {
-                    return Err(std::io::Error::other(format!(
-                        "grew over the {MAX_SIZE} byte limit while read"
-                    )));
-                }
-                data.resize(len * 2, 0);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    data.truncate(len);
-    Ok(data)
+    crate::read::whole(&file, meta.size(), MAX_SIZE).map_err(open_err)
 }
 
 /// Debian's and Ubuntu's library directory, searched by their glibc by default.
@@ -626,21 +595,6 @@ mod tests {
                 PathBuf::from("/usr/lib/x86_64-linux-gnu")
             );
         }
-    }
-
-    #[test]
-    fn read_regular_reads_a_file_that_grew_or_shrank_since_its_stat() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("config.json");
-        let text: Vec<u8> = (0..70_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-        std::fs::write(&path, &text).unwrap();
-        for stat_size in [0, 1, 4096, 69_999, 70_000, 70_001, 200_000] {
-            let file = std::fs::File::open(&path).unwrap();
-            assert_eq!(read_regular(file, stat_size).unwrap(), text, "{stat_size}");
-        }
-        std::fs::write(&path, b"").unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        assert!(read_regular(file, 10).unwrap().is_empty());
     }
 
     #[test]
