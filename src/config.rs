@@ -574,6 +574,16 @@ fn profile_files(dir: &Path, warnings: &mut Vec<String>) -> Vec<PathBuf> {
     files
 }
 
+/// The built-in NVIDIA profile as the defaults give it, for other modules' tests.
+#[cfg(test)]
+pub(crate) fn builtin_nvidia() -> Profile {
+    Config::parse("", None)
+        .unwrap()
+        .profile("nvidia")
+        .unwrap()
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

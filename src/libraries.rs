@@ -613,13 +613,7 @@ fn is_elf(path: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn nvidia() -> Profile {
-        crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone()
-    }
+    use crate::config::builtin_nvidia as nvidia;
     use std::os::unix::fs::symlink;
 
     #[test]

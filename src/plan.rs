@@ -315,13 +315,7 @@ fn is_under(path: &Path, root: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn nvidia() -> Profile {
-        crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone()
-    }
+    use crate::config::builtin_nvidia as nvidia;
 
     #[test]
     fn byte_path_checks_agree_with_components() {

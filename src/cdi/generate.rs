@@ -143,11 +143,7 @@ mod tests {
     #[test]
     fn no_devices_and_no_kind_are_errors() {
         let root = tempfile::tempdir().unwrap();
-        let mut p = crate::config::Config::parse("", None)
-            .unwrap()
-            .profile("nvidia")
-            .unwrap()
-            .clone();
+        let mut p = crate::config::builtin_nvidia();
         p.driver_root = root.path().to_path_buf();
         let opts = Options {
             capabilities: None,
