@@ -297,27 +297,6 @@ pub fn members_nesting<'s>(
     }
 }
 
-/// The elements of the array whose `[` is at `i`, and the offset after its `]`.
-pub fn elements(src: &str, i: usize) -> Result<(Vec<&str>, usize), Invalid> {
-    let s = src.as_bytes();
-    debug_assert_eq!(s.get(i), Some(&b'['));
-    let mut out = Vec::new();
-    let mut i = ws(s, i + 1);
-    if s.get(i) == Some(&b']') {
-        return Ok((out, i + 1));
-    }
-    loop {
-        let end = value_end(s, i)?;
-        out.push(&src[i..end]);
-        i = ws(s, end);
-        match s.get(i) {
-            Some(b',') => i = ws(s, i + 1),
-            Some(b']') => return Ok((out, i + 1)),
-            _ => return Err(Invalid(i)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,8 +385,6 @@ mod tests {
                 (r#""e""#, "{}")
             ]
         );
-        let (elements, _) = elements(members[0].1, 0).unwrap();
-        assert_eq!(elements, ["1", r#"{"b": "}]"}"#]);
         assert_eq!(
             value_end(b"[1, 2", 0),
             Err(Invalid(5)),
