@@ -20,12 +20,12 @@
 #                      is added, config.json is not rewritten
 #   ... bundle on disk the rewrite with the bundle on the disk instead of tmpfs (fsync cost)
 # each shim line twice when BENCH_STATIC=1 (default): the release build as cargo makes it
-# (dynamically linked) and the one the packages ship (packaging/rustflags.sh: static, not PIE,
-# hot functions laid out together).
+# (dynamically linked) and the one the packages ship (packaging/target.sh: musl where Rust has
+# it; packaging/rustflags.sh: static, not PIE, hot functions laid out together).
 #
 # ORDER_OUT=packaging/symbol-order.txt bash benches/bench.sh writes that layout instead of
 # measuring: the functions a create of 8 GPUs, a create without a request and a `state` run
-# (callgrind, on the static build made without the current file), first-run order. Rerun it
+# (callgrind, on the shipped static build), first-run order. Rerun it
 # when the create path changes much, or after a rustc upgrade (symbol names change).
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
 set -euo pipefail
@@ -60,11 +60,12 @@ cargo build --release --quiet --bin accel-container-runtime
 shim_dyn=$repo/target/release/accel-container-runtime
 shim_static=
 if [ "$BENCH_STATIC" = 1 ]; then
-  host=$(rustc -vV | sed -n 's/^host: //p')
+  triple=$(bash packaging/target.sh)
   # --target keeps RUSTFLAGS off build scripts and proc macros (which cannot be static).
-  RUSTFLAGS="$(bash packaging/rustflags.sh)" cargo build --release --quiet \
-    --bin accel-container-runtime --target "$host" --target-dir "$repo/target/bench-static"
-  shim_static=$repo/target/bench-static/$host/release/accel-container-runtime
+  RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --quiet \
+    --bin accel-container-runtime --target "$triple" --target-dir "$repo/target/bench-static"
+  shim_static=$repo/target/bench-static/$triple/release/accel-container-runtime
+  echo "== shipped build: $triple, $(bash packaging/rustflags.sh "$triple")" >&2
   if readelf -d "$shim_static" | grep -q NEEDED; then
     echo "benches/bench.sh: $shim_static is not static" >&2
     exit 1

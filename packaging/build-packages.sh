@@ -7,7 +7,7 @@
 #
 # Needs: cargo install --locked cargo-deb cargo-generate-rpm; dpkg-deb (dpkg); rpm (apt-get
 # install rpm; rpm2cpio and cpio) to read the .rpm back; readelf (binutils). --no-build packages the static
-# binaries already in target/<host triple>/release.
+# binaries already in target/<triple>/release (the triple packaging/target.sh prints).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -26,13 +26,13 @@ for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
     }
 done
 
-# The shipped binaries: static, not PIE, hot functions laid out together (packaging/rustflags.sh
-# says why). `--target` keeps the flags off build scripts and proc macros; both packagers map
+# The shipped binaries: musl where Rust has it (packaging/target.sh), static, not PIE, hot
+# functions laid out together (packaging/rustflags.sh says why). `--target` keeps the flags off build scripts and proc macros; both packagers map
 # Cargo.toml's target/release/ assets to target/<triple>/release/. install.sh and
 # benches/bench.sh build with the same flags.
-triple="$(rustc -vV | sed -n 's/^host: //p')"
+triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
-    RUSTFLAGS="$(bash packaging/rustflags.sh)" cargo build --release --locked --bins --target "$triple"
+    RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --locked --bins --target "$triple"
 fi
 for b in accel-container-runtime accel-ctk; do
     bin="target/$triple/release/$b"

@@ -8,7 +8,8 @@
 #
 # What it does:
 #   - builds both binaries (static, as the packages ship them) unless --no-build; --bin-dir
-#     names where built binaries are (default: cargo's target/<host triple>/release);
+#     names where built binaries are (default: cargo's target/<triple>/release, the triple
+#     packaging/target.sh prints: musl where Rust has it);
 #   - installs accel-container-runtime and accel-ctk to PREFIX/bin (default /usr/bin);
 #   - installs config/config.toml as /etc/accel-container-runtime/config.toml, and the
 #     profiles that are not compiled in (all of config/profiles/ but nvidia and enflame) into
@@ -136,10 +137,11 @@ if [ "$build" = 1 ]; then
         echo "install.sh: cargo not found: install Rust (https://rustup.rs) or pass --no-build --bin-dir" >&2
         exit 1
     }
-    # The packages' build (build-packages.sh, packaging/rustflags.sh): static, not PIE, hot
-    # functions together, so no loader and no start-up relocations on every container start.
-    triple="$(rustc -vV | sed -n 's/^host: //p')"
-    (cd "$src" && RUSTFLAGS="$(bash packaging/rustflags.sh)" \
+    # The packages' build (build-packages.sh, packaging/target.sh, packaging/rustflags.sh):
+    # musl where Rust has it, static, not PIE, hot functions together, so no loader, no libc
+    # start-up probing and no start-up relocations on every container start.
+    triple="$(bash "$src/packaging/target.sh")"
+    (cd "$src" && RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" \
         cargo build --release --locked --bins --target "$triple")
     : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi

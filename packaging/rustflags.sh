@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prints the RUSTFLAGS of the binaries the packages ship; build-packages.sh, install.sh and
+# Prints the RUSTFLAGS of the binaries the packages ship for a target triple (the host's when
+# none is given; packaging/target.sh chooses it); build-packages.sh, install.sh and
 # benches/bench.sh all build with them:
-#   RUSTFLAGS="$(bash packaging/rustflags.sh)" cargo build --release --target <host triple>
+#   RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --target "$triple"
 #
 # - Static (+crt-static): no dynamic loader on every container start, 0.3-0.5 ms per call on
 #   the benchmark machine (benches/BENCHMARKS.md). The shim makes no NSS lookups, so glibc's
@@ -12,19 +13,26 @@
 #   (packaging/symbol-order.txt, written by `ORDER_OUT=... benches/bench.sh`): they are spread
 #   over 1.7 MB of code otherwise, and every 64 KB window touched is a page fault and its
 #   teardown at the exec of runc. Worth ~0.1 ms of a create on the benchmark VM. Only when the
-#   linker takes the option (LLD, rustc's default on x86_64 Linux since 1.90): checked by
-#   linking an empty program. Names that no longer exist (another rustc, changed code) are
-#   skipped: the file only orders, it never changes what is linked.
+#   linker takes the option (LLD: rustc's default for x86_64-unknown-linux-gnu since 1.90; for
+#   musl, the rust-lld that rustup ships, through its gcc-ld wrapper): checked by linking an
+#   empty program. Names that no longer exist (another rustc, changed code) are skipped: the
+#   file only orders, it never changes what is linked.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+host=$(rustc -vV | sed -n 's/^host: //p')
+target=${1:-$host}
 flags="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static"
 order="$here/symbol-order.txt"
 # (RUSTFLAGS is split at spaces: a checkout whose path has one builds without the layout.)
 if [ -s "$order" ] && [ -z "${ACCEL_NO_SYMBOL_ORDER:-}" ] && [ "$order" = "${order// /}" ]; then
     ordering="-C link-arg=-Wl,--symbol-ordering-file=$order -C link-arg=-Wl,--no-warn-symbol-ordering"
+    gcc_ld="$(rustc --print sysroot)/lib/rustlib/$host/bin/gcc-ld"
+    case "$target" in
+    *-musl) [ ! -x "$gcc_ld/ld.lld" ] || ordering="-C link-arg=-fuse-ld=lld -C link-arg=-B$gcc_ld $ordering" ;;
+    esac
     probe=$(mktemp -d)
     # shellcheck disable=SC2086 # the flags are separate words
-    if echo 'fn main() {}' | rustc $flags $ordering -o "$probe/probe" - 2>/dev/null; then
+    if echo 'fn main() {}' | rustc --target "$target" $flags $ordering -o "$probe/probe" - 2>/dev/null; then
         flags="$flags $ordering"
     fi
     rm -rf "$probe"
