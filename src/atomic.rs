@@ -6,7 +6,9 @@
 use std::fs::{File, Permissions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 /// The variable a `failpoints` build reads: the name of the step at which it SIGKILLs itself.
 pub const FAILPOINT_ENV: &str = "ACCEL_FAILPOINT";
@@ -50,38 +52,76 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         .unwrap_or_default();
     let old = std::fs::metadata(path).ok();
     failpoint("before-temp-create");
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)?;
+    let (mut file, tmp) = Temp::create(dir, &name)?;
     // Two writes only where a crash between them is being tested.
     let half = if cfg!(feature = "failpoints") {
         data.len() / 2
     } else {
         data.len()
     };
-    tmp.write_all(&data[..half])?;
+    file.write_all(&data[..half])?;
     failpoint("after-partial-write");
-    tmp.write_all(&data[half..])?;
+    file.write_all(&data[half..])?;
     failpoint("before-fsync");
-    let file = tmp.as_file();
     match &old {
         Some(m) => {
             file.set_permissions(Permissions::from_mode(m.mode() & 0o7777))?;
             if m.uid() != nix::unistd::geteuid().as_raw()
                 || m.gid() != nix::unistd::getegid().as_raw()
             {
-                std::os::unix::fs::fchown(file, Some(m.uid()), Some(m.gid()))?;
+                std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
             }
         }
         None => file.set_permissions(Permissions::from_mode(new_mode))?,
     }
     file.sync_all()?;
     failpoint("before-rename");
-    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::rename(&tmp.0, path)?;
+    tmp.renamed();
     failpoint("before-dir-fsync");
     // The rename itself is durable only once the directory is.
-    File::open(dir)?.sync_all()
+    crate::read::open(dir, OFlags::DIRECTORY)?.sync_all()
+}
+
+/// The temp file beside the target, `.NAME.<16 hex digits>.tmp`, removed when dropped (every
+/// error path); forgotten once renamed. The digits come from getrandom(2); O_EXCL makes a
+/// name already there (another create's, one a SIGKILLed shim left) a retry with new ones,
+/// never a file reused or a symlink followed.
+struct Temp(PathBuf);
+
+impl Temp {
+    fn create(dir: &Path, name: &str) -> std::io::Result<(File, Temp)> {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
+        let mut last = None;
+        // Randomness only spreads the names; O_EXCL is what makes them safe. Before the
+        // kernel's pool is ready (early boot), the pid does.
+        let mut random = [0u8; 8];
+        let seed =
+            match rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::NONBLOCK) {
+                Ok(8) => u64::from_ne_bytes(random),
+                _ => u64::from(std::process::id()) << 32,
+            };
+        for attempt in 0..16u64 {
+            let path = dir.join(format!(".{name}.{:016x}.tmp", seed.wrapping_add(attempt)));
+            match rustix::fs::open(&path, flags, Mode::from_raw_mode(0o600)) {
+                Ok(fd) => return Ok((File::from(fd), Temp(path))),
+                Err(rustix::io::Errno::EXIST) => last = Some(rustix::io::Errno::EXIST),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.unwrap_or(rustix::io::Errno::EXIST).into())
+    }
+
+    /// The temp file is the target now: nothing to remove.
+    fn renamed(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +137,40 @@ mod tests {
         replace(&p, b"new", 0o600).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
         assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o640);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn temp_files_are_private_distinct_and_removed_when_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let (_f1, t1) = Temp::create(d.path(), "config.json").unwrap();
+        let (_f2, t2) = Temp::create(d.path(), "config.json").unwrap();
+        assert_ne!(t1.0, t2.0);
+        for t in [&t1, &t2] {
+            let n = t.0.file_name().unwrap().to_str().unwrap();
+            assert!(
+                n.starts_with(".config.json.") && n.ends_with(".tmp") && n.len() == 33,
+                "{n}"
+            );
+            assert_eq!(std::fs::metadata(&t.0).unwrap().mode() & 0o777, 0o600);
+        }
+        drop(t1);
+        t2.renamed();
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "t2 kept, t1 removed"
+        );
+    }
+
+    #[test]
+    fn an_error_leaves_nothing_behind() {
+        let d = tempfile::tempdir().unwrap();
+        // The rename fails: the target is a non-empty directory.
+        let p = d.path().join("config.json");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("x"), b"").unwrap();
+        assert!(replace(&p, b"new", 0o600).is_err());
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 

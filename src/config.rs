@@ -390,7 +390,7 @@ fn config_path() -> PathBuf {
 
 /// The file's text; `None` when it does not exist (the defaults apply).
 fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
-    match std::fs::read_to_string(path) {
+    match crate::read::text(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ConfigError::Read {

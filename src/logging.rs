@@ -4,7 +4,6 @@
 //! descriptor, so lines from concurrent shims do not interleave. A log that cannot be opened
 //! is skipped: logging must never be why a container fails.
 
-use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -49,8 +48,11 @@ pub fn init(path: &Path, level: log::LevelFilter) {
 }
 
 fn append(path: &Path, line: &[u8]) {
-    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-        let _ = f.write_all(line);
+    use rustix::fs::{Mode, OFlags};
+    // rustix, not OpenOptions: one openat(2), without musl's extra fcntl (src/read.rs).
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::CLOEXEC;
+    if let Ok(fd) = rustix::fs::open(path, flags, Mode::from_raw_mode(0o666)) {
+        let _ = std::fs::File::from(fd).write_all(line);
     }
 }
 

@@ -1,4 +1,9 @@
-//! A regular file read whole in one read(2) when it is the size fstat gave.
+//! Opening a file with one system call, and reading a regular file whole in one read(2) when
+//! it is the size fstat gave.
+//!
+//! musl's `open` (under std's `File::open`) follows every O_CLOEXEC open with an
+//! fcntl(F_SETFD) for kernels older than 2.6.23; [`open`] calls openat(2) directly.
+//!
 //!
 //! `fs::read` and `File::read_to_end` stat the file again, seek, and read until a read
 //! returns 0: one read past the end. The create path reads config.json and the driver's
@@ -7,6 +12,28 @@
 //! is the end; a file that changed size since its stat reads on until a read returns 0.
 
 use std::fs::File;
+use std::path::Path;
+
+pub use rustix::fs::OFlags;
+
+/// `path` opened read-only and close-on-exec, with `extra` flags (O_NOFOLLOW, O_DIRECTORY...).
+pub fn open(path: &Path, extra: OFlags) -> std::io::Result<File> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | extra,
+        rustix::fs::Mode::empty(),
+    )?;
+    Ok(File::from(fd))
+}
+
+/// The text of the file at `path`, read as [`whole`] reads (no size limit).
+pub fn text(path: &Path) -> std::io::Result<String> {
+    let file = open(path, OFlags::empty())?;
+    let size = rustix::fs::fstat(&file)?.st_size;
+    let data = whole(&file, u64::try_from(size).unwrap_or(0), u64::MAX)?;
+    String::from_utf8(data)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+}
 
 /// The whole of `file`, which fstat said is `size` bytes; more than `limit` bytes is an
 /// error (a file that grew past it while read).

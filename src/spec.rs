@@ -16,7 +16,7 @@ mod entry;
 mod document;
 pub mod scan;
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -66,11 +66,11 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
         source,
     };
     // O_NOFOLLOW: a symlinked config.json is refused; O_NONBLOCK: a FIFO cannot hang us.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(open_err)?;
+    let file = crate::read::open(
+        path,
+        crate::read::OFlags::NOFOLLOW | crate::read::OFlags::NONBLOCK,
+    )
+    .map_err(open_err)?;
     let meta = file.metadata().map_err(open_err)?;
     let ft = meta.file_type();
     if !ft.is_file() {
