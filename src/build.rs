@@ -19,6 +19,12 @@ const BUILTIN: &[&str] = &["nvidia.toml", "enflame.toml"];
 fn main() {
     println!("cargo:rerun-if-changed=src/build.rs");
     println!("cargo:rerun-if-changed=src/profile/quoted.rs");
+    // The runtime binary's memcpy (src/bin/accel-container-runtime/mem.rs).
+    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if env == "musl" && arch == "x86_64" {
+        println!("cargo:rustc-link-arg-bin=accel-container-runtime=-Wl,--wrap=memcpy");
+    }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
     let mut code = String::from(

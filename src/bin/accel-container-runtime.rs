@@ -15,6 +15,10 @@
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code))]
 
+#[cfg(all(target_env = "musl", target_arch = "x86_64"))]
+#[path = "accel-container-runtime/mem.rs"]
+mod mem;
+
 use std::ffi::OsString;
 use std::path::Path;
 
