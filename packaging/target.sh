@@ -7,8 +7,8 @@
 # musl (x86_64-unknown-linux-musl on an x86_64 host) when Rust's std for it is installed, or
 # when `rustup target add` can install it (it needs the network once; set ACCEL_NO_RUSTUP=1 to
 # never try). Otherwise the host's glibc triple, still static (packaging/rustflags.sh).
-# Why musl: a static glibc program asks the CPU for its cache sizes at every start (~70 CPUID
-# instructions, each a VM exit in a virtual machine) and reads /proc/self/exe; musl does
+# Why musl: a static glibc program asks the CPU for its cache sizes at every start (CPUID
+# over and over, each one a VM exit in a virtual machine) and reads /proc/self/exe; musl does
 # neither. On the benchmark VM that was ~0.1 ms of every container start
 # (benches/BENCHMARKS.md). ACCEL_TARGET=<triple> overrides the choice.
 set -euo pipefail
