@@ -92,7 +92,6 @@ struct Temp(PathBuf);
 impl Temp {
     fn create(dir: &Path, name: &str) -> std::io::Result<(File, Temp)> {
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let mut last = None;
         // Randomness only spreads the names; O_EXCL is what makes them safe. Before the
         // kernel's pool is ready (early boot), the pid does.
         let mut random = [0u8; 8];
@@ -105,11 +104,11 @@ impl Temp {
             let path = dir.join(format!(".{name}.{:016x}.tmp", seed.wrapping_add(attempt)));
             match rustix::fs::open(&path, flags, Mode::from_raw_mode(0o600)) {
                 Ok(fd) => return Ok((File::from(fd), Temp(path))),
-                Err(rustix::io::Errno::EXIST) => last = Some(rustix::io::Errno::EXIST),
+                Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(last.unwrap_or(rustix::io::Errno::EXIST).into())
+        Err(rustix::io::Errno::EXIST.into())
     }
 
     /// The temp file is the target now: nothing to remove.

@@ -4,7 +4,6 @@
 //! musl's `open` (under std's `File::open`) follows every O_CLOEXEC open with an
 //! fcntl(F_SETFD) for kernels older than 2.6.23; [`open`] calls openat(2) directly.
 //!
-//!
 //! `fs::read` and `File::read_to_end` stat the file again, seek, and read until a read
 //! returns 0: one read past the end. The create path reads config.json and the driver's
 //! ld.so.cache this way on every create. A read of a regular file returns less than it had

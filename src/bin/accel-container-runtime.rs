@@ -10,8 +10,9 @@
 //! undone before exec. Here the signal dispositions runc gets are exactly the engine's.
 //! Arguments come from `main`'s own argv: `std::env::args_os` is empty without std's start-up
 //! on musl (only glibc hands argv to std at load time).
-// `cargo test --all-targets` builds this file with libtest's main (there are no unit tests
-// here: the binary is tested as a binary by tests/hostile.rs and tests/e2e_*.rs).
+// `cargo test --all-targets` builds this file with libtest's main (the only unit tests here
+// are mem.rs's, built for musl x86_64: the binary is tested as a binary by tests/hostile.rs
+// and tests/e2e_*.rs).
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code))]
 
@@ -24,9 +25,8 @@ use std::path::Path;
 
 use accel_container_runtime::{argv, config, create, exec, logging, spec};
 
-/// A create of 8 GPUs on docker's 9 KB config.json uses 98 KB of it, one on a 1 MB config.json
-/// 3.4 MB (measured); beyond it the C
-/// library allocates (src/arena.rs).
+/// A create of 8 GPUs on docker's 9 KB config.json uses 98 KB of it, one on a 1 MB
+/// config.json 3.4 MB (measured); beyond it the C library allocates (src/arena.rs).
 #[cfg(not(test))]
 #[global_allocator]
 static ALLOCATOR: accel_container_runtime::arena::Arena<{ 4 << 20 }> =
