@@ -23,7 +23,7 @@ has_std() {
 }
 if [ "$musl" != "$host-musl" ] && ! has_std "$musl" && [ -z "${ACCEL_NO_RUSTUP:-}" ] &&
     command -v rustup >/dev/null; then
-    timeout 300 rustup target add "$musl" >&2 || true
+    timeout 120 rustup target add "$musl" >&2 || true
 fi
 if [ "$musl" != "$host-musl" ] && has_std "$musl"; then
     echo "$musl"
