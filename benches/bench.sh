@@ -62,10 +62,11 @@ shim_static=
 if [ "$BENCH_STATIC" = 1 ]; then
   triple=$(bash packaging/target.sh)
   # --target keeps RUSTFLAGS off build scripts and proc macros (which cannot be static).
-  RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --quiet \
+  flags=$(bash packaging/rustflags.sh "$triple")
+  RUSTFLAGS="$flags" cargo build --release --quiet \
     --bin accel-container-runtime --target "$triple" --target-dir "$repo/target/bench-static"
   shim_static=$repo/target/bench-static/$triple/release/accel-container-runtime
-  echo "== shipped build: $triple, $(bash packaging/rustflags.sh "$triple")" >&2
+  echo "== shipped build: $triple, $flags" >&2
   if readelf -d "$shim_static" | grep -q NEEDED; then
     echo "benches/bench.sh: $shim_static is not static" >&2
     exit 1

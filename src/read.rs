@@ -25,12 +25,16 @@ pub fn open(path: &Path, extra: OFlags) -> std::io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// The text of the file at `path`, read as [`whole`] reads (no size limit).
-pub fn text(path: &Path) -> std::io::Result<String> {
+/// The bytes of the file at `path`, read as [`whole`] reads (no size limit).
+pub fn bytes(path: &Path) -> std::io::Result<Vec<u8>> {
     let file = open(path, OFlags::empty())?;
     let size = rustix::fs::fstat(&file)?.st_size;
-    let data = whole(&file, u64::try_from(size).unwrap_or(0), u64::MAX)?;
-    String::from_utf8(data)
+    whole(&file, u64::try_from(size).unwrap_or(0), u64::MAX)
+}
+
+/// The text of the file at `path`, read as [`bytes`] reads.
+pub fn text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(bytes(path)?)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
 }
 
