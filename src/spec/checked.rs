@@ -56,13 +56,19 @@ impl<'a> Iterator for Elements<'a> {
             self.at = b.len();
             return None;
         }
-        let next = skip_ws(b, end);
-        self.at = if b.get(next) == Some(&b',') {
-            next + 1
-        } else {
-            next
-        };
+        self.at = past_comma(b, end);
         value
+    }
+}
+
+/// Where the next element or member starts after a value ending at `end`: past the comma
+/// that follows it, or at the closing bracket.
+fn past_comma(b: &[u8], end: usize) -> usize {
+    let next = skip_ws(b, end);
+    if b.get(next) == Some(&b',') {
+        next + 1
+    } else {
+        next
     }
 }
 
@@ -109,12 +115,7 @@ impl<'a> Iterator for Members<'a> {
             self.at = b.len();
             return None;
         };
-        let next = skip_ws(b, end);
-        self.at = if b.get(next) == Some(&b',') {
-            next + 1
-        } else {
-            next
-        };
+        self.at = past_comma(b, end);
         Some((key, value))
     }
 }
@@ -568,12 +569,9 @@ mod tests {
             ("1e2", "100.0"),
             ("18446744073709551616", "1.8446744073709552e19"),
         ];
+        let value = |text: &str| serde_json::from_str::<Value>(text).unwrap();
         for (a, b) in equal {
-            let (va, vb): (Value, Value) = (
-                serde_json::from_str(a).unwrap(),
-                serde_json::from_str(b).unwrap(),
-            );
-            assert_eq!(va, vb, "{a} {b}");
+            assert_eq!(value(a), value(b), "{a} {b}");
             assert_eq!(fp(a), fp(b), "{a} {b}");
         }
         let unequal = [
@@ -592,11 +590,7 @@ mod tests {
             ("\"\"", "[]"),
         ];
         for (a, b) in unequal {
-            let (va, vb): (Value, Value) = (
-                serde_json::from_str(a).unwrap(),
-                serde_json::from_str(b).unwrap(),
-            );
-            assert_ne!(va, vb, "{a} {b}");
+            assert_ne!(value(a), value(b), "{a} {b}");
             assert_ne!(fp(a), fp(b), "{a} {b}");
         }
         // A big object finds its repeated keys through the map.
