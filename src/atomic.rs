@@ -2,13 +2,32 @@
 //!
 //! Temp file in the same directory (same filesystem, so `rename` is atomic), same mode and
 //! owner as the file it replaces, `fsync` before the rename and of the directory after it.
+//! Temp files come from the `tempfile` crate (O_EXCL, mode 0600, removed on every error
+//! path) and are named `.NAME.accel-<random>.tmp`: [`is_temp_of`] matches those and nothing
+//! an engine or another tool would write, so a later create can tell a killed rewrite's
+//! leftovers from anything else.
 
 use std::fs::{File, Permissions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use rustix::fs::{Mode, OFlags};
+/// Between the target's name and the random part of its temp files' names.
+const TEMP_MARK: &str = ".accel-";
+const TEMP_SUFFIX: &str = ".tmp";
+/// Random characters in a temp file's name.
+const TEMP_RANDOM: usize = 16;
+
+/// Whether `candidate` (a file name) is one of [`replace`]'s temp files for the file named
+/// `target` in the same directory.
+pub fn is_temp_of(candidate: &str, target: &str) -> bool {
+    candidate
+        .strip_prefix('.')
+        .and_then(|c| c.strip_prefix(target))
+        .and_then(|c| c.strip_prefix(TEMP_MARK))
+        .and_then(|c| c.strip_suffix(TEMP_SUFFIX))
+        .is_some_and(|r| r.len() == TEMP_RANDOM && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
 
 /// The variable a `failpoints` build reads: the name of the step at which it SIGKILLs itself.
 pub const FAILPOINT_ENV: &str = "ACCEL_FAILPOINT";
@@ -52,7 +71,12 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         .unwrap_or_default();
     let old = std::fs::metadata(path).ok();
     failpoint("before-temp-create");
-    let (mut file, tmp) = Temp::create(dir, &name)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}{TEMP_MARK}"))
+        .suffix(TEMP_SUFFIX)
+        .rand_bytes(TEMP_RANDOM)
+        .tempfile_in(dir)?;
+    let mut file = tmp.as_file();
     // Two writes only where a crash between them is being tested.
     let half = if cfg!(feature = "failpoints") {
         data.len() / 2
@@ -69,58 +93,17 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
             if m.uid() != nix::unistd::geteuid().as_raw()
                 || m.gid() != nix::unistd::getegid().as_raw()
             {
-                std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
+                std::os::unix::fs::fchown(file, Some(m.uid()), Some(m.gid()))?;
             }
         }
         None => file.set_permissions(Permissions::from_mode(new_mode))?,
     }
     file.sync_all()?;
     failpoint("before-rename");
-    std::fs::rename(&tmp.0, path)?;
-    tmp.renamed();
+    tmp.persist(path).map_err(|e| e.error)?;
     failpoint("before-dir-fsync");
     // The rename itself is durable only once the directory is.
-    crate::read::open(dir, OFlags::DIRECTORY)?.sync_all()
-}
-
-/// The temp file beside the target, `.NAME.<16 hex digits>.tmp`, removed when dropped (every
-/// error path); forgotten once renamed. The digits come from getrandom(2); O_EXCL makes a
-/// name already there (another create's, one a SIGKILLed shim left) a retry with new ones,
-/// never a file reused or a symlink followed.
-struct Temp(PathBuf);
-
-impl Temp {
-    fn create(dir: &Path, name: &str) -> std::io::Result<(File, Temp)> {
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        // Randomness only spreads the names; O_EXCL is what makes them safe. Before the
-        // kernel's pool is ready (early boot), the pid does.
-        let mut random = [0u8; 8];
-        let seed =
-            match rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::NONBLOCK) {
-                Ok(8) => u64::from_ne_bytes(random),
-                _ => u64::from(std::process::id()) << 32,
-            };
-        for attempt in 0..16u64 {
-            let path = dir.join(format!(".{name}.{:016x}.tmp", seed.wrapping_add(attempt)));
-            match rustix::fs::open(&path, flags, Mode::from_raw_mode(0o600)) {
-                Ok(fd) => return Ok((File::from(fd), Temp(path))),
-                Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(rustix::io::Errno::EXIST.into())
-    }
-
-    /// The temp file is the target now: nothing to remove.
-    fn renamed(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -140,26 +123,21 @@ mod tests {
     }
 
     #[test]
-    fn temp_files_are_private_distinct_and_removed_when_dropped() {
-        let d = tempfile::tempdir().unwrap();
-        let (_f1, t1) = Temp::create(d.path(), "config.json").unwrap();
-        let (_f2, t2) = Temp::create(d.path(), "config.json").unwrap();
-        assert_ne!(t1.0, t2.0);
-        for t in [&t1, &t2] {
-            let n = t.0.file_name().unwrap().to_str().unwrap();
-            assert!(
-                n.starts_with(".config.json.") && n.ends_with(".tmp") && n.len() == 33,
-                "{n}"
-            );
-            assert_eq!(std::fs::metadata(&t.0).unwrap().mode() & 0o777, 0o600);
+    fn temp_names_match_only_the_shims_own() {
+        assert!(is_temp_of(
+            ".config.json.accel-AbCdEf0123456789.tmp",
+            "config.json"
+        ));
+        for other in [
+            ".config.json.accel-AbCdEf012345678.tmp",
+            ".config.json.AbCdEf0123456789.tmp",
+            "config.json.accel-AbCdEf0123456789.tmp",
+            ".config.json.accel-AbCdEf01234567/9.tmp",
+            ".daemon.json.accel-AbCdEf0123456789.tmp",
+            ".config.json.accel-AbCdEf0123456789.tmp.x",
+        ] {
+            assert!(!is_temp_of(other, "config.json"), "{other}");
         }
-        drop(t1);
-        t2.renamed();
-        assert_eq!(
-            std::fs::read_dir(d.path()).unwrap().count(),
-            1,
-            "t2 kept, t1 removed"
-        );
     }
 
     #[test]

@@ -76,14 +76,10 @@ struct QuickFile {
     accept_container_devices_as_mounts: bool,
 }
 
-/// What `create` reads before deciding whether to load the profiles at all.
-///
-/// Most containers ask for no device, so no profile is built here: config.toml is parsed
-/// (once: [`Quick::into_config`] builds the [`Config`] from it) and each `profiles-dir/*.toml`
-/// is kept as text. A variable that appears in none of them, nor in a built-in, as a TOML
-/// string (`"NAME"` or `'NAME'`) cannot be claimed by any profile. A name found may be a
-/// false alarm (the full load then decides); a variable name written with escape sequences
-/// in a profile would be missed, so write variable names plainly.
+/// The config loader's first half: config.toml read and parsed, the `profiles-dir/*.toml`
+/// files read but not parsed. [`Quick::into_config`] is the second half ([`Config::load`] is
+/// both); `create` stops after the first when the spec certainly asks for nothing
+/// (`spec::screen` reads [`Quick::texts`]), as most containers ask for no device.
 #[derive(Debug, Clone)]
 pub struct Quick {
     pub low_level_runtime: String,
@@ -96,10 +92,6 @@ pub struct Quick {
     file: Option<(File, Vec<String>)>,
     /// The `*.toml` files of profiles-dir, read.
     profiles: ProfileFiles,
-    /// Every TOML string in `text` and `profiles` that could be a variable name, sorted: a
-    /// create's spec holds dozens of `NAME=` entries, each looked up here (and in the
-    /// built-ins' lists, made at build time).
-    quoted: Vec<String>,
 }
 
 impl Quick {
@@ -137,13 +129,6 @@ impl Quick {
         let mut listing = Vec::new();
         let profiles = read_profile_files(&profiles_dir, &mut listing)?;
         let low_level_runtime = check_runtime(&low_level_runtime, &shown)?;
-        let mut quoted: Vec<String> = std::iter::once(text.as_str())
-            .chain(profiles.iter().filter_map(|(_, t)| t.as_deref()))
-            .flat_map(profile::quoted_names)
-            .map(str::to_string)
-            .collect();
-        quoted.sort_unstable();
-        quoted.dedup();
         Ok(Quick {
             low_level_runtime,
             accept_container_devices_as_mounts: accept,
@@ -154,45 +139,26 @@ impl Quick {
                 (f, warnings)
             }),
             profiles,
-            quoted,
         })
     }
 
-    /// Whether some profile might select devices through the variable `name`.
-    pub fn may_claim(&self, name: &str) -> bool {
-        if name.is_empty() {
-            return false;
-        }
-        if profile::BUILTIN.iter().any(|b| b.quotes(name)) {
-            return true;
-        }
-        if name.bytes().all(profile::is_name_byte) {
-            return self
-                .quoted
-                .binary_search_by(|q| q.as_str().cmp(name))
-                .is_ok();
-        }
+    /// Every text that can name a variable a profile claims: config.toml, the profile
+    /// files, the built-ins.
+    pub fn texts(&self) -> impl Iterator<Item = &str> + Clone {
         std::iter::once(self.text.as_str())
             .chain(self.profiles.iter().filter_map(|(_, t)| t.as_deref()))
-            .any(|t| profile::quoted_in(t, name))
+            .chain(profile::BUILTIN.iter().map(|b| b.text))
     }
 
-    /// The [`Config`] that [`Config::load`] gives (for `names`: only the profiles that may
-    /// claim them, as [`Config::parse_claiming`]), from what was read here: config.toml and the
-    /// profile files are neither read nor parsed again.
-    pub fn into_config(self, names: Option<&[String]>) -> Result<Config, ConfigError> {
-        let names: Option<Vec<&str>> = names.map(|n| n.iter().map(String::as_str).collect());
-        let names = names.as_deref();
+    /// The [`Config`]: every profile built from what was read here (config.toml and the
+    /// profile files are neither read nor parsed again).
+    pub fn into_config(self) -> Result<Config, ConfigError> {
         match self.file {
-            Some((file, warnings)) => Config::build(
-                file,
-                warnings,
-                self.path.as_deref(),
-                names,
-                Some(self.profiles),
-            ),
+            Some((file, warnings)) => {
+                Config::build(file, warnings, self.path.as_deref(), Some(self.profiles))
+            }
             // Fails again, as the full load does.
-            None => Config::parse_claiming(&self.text, self.path.as_deref(), names),
+            None => Config::parse(&self.text, self.path.as_deref()),
         }
     }
 }
@@ -258,10 +224,7 @@ impl Config {
     }
 
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
-        match read_text(path)? {
-            Some(text) => Self::parse(&text, Some(path)),
-            None => Self::parse("", None),
-        }
+        Quick::load_from(path)?.into_config()
     }
 
     /// `low-level-runtime` alone, from the file [`Config::load`] would read: what every command
@@ -284,22 +247,8 @@ impl Config {
 
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
-        Self::parse_claiming(text, path, None)
-    }
-
-    /// [`Config::parse`] for a container whose spec sets only the variables `names` (`None`:
-    /// any): a built-in profile nothing can involve is not built. A built-in is involved when
-    /// its text holds one of `names` as a TOML string (see [`Quick`]), when config.toml
-    /// overrides it, or when one of the operator's profiles uses a variable it names. Every
-    /// profile file and config.toml table is still built and validated, so the result, errors
-    /// and warnings are those of [`Config::parse`] for every profile that can matter.
-    pub fn parse_claiming(
-        text: &str,
-        path: Option<&Path>,
-        names: Option<&[&str]>,
-    ) -> Result<Config, ConfigError> {
         let (file, warnings) = parse_file(text, &shown(path))?;
-        Self::build(file, warnings, path, names, None)
+        Self::build(file, warnings, path, None)
     }
 
     /// The config from a deserialized config.toml, with the warnings so far. `files`: the
@@ -308,7 +257,6 @@ impl Config {
         file: File,
         mut warnings: Vec<String>,
         path: Option<&Path>,
-        names: Option<&[&str]>,
         files: Option<ProfileFiles>,
     ) -> Result<Config, ConfigError> {
         let shown = shown(path);
@@ -340,7 +288,7 @@ impl Config {
             Some(files) => files,
             None => read_profile_files(&file.profiles_dir, &mut warnings)?,
         };
-        let profiles = load_profiles(files, file.profiles, &shown, names, &mut warnings)?;
+        let profiles = load_profiles(files, file.profiles, &shown, &mut warnings)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -390,7 +338,7 @@ fn config_path() -> PathBuf {
 
 /// The file's text; `None` when it does not exist (the defaults apply).
 fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
-    match crate::read::text(path) {
+    match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ConfigError::Read {
@@ -413,8 +361,7 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
     Ok(low.to_string())
 }
 
-/// A profile before it is built: a built-in, read from its prepared form only if it is built,
-/// or the table of an operator's file.
+/// A profile before it is built: a built-in, or the table of an operator's file.
 enum Source {
     Builtin(&'static Builtin),
     File(toml::Table),
@@ -429,17 +376,11 @@ impl Source {
     }
 }
 
-/// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables. With
-/// `claims`, a built-in is skipped when nothing can involve it: its text names none of the
-/// variables, config.toml has no `[profiles.<name>]` for it, and no profile file or table in
-/// config.toml uses one of the variables it names. Skipping it changes no result, error or
-/// warning (built-ins are compiled in and tested); the operator's files and tables are always
-/// built, so a broken one is reported by every create.
+/// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables.
 fn load_profiles(
     files: ProfileFiles,
     mut overrides: toml::Table,
     config_path: &Path,
-    claims: Option<&[&str]>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
     let mut tables: Vec<(String, toml::Table)> = Vec::new();
@@ -459,26 +400,9 @@ fn load_profiles(
         })?;
         tables.push((origin, table));
     }
-    // The variables the operator's own profiles use, as written in their tables.
-    let operator_vars: Vec<&str> = tables
-        .iter()
-        .map(|(_, t)| t)
-        .chain(overrides.values().filter_map(toml::Value::as_table))
-        .filter_map(|t| t.get("visible-devices-env")?.as_array())
-        .flatten()
-        .filter_map(toml::Value::as_str)
-        .collect();
-    let involved = |b: &Builtin| match claims {
-        None => true,
-        Some(names) => {
-            names.iter().chain(&operator_vars).any(|n| b.quotes(n))
-                || overrides.contains_key(b.name)
-        }
-    };
     // (origin, source) in precedence order; a later one of the same name replaces.
     let mut sources: Vec<(String, Source)> = profile::BUILTIN
         .iter()
-        .filter(|b| involved(b))
         .map(|b| (b.origin(), Source::Builtin(b)))
         .collect();
     for (origin, table) in tables {
@@ -499,7 +423,11 @@ fn load_profiles(
                     config_path.display()
                 );
                 let built = match source {
-                    Source::Builtin(b) => b.profile_with(over, &origin)?,
+                    Source::Builtin(b) => {
+                        let mut table = b.table()?;
+                        profile::merge_tables(&mut table, over);
+                        Profile::from_table(table, &origin)?
+                    }
                     Source::File(mut table) => {
                         profile::merge_tables(&mut table, over);
                         Profile::from_table(table, &origin)?
@@ -707,63 +635,23 @@ mod tests {
         let q = Quick::load_from(&cfg).unwrap();
         let full = Config::load_from(&cfg).unwrap();
         assert_eq!(full.profiles.len(), 7);
+        let screen = |q: &Quick, var: &str| {
+            let spec = format!(r#"{{"process":{{"env":["{var}=0"]}}}}"#);
+            crate::spec::screen::screen(spec.as_bytes(), q.texts())
+        };
+        use crate::spec::screen::Screen;
         for p in &full.profiles {
             for v in &p.visible_devices_env {
-                assert!(q.may_claim(v), "{v} of {} missed", p.name);
+                assert_eq!(screen(&q, v), Screen::Maybe, "{v} of {} missed", p.name);
             }
         }
         for other in ["HOSTNAME", "PATH", "NVIDIA_VISIBLE", "VISIBLE_DEVICES", ""] {
-            assert!(!q.may_claim(other), "{other}");
+            assert_eq!(screen(&q, other), Screen::Nothing, "{other}");
         }
         // No file: built-ins only.
         let q = Quick::load_from(&dir.path().join("none.toml")).unwrap();
-        assert!(q.may_claim("NVIDIA_VISIBLE_DEVICES") && !q.may_claim("MY_ACCELS"));
-    }
-
-    /// `create` skips only the built-ins nothing involves: the operator's files and tables are
-    /// always built (a broken one is an error for every create), an override keeps its
-    /// built-in, and an operator profile sharing a built-in's variable still meets it.
-    #[test]
-    fn claiming_load_skips_only_uninvolved_builtins() {
-        let path = Some(Path::new("c.toml"));
-        let names = |text: &str, vars: &[&str]| -> Vec<String> {
-            Config::parse_claiming(text, path, Some(vars))
-                .unwrap()
-                .profiles
-                .into_iter()
-                .map(|p| p.name)
-                .collect()
-        };
-        let nv = ["NVIDIA_VISIBLE_DEVICES"];
-        assert_eq!(names("", &nv), ["nvidia"]);
-        assert_eq!(names("", &["ENFLAME_VISIBLE_DEVICES"]), ["enflame"]);
-        assert!(names("", &["NOBODY"]).is_empty());
-        assert_eq!(
-            names("[profiles.enflame]\ndriver-root = \"/sim\"\n", &nv),
-            ["nvidia", "enflame"]
-        );
-        let err = Config::parse_claiming("[profiles.enflame]\ndriver-root = 5\n", path, Some(&nv))
-            .unwrap_err();
-        assert!(err.to_string().contains("enflame"), "{err}");
-
-        let dir = tempfile::tempdir().unwrap();
-        let profiles = dir.path().join("profiles.d");
-        std::fs::create_dir(&profiles).unwrap();
-        let text = format!("profiles-dir = {profiles:?}\n");
-        std::fs::write(profiles.join("broken.toml"), "name = \"broken\"\nx = [").unwrap();
-        assert!(Config::parse_claiming(&text, path, Some(&nv)).is_err());
-        std::fs::remove_file(profiles.join("broken.toml")).unwrap();
-        // A file claiming enflame's variable under another name: two profiles claim it.
-        let copy = profile::BUILTIN[1]
-            .text
-            .replace("name = \"enflame\"", "name = \"my-gcu\"");
-        std::fs::write(profiles.join("my-gcu.toml"), copy).unwrap();
-        let full = Config::parse(&text, path).unwrap_err().to_string();
-        let claiming = Config::parse_claiming(&text, path, Some(&nv))
-            .unwrap_err()
-            .to_string();
-        assert!(full.contains("claimed by two profiles"), "{full}");
-        assert_eq!(claiming, full);
+        assert_eq!(screen(&q, "NVIDIA_VISIBLE_DEVICES"), Screen::Maybe);
+        assert_eq!(screen(&q, "MY_ACCELS"), Screen::Nothing);
     }
 
     /// The create path builds its Config from the screen's reading of config.toml: the same
@@ -781,7 +669,6 @@ mod tests {
         std::fs::write(profiles.join("ascend.toml"), ascend).unwrap();
         let cfg = dir.path().join("config.toml");
         let top = format!("profiles-dir = {profiles:?}\n");
-        let nv = ["NVIDIA_VISIBLE_DEVICES".to_string()];
         for extra in [
             "",
             "[profiles.nvidia]\ndriver-root = \"/run/nvidia/driver\"\n",
@@ -810,16 +697,15 @@ mod tests {
                     continue;
                 }
             };
-            assert_eq!(show(quick.clone().into_config(None)), full, "{extra}");
+            assert_eq!(show(quick.into_config()), full, "{extra}");
             let text = std::fs::read_to_string(&cfg).unwrap();
-            let claiming = show(Config::parse_claiming(&text, Some(&cfg), Some(&["NVIDIA_VISIBLE_DEVICES"])));
-            assert_eq!(show(quick.into_config(Some(&nv))), claiming, "{extra}");
+            assert_eq!(show(Config::parse(&text, Some(&cfg))), full, "{extra}");
         }
         // No file: the defaults, either way.
         let none = dir.path().join("none.toml");
         let quick = Quick::load_from(&none).unwrap();
         assert_eq!(
-            format!("{:?}", quick.into_config(None).unwrap()),
+            format!("{:?}", quick.into_config().unwrap()),
             format!("{:?}", Config::load_from(&none).unwrap())
         );
     }

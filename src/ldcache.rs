@@ -173,7 +173,7 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
 /// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
 pub fn load(root: &Path) -> std::io::Result<Cache> {
     let path = root.join("etc/ld.so.cache");
-    match crate::read::bytes(&path) {
+    match std::fs::read(&path) {
         Ok(data) => Cache::parse(data).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,

@@ -2,13 +2,12 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
 //! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
-pub mod arena;
 pub mod argv;
 pub mod atomic;
 pub mod cdi;
@@ -18,6 +17,7 @@ pub mod create;
 pub mod ctk;
 pub mod discovery;
 pub mod doctor;
+pub mod edits;
 pub mod engine;
 pub mod exec;
 pub mod ldcache;
@@ -25,7 +25,6 @@ pub mod libraries;
 pub mod logging;
 pub mod plan;
 pub mod profile;
-pub mod read;
 pub mod request;
 pub mod spec;
 pub mod topology;

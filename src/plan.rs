@@ -16,7 +16,8 @@ use crate::ldcache;
 use crate::libraries::{self, Found};
 use crate::profile::{self, Profile};
 
-pub const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+pub use crate::edits::{BindMount, DeviceNode, NodeKind, Plan, MOUNT_OPTIONS};
+
 pub const BIN_DIR: &str = "/usr/bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -40,93 +41,6 @@ pub enum PlanError {
     },
     #[error("refusing mount {}: {why}", path.display())]
     UnsafeMount { path: PathBuf, why: String },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum NodeKind {
-    Char,
-    Block,
-}
-
-impl NodeKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeKind::Char => "c",
-            NodeKind::Block => "b",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceNode {
-    /// Path in the container.
-    pub path: PathBuf,
-    pub host_path: PathBuf,
-    pub kind: NodeKind,
-    pub major: u64,
-    pub minor: u64,
-    pub file_mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindMount {
-    pub source: PathBuf,
-    pub destination: PathBuf,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub nodes: Vec<DeviceNode>,
-    pub mounts: Vec<BindMount>,
-    /// Groups of nodes that are not world read-writable, so a non-root user can open them.
-    pub additional_gids: Vec<u32>,
-}
-
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty() && self.mounts.is_empty() && self.additional_gids.is_empty()
-    }
-
-    /// Adds `other`, skipping nodes by path and mounts by destination already present.
-    /// Paths are compared as bytes, as spec::apply compares them with the spec's strings
-    /// (`Path`'s `==` parses components: most of this function's cost).
-    pub fn extend(&mut self, other: Plan) {
-        for n in other.nodes {
-            self.push_node(n);
-        }
-        for m in other.mounts {
-            let dest = m.destination.as_os_str();
-            if !self
-                .mounts
-                .iter()
-                .any(|x| x.destination.as_os_str() == dest)
-            {
-                self.mounts.push(m);
-            }
-        }
-        for g in other.additional_gids {
-            if !self.additional_gids.contains(&g) {
-                self.additional_gids.push(g);
-            }
-        }
-    }
-
-    fn push_node(&mut self, n: DeviceNode) {
-        if self
-            .nodes
-            .iter()
-            .any(|x| x.path.as_os_str() == n.path.as_os_str())
-        {
-            return;
-        }
-        // World read-write nodes need no group; root's group is never handed out.
-        if n.file_mode & 0o006 != 0o006 && n.gid != 0 && !self.additional_gids.contains(&n.gid) {
-            self.additional_gids.push(n.gid);
-        }
-        self.nodes.push(n);
-    }
 }
 
 /// Reads type, numbers, mode and owner of a host node (following symlinks, as udev makes

@@ -11,28 +11,30 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-// Shared with src/build.rs, which includes the file (a build script cannot use the crate).
-mod quoted;
-pub use quoted::{is_name_byte, quoted_names};
-
-/// A profile compiled into the binary (the list, `BUILTIN`, is made by src/build.rs from
-/// `config/profiles/`): its TOML text and, prepared from that text at build time, the same
-/// table as static [`Data`] and the names the text quotes. Reading the data instead of parsing
-/// the text is most of what makes `create` cheap; tests check both against the text.
+/// A profile compiled into the binary: the text of its file under `config/profiles/`,
+/// parsed like any profile file when a create needs it.
 #[derive(Debug)]
 pub struct Builtin {
     /// File name under `config/profiles/`.
     pub file: &'static str,
-    /// The profile's `name`.
+    /// The profile's `name` (test `builtins_parse_with_no_unknown_keys` checks it).
     pub name: &'static str,
     pub text: &'static str,
-    /// `text`'s table (keys sorted, comments gone): what is read at run time.
-    pub data: &'static [(&'static str, Data)],
-    /// [`quoted_names`] of `text`, sorted, without duplicates.
-    pub quoted: &'static [&'static str],
 }
 
-include!(concat!(env!("OUT_DIR"), "/builtin_profiles.rs"));
+/// The built-in profiles; other vendors ship as files in `profiles-dir`.
+pub const BUILTIN: &[Builtin] = &[
+    Builtin {
+        file: "nvidia.toml",
+        name: "nvidia",
+        text: include_str!("../config/profiles/nvidia.toml"),
+    },
+    Builtin {
+        file: "enflame.toml",
+        name: "enflame",
+        text: include_str!("../config/profiles/enflame.toml"),
+    },
+];
 
 impl Builtin {
     /// How errors and warnings name this profile.
@@ -40,158 +42,18 @@ impl Builtin {
         format!("built-in {}", self.file)
     }
 
-    /// The profile's table: what `toml::from_str(self.text)` gives.
-    pub fn table(&self) -> toml::Table {
-        self.data
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_toml()))
-            .collect()
-    }
-
-    /// What [`Profile::from_table`] gives for [`Builtin::table`], without building the table
-    /// (all a create pays for a built-in that config.toml does not override).
-    pub fn profile(&self) -> Result<(Profile, Vec<String>), ProfileError> {
-        let origin = self.origin();
-        let profile = self.deserialize(&origin)?;
-        profile.validate(&origin)?;
-        Ok((profile, Vec::new()))
-    }
-
-    /// What [`Profile::from_table`] gives for [`Builtin::table`] with `over` merged in
-    /// ([`merge_tables`]), naming the result `origin`. A profile's fields are independent, so
-    /// only those `over` sets (and those every profile needs) are deserialized from the merged
-    /// table; the others are the built-in's own. Same profile, unknown keys and errors, for a
-    /// fraction of the cost.
-    pub fn profile_with(
-        &self,
-        over: toml::Table,
-        origin: &str,
-    ) -> Result<(Profile, Vec<String>), ProfileError> {
-        /// Keys without a default: deserializing fails without them.
-        const REQUIRED: [&str; 3] = ["name", "visible-devices-env", "discovery"];
-        let mut table: toml::Table = self
-            .data
-            .iter()
-            .filter(|(k, _)| over.contains_key(*k) || REQUIRED.contains(k))
-            .map(|(k, v)| (k.to_string(), v.to_toml()))
-            .collect();
-        merge_tables(&mut table, over);
-        let keys: Vec<String> = table.keys().cloned().collect();
-        let (set, unknown) = Profile::deserialize_table(table, origin)?;
-        let mut profile = self.deserialize(origin)?;
-        profile.overlay(set, |k| keys.iter().any(|s| s == k));
-        profile.validate(origin)?;
-        Ok((profile, unknown))
-    }
-
-    /// The built-in's own profile, not validated. Unknown keys are not looked for: a
-    /// built-in has none (test `prepared_builtins_equal_their_text`).
-    fn deserialize(&self, origin: &str) -> Result<Profile, ProfileError> {
-        Profile::deserialize(Data::Table(self.data)).map_err(|e| ProfileError::Invalid {
-            origin: origin.to_string(),
-            msg: e.to_string(),
+    /// The profile's table: its text parsed.
+    pub fn table(&self) -> Result<toml::Table, ProfileError> {
+        toml::from_str(self.text).map_err(|source| ProfileError::Parse {
+            origin: self.origin(),
+            source,
         })
     }
 
-    /// Whether the text holds `name` as a TOML string ([`quoted_in`]).
-    pub fn quotes(&self, name: &str) -> bool {
-        if name.bytes().all(is_name_byte) {
-            self.quoted.binary_search(&name).is_ok()
-        } else {
-            quoted_in(self.text, name)
-        }
+    /// The built-in profile, with the keys it did not know.
+    pub fn profile(&self) -> Result<(Profile, Vec<String>), ProfileError> {
+        Profile::from_table(self.table()?, &self.origin())
     }
-}
-
-/// A TOML value as static data, for the built-in profiles (floats and dates: none there).
-/// It is a serde [`Deserializer`](serde::Deserializer): borrowed strings, exact lengths, no
-/// parsing.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Data {
-    Bool(bool),
-    Integer(i64),
-    String(&'static str),
-    Array(&'static [Data]),
-    Table(&'static [(&'static str, Data)]),
-}
-
-impl Data {
-    pub fn to_toml(&self) -> toml::Value {
-        match *self {
-            Data::Bool(b) => toml::Value::Boolean(b),
-            Data::Integer(i) => toml::Value::Integer(i),
-            Data::String(s) => toml::Value::String(s.to_string()),
-            Data::Array(a) => toml::Value::Array(a.iter().map(Data::to_toml).collect()),
-            Data::Table(t) => toml::Value::Table(
-                t.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_toml()))
-                    .collect(),
-            ),
-        }
-    }
-}
-
-impl<'de> serde::Deserializer<'de> for Data {
-    type Error = serde::de::value::Error;
-
-    fn deserialize_any<V: serde::de::Visitor<'de>>(
-        self,
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        use serde::de::value::{MapDeserializer, SeqDeserializer};
-        match self {
-            Data::Bool(b) => visitor.visit_bool(b),
-            Data::Integer(i) => visitor.visit_i64(i),
-            Data::String(s) => visitor.visit_borrowed_str(s),
-            Data::Array(a) => {
-                let mut seq = SeqDeserializer::new(a.iter().copied());
-                let value = visitor.visit_seq(&mut seq)?;
-                seq.end()?;
-                Ok(value)
-            }
-            Data::Table(t) => {
-                let mut map = MapDeserializer::new(t.iter().copied());
-                let value = visitor.visit_map(&mut map)?;
-                map.end()?;
-                Ok(value)
-            }
-        }
-    }
-
-    /// Present means `Some`, as in TOML.
-    fn deserialize_option<V: serde::de::Visitor<'de>>(
-        self,
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        visitor.visit_some(self)
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
-        ignored_any
-    }
-}
-
-impl<'de> serde::de::IntoDeserializer<'de> for Data {
-    type Deserializer = Data;
-
-    fn into_deserializer(self) -> Data {
-        self
-    }
-}
-
-/// Whether `text` holds `name` between two equal quotes: a TOML string `"name"` or `'name'`
-/// (or text that looks like one, in a comment: a false alarm costs only time).
-pub fn quoted_in(text: &str, name: &str) -> bool {
-    text.match_indices(name).any(|(i, _)| {
-        let before = text[..i].chars().next_back();
-        let after = text[i + name.len()..].chars().next();
-        matches!(
-            (before, after),
-            (Some('"'), Some('"')) | (Some('\''), Some('\''))
-        )
-    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -300,16 +162,6 @@ impl Profile {
         table: toml::Table,
         origin: &str,
     ) -> Result<(Profile, Vec<String>), ProfileError> {
-        let (profile, unknown) = Self::deserialize_table(table, origin)?;
-        profile.validate(origin)?;
-        Ok((profile, unknown))
-    }
-
-    /// [`Profile::from_table`] before validation.
-    fn deserialize_table(
-        table: toml::Table,
-        origin: &str,
-    ) -> Result<(Profile, Vec<String>), ProfileError> {
         let mut unknown = Vec::new();
         let value = toml::Value::Table(table);
         let profile: Profile =
@@ -319,37 +171,8 @@ impl Profile {
                     source,
                 },
             )?;
+        profile.validate(origin)?;
         Ok((profile, unknown))
-    }
-
-    /// Moves into `self` each field of `from` whose key (as a profile table spells it) is
-    /// `set`. Must name every field (test `overlay_moves_every_field`).
-    fn overlay(&mut self, from: Profile, set: impl Fn(&str) -> bool) {
-        macro_rules! overlay {
-            ($($key:literal => $field:ident,)*) => {
-                $(if set($key) { self.$field = from.$field; })*
-            };
-        }
-        overlay! {
-            "name" => name,
-            "description" => description,
-            "visible-devices-env" => visible_devices_env,
-            "driver-root" => driver_root,
-            "dev-root" => dev_root,
-            "none-injects-driver" => none_injects_driver,
-            "cdi-kind" => cdi_kind,
-            "resource-name" => resource_name,
-            "device-plugin-id" => device_plugin_id,
-            "container-devices-mount-dir" => container_devices_mount_dir,
-            "version-file" => version_file,
-            "discovery" => discovery,
-            "control-nodes" => control_nodes,
-            "library-search-dirs" => library_search_dirs,
-            "binary-search-dirs" => binary_search_dirs,
-            "capabilities-env" => capabilities_env,
-            "default-capabilities" => default_capabilities,
-            "capabilities" => capabilities,
-        }
     }
 
     /// Where the device nodes live on the host.
@@ -500,163 +323,15 @@ mod tests {
         p
     }
 
-    /// What runs is the prepared form: it must be the TOML text's, so that an edit of
-    /// config/profiles/*.toml can never silently diverge from it.
-    #[test]
-    fn prepared_builtins_equal_their_text() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
-        let names: Vec<&str> = BUILTIN.iter().map(|b| b.name).collect();
-        assert_eq!(names, ["nvidia", "enflame"]);
-        for b in BUILTIN {
-            assert_eq!(std::fs::read_to_string(dir.join(b.file)).unwrap(), b.text);
-            let table: toml::Table = toml::from_str(b.text).unwrap();
-            assert_eq!(b.table(), table, "{}", b.file);
-            assert_eq!(table["name"].as_str(), Some(b.name));
-            let parsed = Profile::from_table(table, &b.origin()).unwrap();
-            assert_eq!(b.profile().unwrap(), parsed, "{}", b.file);
-            let mut quoted: Vec<&str> = quoted_names(b.text).collect();
-            quoted.sort_unstable();
-            quoted.dedup();
-            assert_eq!(b.quoted, quoted, "{}", b.file);
-        }
-    }
-
-    /// An override of a built-in gives what merging it into the whole table gives: profile,
-    /// unknown keys, or error.
-    #[test]
-    fn profile_with_equals_merging_the_table() {
-        let overrides = [
-            "",
-            "driver-root = \"/run/nvidia/driver\"",
-            "driver-rot = \"/x\"\ndev-root = \"/dev-root\"",
-            "name = \"other\"\nvisible-devices-env = [\"OTHER\"]",
-            "[discovery]\nproc-dir = \"/sim/gpus\"",
-            "[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{index}\"]",
-            "[discovery]\nproc-dri = \"/x\"",
-            "[capabilities.compute]\nlibraries = [\"libcuda\"]\nlibrarys = []",
-            "[capabilities.mine]\nincludes = [\"compute\"]",
-            "default-capabilities = [\"nothing\"]",
-            "driver-root = 5",
-            "capabilities = 5",
-            "[discovery]\nproc-dir = [1]",
-            "control-nodes = [\"/dev/../etc/shadow\"]",
-            "driver-root = \"relative\"",
-        ];
-        for b in BUILTIN {
-            for text in overrides {
-                let over: toml::Table = toml::from_str(text).unwrap();
-                let show = |r: Result<(Profile, Vec<String>), ProfileError>| match r {
-                    Ok(built) => format!("{built:?}"),
-                    Err(e) => format!("error: {e}"),
-                };
-                let mut table = b.table();
-                merge_tables(&mut table, over.clone());
-                assert_eq!(
-                    show(b.profile_with(over, "o")),
-                    show(Profile::from_table(table, "o")),
-                    "{}: {text}",
-                    b.file
-                );
-            }
-        }
-    }
-
-    /// [`Profile::overlay`] moves each field by its key, and every field has one.
-    #[test]
-    fn overlay_moves_every_field() {
-        let base = BUILTIN[0].profile().unwrap().0;
-        let text = r#"
-            name = "x"
-            description = "x"
-            visible-devices-env = ["X"]
-            driver-root = "/x"
-            dev-root = "/x"
-            none-injects-driver = false
-            cdi-kind = "x.com/x"
-            resource-name = "x.com/x"
-            device-plugin-id = "{index}"
-            container-devices-mount-dir = "/x"
-            version-file = "/x"
-            control-nodes = ["/dev/x"]
-            library-search-dirs = ["/x"]
-            binary-search-dirs = ["/x"]
-            capabilities-env = "X"
-            default-capabilities = ["x"]
-            [discovery]
-            method = "device-nodes"
-            node-templates = ["/dev/x{index}"]
-            [capabilities.x]
-        "#;
-        let other = Profile::from_table(toml::from_str(text).unwrap(), "x")
-            .unwrap()
-            .0;
-        // Every field, `None` ones included.
-        let keys: Vec<String> = match serde_json::to_value(&other).unwrap() {
-            serde_json::Value::Object(m) => m.keys().cloned().collect(),
-            v => panic!("{v}"),
-        };
-        for key in &keys {
-            let mut p = base.clone();
-            p.overlay(other.clone(), |k| k == key);
-            assert_ne!(p, base, "{key} not moved");
-        }
-        let mut p = base.clone();
-        p.overlay(other.clone(), |_| true);
-        assert_eq!(p, other);
-    }
-
-    /// The static data reads as TOML does: options, nested tables, the tagged discovery,
-    /// unknown keys, wrong types.
-    #[test]
-    fn data_deserializes_like_toml() {
-        const DISCOVERY: Data = Data::Table(&[
-            ("method", Data::String("device-nodes")),
-            (
-                "node-templates",
-                Data::Array(&[Data::String("/dev/x{index}")]),
-            ),
-            ("index-ranges", Data::Bool(true)),
-        ]);
-        const CAPS: Data = Data::Table(&[(
-            "c",
-            Data::Table(&[("libraries", Data::Array(&[Data::String("libx")]))]),
-        )]);
-        const DATA: &[(&str, Data)] = &[
-            ("capabilities", CAPS),
-            ("dev-root", Data::String("/dev-root")),
-            ("discovery", DISCOVERY),
-            ("extra", Data::Integer(-3)),
-            ("name", Data::String("x")),
-            (
-                "visible-devices-env",
-                Data::Array(&[Data::String("X_DEVICES")]),
-            ),
-        ];
-        let b = Builtin {
-            file: "x.toml",
-            name: "x",
-            text: "",
-            data: DATA,
-            quoted: &[],
-        };
-        let from_toml = Profile::from_table(b.table(), &b.origin()).unwrap();
-        assert_eq!(from_toml.1, ["extra"]);
-        assert_eq!(from_toml.0.dev_root, Some(PathBuf::from("/dev-root")));
-        // Unknown keys are looked for only in the text (a built-in has none).
-        assert_eq!(b.profile().unwrap(), (from_toml.0, Vec::new()));
-
-        const WRONG: &[(&str, Data)] = &[
-            ("discovery", DISCOVERY),
-            ("name", Data::Bool(true)),
-            ("visible-devices-env", Data::Array(&[Data::String("X")])),
-        ];
-        let b = Builtin { data: WRONG, ..b };
-        let err = b.profile().unwrap_err().to_string();
-        assert!(err.contains("x.toml") && err.contains("boolean"), "{err}");
-    }
-
     #[test]
     fn builtins_parse_with_no_unknown_keys() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
+        for b in BUILTIN {
+            assert_eq!(std::fs::read_to_string(dir.join(b.file)).unwrap(), b.text);
+            let (p, unknown) = b.profile().unwrap();
+            assert_eq!(p.name, b.name, "{}", b.file);
+            assert!(unknown.is_empty(), "{}: {unknown:?}", b.file);
+        }
         let nv = builtin("nvidia");
         assert_eq!(nv.visible_devices_env, ["NVIDIA_VISIBLE_DEVICES"]);
         assert!(matches!(nv.discovery, Discovery::NvidiaProcfs { .. }));
@@ -745,19 +420,6 @@ mod tests {
         match Profile::from_table(t, "x") {
             Ok((_, unknown)) => assert_eq!(unknown, ["discovery.node-tempaltes"]),
             Err(e) => assert!(e.to_string().contains("node-tempaltes"), "{e}"),
-        }
-    }
-
-    #[test]
-    fn quoted_names_are_what_quoted_in_finds() {
-        let text = "a = \"NV_X\"\nb = ['Y_1', \"Z\" ]\n# \"mixed' \"ab\"cd\" x\"\"\n";
-        let names: Vec<&str> = quoted_names(text).collect();
-        assert_eq!(names, ["NV_X", "Y_1", "Z", "ab", "cd"]);
-        for n in &names {
-            assert!(quoted_in(text, n), "{n}");
-        }
-        for n in ["NV", "mixed", "x", "b", "Y"] {
-            assert!(!quoted_in(text, n) && !names.contains(&n), "{n}");
         }
     }
 }

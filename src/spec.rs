@@ -1,30 +1,30 @@
-//! Reading, editing and writing the bundle's `config.json` as JSON, not as a typed `Spec`.
+//! Reading, editing and writing the bundle's `config.json` as a `serde_json::Value`.
 //!
-//! A serde round trip through `oci_spec::runtime::Spec` drops keys it does not know and
-//! reorders capability lists, and even a whole-document `serde_json::Value` round trip costs
-//! most of a create (parse, serialize and drop of ~10 KB that the shim never reads:
-//! capabilities, seccomp, masked paths). So the document is a [`Document`] borrowing the
-//! file's bytes: read in place, the sections edited spliced back, everything else copied
-//! byte for byte. This module has the file handling and the editor's rules ([`apply`]);
-//! the entries added are written as JSON text by [`Entry`], scanned for in the arrays'
-//! bytes by `checked`.
+//! One grammar: serde_json's, with its recursion limit (a spec nested deeper than 128 levels
+//! is refused with one line, never a stack overflow). `preserve_order` keeps every object's
+//! key order and `arbitrary_precision` keeps every number as it was written, so a field the
+//! shim does not own is written back with the same value. A typed `oci_spec` `Spec` is never
+//! round-tripped: it drops keys it does not know and rewrites capability lists
+//! (tests/spec_roundtrip.rs shows it).
+//!
+//! Everything the shim decides from the spec is read in one place, [`View::of`]: the
+//! environment, privilege, annotations, root, hooks and existing mounts. The entries the shim
+//! adds are typed structs ([`DeviceEntry`], [`RuleEntry`], [`MountEntry`]) converted with
+//! `serde_json::to_value` and appended to `/linux/devices`, `/linux/resources/devices` and
+//! `/mounts`; missing sections are created empty, never from a typed default.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
 
-mod checked;
-mod entry;
+pub mod screen;
 
-mod document;
-pub mod scan;
-
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::atomic;
-use crate::plan::{self, BindMount, DeviceNode, Plan};
-pub use document::{Document, ParseError};
-pub use entry::Entry;
+use crate::edits::{BindMount, DeviceNode, Plan, MOUNT_OPTIONS};
 
 /// Larger than any real spec (docker's are ~10 KB); a bigger file is refused, not parsed.
 pub const MAX_SIZE: u64 = 64 << 20;
@@ -59,18 +59,18 @@ pub enum SpecError {
 }
 
 /// config.json's bytes, when it is a regular file (not a symlink, FIFO or device) of at most
-/// [`MAX_SIZE`].
+/// [`MAX_SIZE`] (enforced while reading: a file that grows is not read past it).
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
     let open_err = |source| SpecError::Open {
         path: path.into(),
         source,
     };
     // O_NOFOLLOW: a symlinked config.json is refused; O_NONBLOCK: a FIFO cannot hang us.
-    let file = crate::read::open(
-        path,
-        crate::read::OFlags::NOFOLLOW | crate::read::OFlags::NONBLOCK,
-    )
-    .map_err(open_err)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
     let meta = file.metadata().map_err(open_err)?;
     let ft = meta.file_type();
     if !ft.is_file() {
@@ -86,13 +86,205 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, SpecError> {
             msg: format!("is {what}"),
         });
     }
+    let too_big = |size: u64| SpecError::NotAFile {
+        path: path.into(),
+        msg: format!("is {size} bytes, over the {MAX_SIZE} byte limit"),
+    };
     if meta.size() > MAX_SIZE {
-        return Err(SpecError::NotAFile {
-            path: path.into(),
-            msg: format!("is {} bytes, over the {} byte limit", meta.size(), MAX_SIZE),
-        });
+        return Err(too_big(meta.size()));
     }
-    crate::read::whole(&file, meta.size(), MAX_SIZE).map_err(open_err)
+    let mut data = Vec::with_capacity(usize::try_from(meta.size()).unwrap_or(0));
+    file.take(MAX_SIZE + 1)
+        .read_to_end(&mut data)
+        .map_err(open_err)?;
+    if data.len() as u64 > MAX_SIZE {
+        return Err(too_big(data.len() as u64));
+    }
+    Ok(data)
+}
+
+/// Why spec bytes are not a spec the shim can read.
+#[derive(Debug)]
+pub enum ParseError {
+    /// Not JSON to serde_json (syntax, invalid UTF-8, nested deeper than its limit).
+    Json(serde_json::Error),
+    /// JSON, but a section the shim reads has the wrong type.
+    Shape(String),
+}
+
+/// Parses spec bytes into the document and checks the sections the shim reads.
+pub fn parse(data: &[u8]) -> Result<(Value, View), ParseError> {
+    let doc: Value = serde_json::from_slice(data).map_err(ParseError::Json)?;
+    let view = View::of(&doc).map_err(ParseError::Shape)?;
+    Ok((doc, view))
+}
+
+/// [`parse`], with errors naming `path`.
+pub fn parse_file(path: &Path, data: &[u8]) -> Result<(Value, View), SpecError> {
+    parse(data).map_err(|e| match e {
+        ParseError::Json(source) => SpecError::Json {
+            path: path.into(),
+            source,
+        },
+        ParseError::Shape(msg) => SpecError::Shape {
+            path: path.into(),
+            msg,
+        },
+    })
+}
+
+/// What the shim reads from a spec, read once: every decision (is anything asked for, by
+/// whom, may it be given) is made from this, never from the document again. The one place
+/// where the spec is read the way runc reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// `process.env`, in order; entries that are not strings are skipped.
+    pub env: Vec<String>,
+    /// `CAP_SYS_ADMIN` in the bounding set.
+    pub privileged: bool,
+    /// `annotations` with string values, in the document's order.
+    pub annotations: Vec<(String, String)>,
+    /// `root.path` as written.
+    pub root_path: Option<String>,
+    /// Destinations of `mounts` (the volume-mount device list strategy reads them).
+    pub mount_destinations: Vec<String>,
+    /// Docker's `--gpus` prestart hook is there.
+    pub docker_gpu_hook: bool,
+}
+
+impl View {
+    /// Reads the view of a parsed document; a section of the wrong JSON type is an error
+    /// naming it (runc would refuse the spec too).
+    pub fn of(doc: &Value) -> Result<View, String> {
+        let root = doc.as_object().ok_or("the document is not a JSON object")?;
+        check_shape(root)?;
+        let strings = |v: Option<&Value>| -> Vec<String> {
+            v.and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let env = strings(doc.pointer("/process/env"));
+        let privileged = doc
+            .pointer("/process/capabilities/bounding")
+            .and_then(Value::as_array)
+            .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"));
+        let annotations = root
+            .get("annotations")
+            .and_then(Value::as_object)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let root_path = doc
+            .pointer("/root/path")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let mount_destinations = root
+            .get("mounts")
+            .and_then(Value::as_array)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|m| Some(m.get("destination")?.as_str()?.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let docker_gpu_hook = doc
+            .pointer("/hooks/prestart")
+            .and_then(Value::as_array)
+            .is_some_and(|hooks| hooks.iter().any(is_docker_gpu_hook));
+        Ok(View {
+            env,
+            privileged,
+            annotations,
+            root_path,
+            mount_destinations,
+            docker_gpu_hook,
+        })
+    }
+
+    /// The value of `name` in `process.env` as the container sees it: runc sets the entries
+    /// in order, so the last one wins (`docker run -e NVIDIA_VISIBLE_DEVICES=0 --gpus all`
+    /// writes both). Entries without `=` are skipped.
+    pub fn env(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .rev()
+            .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
+    }
+
+    /// The container's rootfs on the host: `root.path`, relative to the bundle when relative.
+    pub fn rootfs(&self, bundle: &Path) -> Option<PathBuf> {
+        let p = Path::new(self.root_path.as_deref()?);
+        Some(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            bundle.join(p)
+        })
+    }
+}
+
+fn check_shape(root: &Map<String, Value>) -> Result<(), String> {
+    let at = |key: &str| {
+        let mut parts = key.split('/');
+        let mut cur = root.get(parts.next()?)?;
+        for p in parts {
+            cur = cur.as_object()?.get(p)?;
+        }
+        Some(cur)
+    };
+    let kind = |key: &str, want: fn(&Value) -> bool, what: &str| match at(key) {
+        Some(x) if !want(x) => Err(format!("`{key}` must be {what}")),
+        _ => Ok(()),
+    };
+    kind("process", Value::is_object, "an object")?;
+    kind("process/env", Value::is_array, "an array of strings")?;
+    kind("process/user", Value::is_object, "an object")?;
+    kind("process/user/additionalGids", Value::is_array, "an array")?;
+    kind("process/capabilities", Value::is_object, "an object")?;
+    kind("process/capabilities/bounding", Value::is_array, "an array")?;
+    kind("linux", Value::is_object, "an object")?;
+    kind("linux/devices", Value::is_array, "an array")?;
+    kind("linux/resources", Value::is_object, "an object")?;
+    kind("linux/resources/devices", Value::is_array, "an array")?;
+    kind("mounts", Value::is_array, "an array")?;
+    kind("hooks", Value::is_object, "an object")?;
+    kind("hooks/prestart", Value::is_array, "an array")?;
+    kind("annotations", Value::is_object, "an object")?;
+    kind("root", Value::is_object, "an object")?;
+    kind("root/path", Value::is_string, "a string")?;
+    Ok(())
+}
+
+fn is_docker_gpu_hook(hook: &Value) -> bool {
+    let path = hook.get("path").and_then(Value::as_str).unwrap_or_default();
+    Path::new(path)
+        .file_name()
+        .is_some_and(|n| n == DOCKER_GPU_HOOK)
+}
+
+/// Removes docker's `--gpus` prestart hook; true when one was there. An emptied `prestart`
+/// is removed with it.
+pub fn remove_docker_gpu_hook(doc: &mut Value) -> bool {
+    let Some(hooks) = doc.get_mut("hooks").and_then(Value::as_object_mut) else {
+        return false;
+    };
+    let Some(prestart) = hooks.get_mut("prestart").and_then(Value::as_array_mut) else {
+        return false;
+    };
+    let before = prestart.len();
+    prestart.retain(|h| !is_docker_gpu_hook(h));
+    let removed = prestart.len() != before;
+    if removed && prestart.is_empty() {
+        hooks.shift_remove("prestart");
+    }
+    removed
 }
 
 /// Debian's and Ubuntu's library directory, searched by their glibc by default.
@@ -120,43 +312,184 @@ pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
     PathBuf::from("/usr/lib64")
 }
 
-/// Writes the plan into the spec. Entries already present are respected: nodes by path, cgroup
-/// rules by value, mounts by destination, gids by value.
-pub fn apply(doc: &mut Document<'_>, plan: &Plan) -> Result<(), String> {
-    for n in &plan.nodes {
-        doc.append_unique(&["linux", "devices"], Entry::device(n)?)?;
+/// A `linux.devices` entry (OCI `LinuxDevice`), fields in runc's order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceEntry<'a> {
+    pub path: &'a str,
+    #[serde(rename = "type")]
+    pub typ: &'static str,
+    pub major: u64,
+    pub minor: u64,
+    pub file_mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A `linux.resources.devices` rule (OCI `LinuxDeviceCgroup`).
+#[derive(Debug, Serialize)]
+pub struct RuleEntry<'a> {
+    pub allow: bool,
+    #[serde(rename = "type")]
+    pub typ: &'static str,
+    pub major: u64,
+    pub minor: u64,
+    pub access: &'a str,
+}
+
+/// A `mounts` entry (OCI `Mount`); no `type` leaves it to runc (it goes by the options).
+#[derive(Debug, Serialize)]
+pub struct MountEntry<'a> {
+    pub destination: &'a str,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub typ: Option<&'a str>,
+    pub source: &'a str,
+    pub options: &'a [String],
+}
+
+fn utf8<'p>(p: &'p Path, what: &str) -> Result<&'p str, String> {
+    p.to_str()
+        .ok_or_else(|| format!("{what} {} is not UTF-8", p.display()))
+}
+
+fn to_value(entry: impl Serialize) -> Result<Value, String> {
+    serde_json::to_value(entry).map_err(|e| e.to_string())
+}
+
+/// The `linux.devices` entry for a node (shared with CDI's edits, so both write the same).
+pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
+    to_value(DeviceEntry {
+        path: utf8(&n.path, "device path")?,
+        typ: n.kind.as_str(),
+        major: n.major,
+        minor: n.minor,
+        file_mode: n.file_mode,
+        uid: n.uid,
+        gid: n.gid,
+    })
+}
+
+/// The `linux.resources.devices` allow rule for a node with the given cgroup access.
+pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
+    to_value(RuleEntry {
+        allow: true,
+        typ: n.kind.as_str(),
+        major: n.major,
+        minor: n.minor,
+        access,
+    })
+}
+
+/// A `mounts` entry; `typ` `None` leaves the type out.
+pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
+    to_value(MountEntry {
+        destination: utf8(&m.destination, "mount destination")?,
+        typ,
+        source: utf8(&m.source, "mount source")?,
+        options,
+    })
+}
+
+/// The array at `path` (object keys from the root), created with its parents when missing;
+/// a section of another type is an error naming it.
+pub fn array_mut<'d>(doc: &'d mut Value, path: &[&str]) -> Result<&'d mut Vec<Value>, String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Err("empty section path".into());
+    };
+    let mut cur = doc;
+    for (i, key) in parents.iter().enumerate() {
+        let obj = cur.as_object_mut().ok_or_else(|| shape_error(&path[..i]))?;
+        cur = obj.entry(*key).or_insert_with(|| Value::Object(Map::new()));
     }
-    for n in &plan.nodes {
-        doc.append_unique(&["linux", "resources", "devices"], Entry::rule(n, "rwm"))?;
+    let obj = cur.as_object_mut().ok_or_else(|| shape_error(parents))?;
+    obj.entry(*last)
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or_else(|| format!("`{}` must be an array", path.join(".")))
+}
+
+fn shape_error(path: &[&str]) -> String {
+    if path.is_empty() {
+        "the document is not a JSON object".into()
+    } else {
+        format!("`{}` must be an object", path.join("."))
     }
-    for m in &plan.mounts {
-        let entry = Entry::mount(m, Some("bind"), &plan::MOUNT_OPTIONS)?;
-        doc.append_unique(&["mounts"], entry)?;
+}
+
+/// Writes the plan into the spec. Entries already present are respected: nodes by path,
+/// cgroup rules by value, mounts by destination, gids by value. An empty plan touches
+/// nothing (no section is created).
+pub fn apply(doc: &mut Value, plan: &Plan) -> Result<(), String> {
+    if !plan.nodes.is_empty() {
+        let devices = array_mut(doc, &["linux", "devices"])?;
+        for n in &plan.nodes {
+            let path = utf8(&n.path, "device path")?;
+            if !devices
+                .iter()
+                .any(|d| d.get("path").and_then(Value::as_str) == Some(path))
+            {
+                devices.push(device_entry(n)?);
+            }
+        }
+        let rules = array_mut(doc, &["linux", "resources", "devices"])?;
+        for n in &plan.nodes {
+            let rule = rule_entry(n, "rwm")?;
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
+    }
+    if !plan.mounts.is_empty() {
+        let options: Vec<String> = MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect();
+        let mounts = array_mut(doc, &["mounts"])?;
+        for m in &plan.mounts {
+            let dest = utf8(&m.destination, "mount destination")?;
+            if !mounts
+                .iter()
+                .any(|x| x.get("destination").and_then(Value::as_str) == Some(dest))
+            {
+                mounts.push(mount_entry(m, Some("bind"), &options)?);
+            }
+        }
     }
     add_gids(doc, &plan.additional_gids)
 }
 
-/// Adds groups to `process.user.additionalGids` (creating the sections), each once.
-pub fn add_gids(doc: &mut Document<'_>, add: &[u32]) -> Result<(), String> {
+/// Adds groups to `process.user.additionalGids` (creating the sections; a new `user` is
+/// root's, as runc's default), each once.
+pub fn add_gids(doc: &mut Value, add: &[u32]) -> Result<(), String> {
+    if add.is_empty() {
+        return Ok(());
+    }
+    let process = doc
+        .as_object_mut()
+        .ok_or("the document is not a JSON object")?
+        .entry("process")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let user = process
+        .as_object_mut()
+        .ok_or("`process` must be an object")?
+        .entry("user")
+        .or_insert_with(|| serde_json::json!({"uid": 0, "gid": 0}));
+    let gids = user
+        .as_object_mut()
+        .ok_or("`process.user` must be an object")?
+        .entry("additionalGids")
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or("`process.user.additionalGids` must be an array")?;
     for g in add {
-        doc.append_unique(&["process", "user", "additionalGids"], Entry::gid(*g))?;
+        if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
+            gids.push(Value::from(*g));
+        }
     }
     Ok(())
 }
 
-/// The `linux.devices` entry for a node as a value ([`Entry::device`]'s).
-pub fn device_entry(n: &DeviceNode) -> Result<Value, String> {
-    Entry::device(n)?.to_value()
-}
-
-/// The `linux.resources.devices` allow rule for a node as a value ([`Entry::rule`]'s).
-pub fn rule_entry(n: &DeviceNode, access: &str) -> Result<Value, String> {
-    Entry::rule(n, access).to_value()
-}
-
-/// A `mounts` entry as a value ([`Entry::mount`]'s).
-pub fn mount_entry(m: &BindMount, typ: Option<&str>, options: &[String]) -> Result<Value, String> {
-    Entry::mount(m, typ, options)?.to_value()
+/// The bytes written for a document (compact JSON, as engines write it).
+pub fn to_bytes(doc: &Value) -> Vec<u8> {
+    // A Value with string keys always serializes.
+    serde_json::to_vec(doc).unwrap_or_default()
 }
 
 /// Atomically replaces config.json with `data` (mode and owner kept).
@@ -170,7 +503,7 @@ pub fn write_bytes(path: &Path, data: &[u8]) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::NodeKind;
+    use crate::edits::NodeKind;
     use serde_json::json;
 
     fn node(path: &str, minor: u64) -> DeviceNode {
@@ -197,20 +530,16 @@ mod tests {
         }
     }
 
-    /// Parses `input`, runs `edit`, and returns the spliced bytes (checked to be JSON).
-    fn edited(input: &str, edit: impl FnOnce(&mut Document<'_>)) -> String {
-        let mut doc = Document::parse(input.as_bytes()).unwrap();
-        edit(&mut doc);
-        let bytes = doc.to_bytes();
-        // Allocated once, at the size it was computed to have.
-        assert_eq!(bytes.capacity(), bytes.len());
-        let out = String::from_utf8(bytes).unwrap();
-        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
-        out
+    fn doc(input: &str) -> Value {
+        parse(input.as_bytes())
+            .unwrap_or_else(|e| panic!("{input}: {e:?}"))
+            .0
     }
 
     fn applied(input: &str) -> String {
-        edited(input, |d| apply(d, &plan()).unwrap())
+        let mut d = doc(input);
+        apply(&mut d, &plan()).unwrap();
+        String::from_utf8(to_bytes(&d)).unwrap()
     }
 
     #[test]
@@ -254,7 +583,7 @@ mod tests {
     }
 
     #[test]
-    fn apply_is_idempotent_and_an_unchanged_document_is_the_input() {
+    fn apply_is_idempotent_and_an_empty_plan_changes_nothing() {
         for input in [
             "{\"linux\": {}}",
             "{}",
@@ -263,87 +592,54 @@ mod tests {
         ] {
             let once = applied(input);
             assert_eq!(applied(&once), once, "{input}");
+            let mut d = doc(input);
+            let before = d.clone();
+            apply(&mut d, &Plan::default()).unwrap();
+            assert_eq!(d, before, "{input}");
         }
-        // Nothing edited, or edited to the same value: the input byte for byte.
-        let pretty = "{\n  \"linux\" : {\"devices\": [\n   {\"path\": \"/dev/nvidia1\"},\n   {\"path\": \"/dev/nvidiactl\"}\n  ], \"resources\": {\"devices\": [{\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":1,\"access\":\"rwm\"}, {\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":255,\"access\":\"rwm\"}]}},\n  \"mounts\": [{\"destination\": \"/usr/lib64/libcuda.so.1\"}],\n \"process\":{\"user\":{\"additionalGids\":[44]}}\n}";
-        assert_eq!(applied(pretty), pretty);
-        assert_eq!(edited(pretty, |_| {}), pretty);
     }
 
     #[test]
-    fn splice_keeps_bytes_outside_edited_spans() {
-        let input = "{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"}\n  ],\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50}\n  }\n}\n";
+    fn numbers_and_unicode_are_kept_as_written() {
+        let input =
+            r#"{"a":1.50,"b":1e400,"c":18446744073709551616,"d":-0,"e":"a\u003cb","f":0.1}"#;
         let out = applied(input);
         assert!(
-            // Appended to: the old elements are as written, the new ones follow the last.
-            out.starts_with("{\n  \"ociVersion\" : \"1.0.2\",\n  \"hostname\": \"a\\u003cb\",\n  \"mounts\": [\n    {\"destination\": \"/proc\"},{\"destination\":\"/usr/lib64/libcuda.so.1\""),
-            "{out}"
-        );
-        assert!(
-            out.contains("\n  \"linux\": {\n    \"seccomp\": {\"x\": 1.50},\"devices\":[{\"path\":\"/dev/nvidia1\""),
-            "{out}"
-        );
-        assert!(
-            out.ends_with("]}}\n}\n")
-                && out.contains(
-                    ",\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}"
-                ),
+            // (An exponent gains its `+`: the same number to every reader.)
+            out.starts_with(
+                r#"{"a":1.50,"b":1e+400,"c":18446744073709551616,"d":-0,"e":"a<b","f":0.1,"#
+            ),
             "{out}"
         );
     }
 
     #[test]
-    fn splice_creates_missing_sections_at_each_level() {
+    fn missing_sections_are_created_at_each_level() {
         let cases = [
             ("{}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
-            ("{\"linux\":{}}", "{\"linux\":{\"devices\":[1],\"resources\":{\"devices\":[2]}},\"mounts\":[3],\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}}}"),
             ("{\"linux\":{\"resources\":{}},\"process\":{}}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":0,\"gid\":0,\"additionalGids\":[44]}},\"mounts\":[3]}"),
             ("{\"linux\":{\"resources\":{\"devices\":[]}},\"process\":{\"user\":{\"uid\":5}},\"mounts\":[]}", "{\"linux\":{\"resources\":{\"devices\":[2]},\"devices\":[1]},\"process\":{\"user\":{\"uid\":5,\"additionalGids\":[44]}},\"mounts\":[3]}"),
         ];
         for (input, want) in cases {
-            let out = edited(input, |d| {
-                d.array_mut(&["linux", "devices"]).unwrap().push(json!(1));
-                d.array_mut(&["linux", "resources", "devices"])
-                    .unwrap()
-                    .push(json!(2));
-                d.array_mut(&["mounts"]).unwrap().push(json!(3));
-                add_gids(d, &[44]).unwrap();
-            });
-            assert_eq!(out, want, "{input}");
+            let mut d = doc(input);
+            array_mut(&mut d, &["linux", "devices"])
+                .unwrap()
+                .push(json!(1));
+            array_mut(&mut d, &["linux", "resources", "devices"])
+                .unwrap()
+                .push(json!(2));
+            array_mut(&mut d, &["mounts"]).unwrap().push(json!(3));
+            add_gids(&mut d, &[44]).unwrap();
+            assert_eq!(String::from_utf8(to_bytes(&d)).unwrap(), want, "{input}");
         }
-    }
-
-    #[test]
-    fn apply_inserts_missing_arrays_into_parents_in_the_bytes() {
-        let out = applied(r#"{"linux":{"x":1},"process":{"user":{}}}"#);
-        assert!(
-            out.starts_with(r#"{"linux":{"x":1,"devices":[{"path":"/dev/nvidia1","#),
-            "{out}"
-        );
-        assert!(
-            out.contains(r#"}],"resources":{"devices":[{"allow":true,"#),
-            "{out}"
-        );
-        assert!(
-            out.contains(r#"}]}},"process":{"user":{"additionalGids":[44]}},"mounts":[{"#),
-            "{out}"
-        );
-        let v: Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
-        assert_eq!(
-            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
-            2
-        );
-        assert_eq!(applied(&out), out);
     }
 
     #[test]
     fn a_rule_already_there_in_another_key_order_is_not_added_again() {
         let input = "{\"linux\": {\"resources\": {\"devices\": [\n  {\"access\": \"rwm\", \"minor\": 1, \"major\": 195,\n   \"type\": \"c\", \"allow\": true},\n  {\"allow\": true, \"type\": \"c\", \"major\": 195, \"minor\": 255, \"access\": \"rw\"}\n]}}}";
-        let out = applied(input);
-        let v: Value = serde_json::from_str(&out).unwrap();
+        let v: Value = serde_json::from_str(&applied(input)).unwrap();
         let rules = v["linux"]["resources"]["devices"].as_array().unwrap();
-        assert_eq!(rules.len(), 3, "{out}");
+        assert_eq!(rules.len(), 3);
         assert_eq!(rules[2]["minor"], 255);
         assert_eq!(rules[2]["access"], "rwm");
     }
@@ -351,180 +647,67 @@ mod tests {
     #[test]
     fn duplicate_keys_last_one_counts_for_reads_and_edits() {
         let input = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"]},"linux":{"resources":{}}}"#;
-        let doc = Document::parse(input.as_bytes()).unwrap();
-        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("2"));
-        let out = applied(input);
-        // The earlier occurrences are left as they were; serde_json (like runc) reads the last.
-        assert!(out.starts_with(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"linux":{"devices":[{"path":"/dev/old"}]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"env":["NVIDIA_VISIBLE_DEVICES=2"],"user":"#), "{out}");
-        let v: Value = serde_json::from_str(&out).unwrap();
+        let (_, view) = parse(input.as_bytes()).unwrap();
+        assert_eq!(view.env("NVIDIA_VISIBLE_DEVICES"), Some("2"));
+        let v: Value = serde_json::from_str(&applied(input)).unwrap();
         assert_eq!(v["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=2"]));
         assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
-        assert_eq!(v["linux"]["devices"][0]["path"], "/dev/nvidia1");
         assert_eq!(
             v["linux"]["resources"]["devices"].as_array().unwrap().len(),
             2
         );
-        // An earlier object of the same name is not where the edit goes; an empty one is.
-        let out = applied(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": { } }"#);
-        assert!(out.starts_with(r#"{"linux" :{"devices":[{"path":"/dev/x"}]},"linux": {"devices":[{"path":"/dev/nvidia1","#), "{out}");
-        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(parse(br#"{"linux":[],"linux":{}}"#).is_ok());
+        assert!(matches!(
+            parse(br#"{"linux":{},"linux":[]}"#),
+            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
+        ));
+        let (_, view) = parse(br#"{"annotations":{"x":"1","a":"1","b":2,"a":"3"}}"#).unwrap();
+        assert_eq!(
+            view.annotations,
+            [("x".into(), "1".into()), ("a".into(), "3".into())]
+        );
+    }
+
+    #[test]
+    fn escaped_keys_and_values_are_the_same_keys_and_values() {
+        let input = r#"{"\u006cinux":{"d\u0065vices":[{"path":"\/dev\/nvidia1"}]},"pro\u0063ess":{"env":["NVIDIA_VISIBLE_DEVICES=\u0030"]},"annotations":{"cdi.k8s.io\/x":"v"}}"#;
+        let (_, view) = parse(input.as_bytes()).unwrap();
+        assert_eq!(view.env("NVIDIA_VISIBLE_DEVICES"), Some("0"));
+        assert_eq!(view.annotations, [("cdi.k8s.io/x".into(), "v".into())]);
+        let v: Value = serde_json::from_str(&applied(input)).unwrap();
         assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
-        // A mount with its destination written twice is at the last one.
-        let count = |input: &str| {
-            let v: Value = serde_json::from_str(&applied(input)).unwrap();
-            v["mounts"].as_array().unwrap().len()
-        };
-        let lib = "/usr/lib64/libcuda.so.1";
-        assert_eq!(
-            count(&format!(
-                r#"{{"mounts":[[1],"x",{{"destination":"{lib}","destination":"/o"}}]}}"#
-            )),
-            4
-        );
-        assert_eq!(
-            count(&format!(
-                r#"{{"mounts":[[1],"x",{{"destination":"/o","destination":"{lib}"}}]}}"#
-            )),
-            3
-        );
-        // The shape check reads the last occurrence too.
-        assert!(Document::parse(br#"{"linux":[],"linux":{}}"#).is_ok());
-        assert!(matches!(
-            Document::parse(br#"{"linux":{},"linux":[]}"#),
-            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
-        ));
-        // Annotations: the last value of a repeated key, once.
-        let doc = Document::parse(br#"{"annotations":{"a":"1","b":2,"a":"3"}}"#).unwrap();
-        assert_eq!(doc.annotations(), [("a".into(), "3".into())]);
-        let doc = Document::parse(br#"{"annotations":{"x":"1","a":"1","y":"2","a":"3"}}"#).unwrap();
-        let keys: Vec<&str> = doc.annotations().iter().map(|(k, _)| k.as_ref()).collect();
-        assert_eq!(keys, ["x", "y", "a"]);
     }
 
     #[test]
-    fn escaped_keys_are_the_same_keys() {
-        let input = r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"}]},"pro\u0063ess":{"env":["NVIDIA_VISIBLE_DEVICES=\u0030"]}}"#;
-        let doc = Document::parse(input.as_bytes()).unwrap();
-        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("0"));
-        let out = applied(input);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        let linux = v["linux"].as_object().unwrap();
-        assert_eq!(linux.keys().collect::<Vec<_>>(), ["devices", "resources"]);
-        assert_eq!(linux["devices"].as_array().unwrap().len(), 2);
-        assert_eq!(v.as_object().unwrap().len(), 3, "{out}");
-        assert!(
-            out.starts_with(r#"{"\u006cinux":{"d\u0065vices":[{"path":"/dev/nvidia1"},"#),
-            "{out}"
-        );
-        assert!(matches!(
-            Document::parse(br#"{"\u006cinux":[]}"#),
-            Err(ParseError::Shape(m)) if m == "`linux` must be an object"
-        ));
-    }
-
-    #[test]
-    fn elements_written_with_escapes_are_the_same_elements() {
-        // The mount, the node, the gid and the /dev/nvidiactl rule are there, escaped; the
-        // /dev/nvidia1 rule is not (a minor of 1.0 is not the number 1 to serde_json or Go).
-        let input = r#"{"mounts":[{"d\u0065stination":"\/usr\/lib64\/libcuda.so.1"}],"linux":{"devices":[{"path":"\u002fdev/nvidia1"}],"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1.0,"access":"rwm"},{"access":"rw\u006d","minor":255,"allow":true,"type":"\u0063","major":195}]}},"process":{"user":{"additionalGids":[4.4e1,44]}}}"#;
-        let out = applied(input);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        let len = |p: &str| v.pointer(p).and_then(Value::as_array).map(Vec::len);
-        assert_eq!(len("/mounts"), Some(1), "{out}");
-        assert_eq!(len("/linux/devices"), Some(2), "{out}");
-        assert_eq!(len("/linux/resources/devices"), Some(3), "{out}");
-        assert_eq!(len("/process/user/additionalGids"), Some(2), "{out}");
-        assert_eq!(v["linux"]["resources"]["devices"][2]["minor"], 1);
-        assert_eq!(applied(&out), out);
-        // The last of a repeated member is the one compared, escaped or not.
-        let out = applied(
-            r#"{"mounts":[{"destination":"/usr/lib64/libcuda.so.1","destin\u0061tion":"/o"}]}"#,
-        );
-        let v: Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(v["mounts"].as_array().unwrap().len(), 2, "{out}");
-    }
-
-    #[test]
-    fn spans_end_at_the_value_not_at_brackets_in_strings() {
-        let input = r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]}],"linux":{"devices":[],"x":"]}"},"z":"{["}"#;
-        let out = applied(input);
-        assert!(out.starts_with(r#"{"mounts":[{"destination":"/a]},{\"x","options":["}]"]},{"destination":"/usr/lib64/libcuda.so.1""#), "{out}");
-        assert!(
-            out.contains(r#"],"x":"]}","resources":{"devices":[{"allow":true"#),
-            "{out}"
-        );
-        assert!(out.contains(r#"},"z":"{[","process":{"#), "{out}");
-        // Replaced whole (as CDI's edits do): the span is the whole array, strings and all.
-        let out = edited(input, |d| d.array_mut(&["mounts"]).unwrap().push(json!(1)));
-        let want = input.replacen(r#""}]"]}]"#, r#""}]"]},1]"#, 1);
-        assert_eq!(out, want);
-    }
-
-    #[test]
-    fn appended_then_edited_whole_keeps_old_and_new_elements_in_order() {
-        let input = "{\"mounts\": [ {\"destination\": \"/a\"} ]}";
-        let out = edited(input, |d| {
-            let add = |dest: &str| json!({"destination": dest});
-            let by_dest = |dest: &str| Entry::by_member("destination", &add(dest)).unwrap();
-            assert!(d.append_unique(&["mounts"], by_dest("/b")).unwrap());
-            assert!(!d.append_unique(&["mounts"], by_dest("/a")).unwrap());
-            assert!(!d.append_unique(&["mounts"], by_dest("/b")).unwrap());
-            assert_eq!(d.mount_destinations(), ["/a", "/b"]);
-            let all = d.array_mut(&["mounts"]).unwrap();
-            assert_eq!(all.len(), 2);
-            all.push(add("/c"));
-            assert!(!d.append_unique(&["mounts"], by_dest("/c")).unwrap());
-            assert_eq!(d.mount_destinations(), ["/a", "/b", "/c"]);
-        });
-        assert_eq!(
-            out,
-            r#"{"mounts": [{"destination":"/a"},{"destination":"/b"},{"destination":"/c"}]}"#
-        );
-        // Appended only: the old elements as written.
-        let out = edited(input, |d| {
-            d.append_unique(&["mounts"], Entry::by_value(&json!(2)))
-                .unwrap();
-            d.append_unique(&["mounts"], Entry::by_value(&json!(3)))
-                .unwrap();
-        });
-        assert_eq!(out, "{\"mounts\": [ {\"destination\": \"/a\"},2,3 ]}");
-    }
-
-    #[test]
-    fn env_last_entry_wins_and_bad_entries_skip() {
-        let spec = br#"{"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5, {"NVIDIA_VISIBLE_DEVICES": 2}]}}"#;
-        let mut doc = Document::parse(spec).unwrap();
-        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
-        assert_eq!(doc.env("NVIDIA_VISIBLE"), None);
-        // Reads see edits.
-        doc.array_mut(&["process", "env"])
-            .unwrap()
-            .push(json!("NVIDIA_VISIBLE_DEVICES=3"));
-        assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("3"));
-    }
-
-    #[test]
-    fn reads_of_capabilities_mounts_root() {
-        let doc = Document::parse(
-            br#"{"process":{"capabilities":{"bounding":["CAP_KILL","CAP_SYS_\u0041DMIN"]}},"root":{"path":"rootfs"},"mounts":[{"destination":"/a"},{"source":"/b"},3,{"destination":"/c","destination":"/d"}]}"#,
+    fn reads_of_capabilities_mounts_root_hooks() {
+        let (_, view) = parse(
+            br#"{"process":{"capabilities":{"bounding":["CAP_KILL","CAP_SYS_\u0041DMIN"]}},"root":{"path":"rootfs"},"mounts":[{"destination":"/a"},{"source":"/b"},3,{"destination":"/c","destination":"/d"}],"hooks":{"prestart":[{"path":"/usr/bin/nvidia-container-runtime-hook"}]}}"#,
         )
         .unwrap();
-        assert!(doc.is_privileged());
+        assert!(view.privileged);
+        assert!(view.docker_gpu_hook);
         assert_eq!(
-            doc.rootfs(Path::new("/b")),
+            view.rootfs(Path::new("/b")),
             Some(PathBuf::from("/b/rootfs"))
         );
-        assert_eq!(doc.mount_destinations(), ["/a", "/d"]);
-        let plain = Document::parse(
+        assert_eq!(view.mount_destinations, ["/a", "/d"]);
+        let (_, plain) = parse(
             br#"{"process":{"capabilities":{"bounding":["CAP_KILL"]}},"root":{"path":"/r"}}"#,
         )
         .unwrap();
-        assert!(!plain.is_privileged());
+        assert!(!plain.privileged && !plain.docker_gpu_hook);
         assert_eq!(plain.rootfs(Path::new("/b")), Some(PathBuf::from("/r")));
     }
 
     #[test]
-    fn shape_errors() {
+    fn env_last_entry_wins_and_bad_entries_skip() {
+        let (_, view) = parse(br#"{"process": {"env": ["NOEQUALS", "NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all", 5, {"NVIDIA_VISIBLE_DEVICES": 2}]}}"#).unwrap();
+        assert_eq!(view.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
+        assert_eq!(view.env("NVIDIA_VISIBLE"), None);
+    }
+
+    #[test]
+    fn shape_and_json_errors() {
         for (doc, want) in [
             ("[]", "not a JSON object"),
             ("42", "not a JSON object"),
@@ -532,7 +715,7 @@ mod tests {
             ("{\"linux\": {\"devices\": {}}}", "`linux/devices`"),
             ("{\"root\": {\"path\": 1}}", "`root/path` must be a string"),
         ] {
-            match Document::parse(doc.as_bytes()) {
+            match parse(doc.as_bytes()) {
                 Err(ParseError::Shape(m)) => assert!(m.contains(want), "{m}"),
                 Err(e) => panic!("{doc}: {e:?}"),
                 Ok(_) => panic!("{doc}: parsed"),
@@ -545,33 +728,37 @@ mod tests {
             b"{} x",
             b"{\"a\":1,}",
             b"{\"a\":\"\xff\"}",
+            br#"{"process":{"env":["A=\ud800"]}}"#,
         ] {
-            assert!(
-                matches!(Document::parse(bad), Err(ParseError::Json(_))),
-                "{bad:?}"
-            );
+            assert!(matches!(parse(bad), Err(ParseError::Json(_))), "{bad:?}");
         }
-        // What the shim reads must decode.
-        assert!(matches!(
-            Document::parse(br#"{"process":{"env":["A=\ud800"]}}"#),
-            Err(ParseError::Json(_))
-        ));
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_an_error_not_a_crash() {
+        let deep = format!(
+            "{{\"linux\":{{\"resources\":{{\"devices\":{}{}}}}}}}",
+            "[".repeat(20_000),
+            "]".repeat(20_000)
+        );
+        match parse(deep.as_bytes()) {
+            Err(ParseError::Json(e)) => assert!(e.to_string().contains("recursion limit"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
     fn docker_hook_removed() {
-        let input = r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}}"#;
-        let mut doc = Document::parse(input.as_bytes()).unwrap();
-        assert!(doc.remove_docker_gpu_hook());
-        assert!(!doc.remove_docker_gpu_hook());
-        assert_eq!(
-            String::from_utf8(doc.to_bytes()).unwrap(),
-            r#"{"hooks": {}}"#
+        let mut d = doc(
+            r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}}"#,
         );
-        let other = r#"{"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}}"#;
-        let mut doc = Document::parse(other.as_bytes()).unwrap();
-        assert!(!doc.remove_docker_gpu_hook());
-        assert_eq!(doc.to_bytes(), other.as_bytes());
+        assert!(remove_docker_gpu_hook(&mut d));
+        assert!(!remove_docker_gpu_hook(&mut d));
+        assert_eq!(d, json!({"hooks": {}}));
+        let other = json!({"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}});
+        let mut d = other.clone();
+        assert!(!remove_docker_gpu_hook(&mut d));
+        assert_eq!(d, other);
     }
 
     #[test]

@@ -186,11 +186,17 @@ fn check_preserved(old: &Value, new: &Value, at: &str) -> Result<(), String> {
     }
 }
 
-/// The bytes the runtime writes for `input` (the spliced document).
+/// The bytes the runtime writes for `input`; the input itself when the edit changes nothing
+/// (the create then leaves the file alone).
 fn edit(input: &[u8], plan: &Plan) -> Vec<u8> {
-    let mut doc = spec::Document::parse(input).unwrap();
+    let (mut doc, _) = spec::parse(input).unwrap();
+    let before = doc.clone();
     spec::apply(&mut doc, plan).unwrap();
-    doc.to_bytes()
+    if doc == before {
+        input.to_vec()
+    } else {
+        spec::to_bytes(&doc)
+    }
 }
 
 fn to_bytes(v: &Value, pretty: bool) -> Vec<u8> {

@@ -4,33 +4,21 @@
 //! straight to the low-level runtime. Errors: one line on stderr, the engine's `--log` gets a
 //! runc-shaped line, exit status 1, config.json unchanged.
 //!
-//! No Rust runtime start-up (`no_main`): std's `main` shim reads /proc/self/maps to place a
-//! stack guard and sets SIGPIPE to ignored, which is most of what a pass-through would cost
-//! over runc alone (benches/BENCHMARKS.md), and the ignored SIGPIPE would then have to be
-//! undone before exec. Here the signal dispositions runc gets are exactly the engine's.
-//! Arguments come from `main`'s own argv: `std::env::args_os` is empty without std's start-up
-//! on musl (only glibc hands argv to std at load time).
-// `cargo test --all-targets` builds this file with libtest's main (the only unit tests here
-// are mem.rs's, built for musl x86_64: the binary is tested as a binary by tests/hostile.rs
-// and tests/e2e_*.rs).
+//! The C `main` (`no_main`), not std's: std's start-up sets SIGPIPE to ignored before
+//! `main`, and an ignored signal stays ignored across `exec`, so runc would start with a
+//! disposition the engine did not give it (and the engine's own could not be restored).
+//! Here the signal dispositions runc gets are exactly the engine's. Arguments come from
+//! `main`'s own argv: `std::env::args_os` is empty without std's start-up on musl.
+// `cargo test --all-targets` builds this file with libtest's main; the binary is tested as a
+// binary by tests/hostile.rs and tests/e2e_*.rs.
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code))]
-
-#[cfg(all(target_env = "musl", target_arch = "x86_64"))]
-#[path = "accel-container-runtime/mem.rs"]
-mod mem;
 
 use std::ffi::OsString;
 use std::path::Path;
 
+use accel_container_runtime::spec::screen::{self, Screen};
 use accel_container_runtime::{argv, config, create, exec, logging, spec};
-
-/// A create of 8 GPUs on docker's 9 KB config.json uses 98 KB of it, one on a 1 MB
-/// config.json 3.4 MB (measured); beyond it the C library allocates (src/arena.rs).
-#[cfg(not(test))]
-#[global_allocator]
-static ALLOCATOR: accel_container_runtime::arena::Arena<{ 4 << 20 }> =
-    accel_container_runtime::arena::Arena::new();
 
 /// The C entry point (see the module doc). Returns only on failure: exit status 1.
 ///
@@ -131,16 +119,19 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
         let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
-        match create::screen(&bundle, &quick) {
-            create::Screen::Nothing => quick.low_level_runtime,
-            screen => {
-                // Built from what the screen read: config.toml is read and parsed once.
-                let cfg = quick
-                    .into_config(screen.variables())
-                    .map_err(|e| err_chain(&e))?;
-                create(inv, bundle, &cfg).map_err(|e| err_chain(&e))?;
-                cfg.low_level_runtime
+        let nothing = match &bundle.data {
+            Ok(data) if !quick.accept_container_devices_as_mounts => {
+                screen::screen(data, quick.texts()) == Screen::Nothing
             }
+            _ => false,
+        };
+        if nothing {
+            quick.low_level_runtime
+        } else {
+            // Built from what was read for the screen: config.toml is read and parsed once.
+            let cfg = quick.into_config().map_err(|e| err_chain(&e))?;
+            create(inv, bundle, &cfg).map_err(|e| err_chain(&e))?;
+            cfg.low_level_runtime
         }
     } else {
         config::Config::low_level_runtime().map_err(|e| err_chain(&e))?

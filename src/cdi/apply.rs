@@ -1,5 +1,4 @@
-//! Writing resolved CDI edits into config.json (a `spec::Document`: the sections edited are
-//! `serde_json::Value`s, never a typed Spec).
+//! Writing resolved CDI edits into config.json (a `serde_json::Value`, never a typed Spec).
 //!
 //! CDI's rules, not the variable path's "keep what is there": a device node replaces the
 //! spec's node at the same path, a mount replaces the spec's mounts at the same destination,
@@ -168,13 +167,13 @@ fn node(spec_path: &Path, n: &CdiNode) -> Result<Node, ApplyError> {
 }
 
 /// Writes the edits into the document with CDI's replace rules.
-pub fn apply(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), ApplyError> {
+pub fn apply(doc: &mut Value, r: &Resolved) -> Result<(), ApplyError> {
     write(doc, r).map_err(ApplyError::Edit)
 }
 
-fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
+fn write(doc: &mut Value, r: &Resolved) -> Result<(), String> {
     if !r.env.is_empty() {
-        let env = doc.array_mut(&["process", "env"])?;
+        let env = spec::array_mut(doc, &["process", "env"])?;
         for entry in &r.env {
             let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
             let same = |v: &Value| {
@@ -195,7 +194,7 @@ fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
         }
     }
     if !r.nodes.is_empty() {
-        let devices = doc.array_mut(&["linux", "devices"])?;
+        let devices = spec::array_mut(doc, &["linux", "devices"])?;
         for n in &r.nodes {
             let path = n.node.path.to_string_lossy();
             devices.retain(|d| d.get("path").and_then(Value::as_str) != Some(&path));
@@ -203,17 +202,20 @@ fn write(doc: &mut spec::Document<'_>, r: &Resolved) -> Result<(), String> {
         }
         // The section is there afterwards even when no node has an access rule (`none`).
         if r.nodes.iter().all(|n| n.access.is_none()) {
-            doc.array_mut(&["linux", "resources", "devices"])?;
+            spec::array_mut(doc, &["linux", "resources", "devices"])?;
         }
         for n in &r.nodes {
             if let Some(access) = &n.access {
-                let rule = spec::Entry::rule(&n.node, access);
-                doc.append_unique(&["linux", "resources", "devices"], rule)?;
+                let rule = spec::rule_entry(&n.node, access)?;
+                let rules = spec::array_mut(doc, &["linux", "resources", "devices"])?;
+                if !rules.contains(&rule) {
+                    rules.push(rule);
+                }
             }
         }
     }
     if !r.mounts.is_empty() {
-        let mounts = doc.array_mut(&["mounts"])?;
+        let mounts = spec::array_mut(doc, &["mounts"])?;
         for m in &r.mounts {
             let dest = m.mount.destination.to_string_lossy();
             mounts.retain(|x| x.get("destination").and_then(Value::as_str) != Some(&dest));
@@ -261,9 +263,8 @@ mod tests {
             "mounts": [{"destination": "/usr/lib64/x.so.1", "source": "/old", "type": "bind"}],
             "linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 9, "minor": 9}]}})
         .to_string();
-        let mut edited = spec::Document::parse(input.as_bytes()).unwrap();
-        apply(&mut edited, &r).unwrap();
-        let doc: Value = serde_json::from_slice(&edited.to_bytes()).unwrap();
+        let mut doc: Value = serde_json::from_str(&input).unwrap();
+        apply(&mut doc, &r).unwrap();
         assert_eq!(
             doc["process"]["env"],
             json!(["A=cdi", "B=1", "A=cdi", "NEW=1"])

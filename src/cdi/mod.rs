@@ -32,11 +32,9 @@ pub enum CdiError {
 }
 
 /// CDI device names requested by `cdi.k8s.io/*` annotations, each with its annotation key.
-pub fn annotation_requests(
-    spec: &crate::spec::Document<'_>,
-) -> Result<Vec<(String, String)>, CdiError> {
+pub fn annotation_requests(spec: &crate::spec::View) -> Result<Vec<(String, String)>, CdiError> {
     let mut out = Vec::new();
-    for (key, value) in spec.annotations() {
+    for (key, value) in &spec.annotations {
         if !key.starts_with(model::ANNOTATION_PREFIX) {
             continue;
         }
@@ -66,12 +64,12 @@ pub(crate) fn valid_device_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Document;
+    use crate::spec;
 
     #[test]
     fn annotations_are_split_and_checked() {
         let spec = br#"{"annotations": {"other": "x", "cdi.k8s.io/plugin_0": "nvidia.com/gpu=0,nvidia.com/gpu=GPU-1"}}"#;
-        let spec = Document::parse(spec).unwrap();
+        let (_, spec) = spec::parse(spec).unwrap();
         assert_eq!(
             annotation_requests(&spec).unwrap(),
             [
@@ -79,8 +77,8 @@ mod tests {
                 ("cdi.k8s.io/plugin_0".into(), "nvidia.com/gpu=GPU-1".into())
             ]
         );
-        let bad =
-            Document::parse(br#"{"annotations": {"cdi.k8s.io/p": "nvidia.com/gpu=0,/dev/sda"}}"#)
+        let (_, bad) =
+            spec::parse(br#"{"annotations": {"cdi.k8s.io/p": "nvidia.com/gpu=0,/dev/sda"}}"#)
                 .unwrap();
         let e = annotation_requests(&bad).unwrap_err().to_string();
         assert!(

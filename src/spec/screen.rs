@@ -1,0 +1,200 @@
+//! A look at config.json's bytes before the profiles are parsed: most containers ask for no
+//! device, and for them parsing the profiles costs more than the rest of the shim.
+//!
+//! It may only ever say [`Screen::Maybe`] or be certain. It is certain ([`Screen::Nothing`])
+//! only where the bytes hold no escape at all: then every string any JSON reader decodes
+//! from them, keys included, is a run of the bytes as they are, so an environment entry
+//! `NAME=...` shows as the bytes `"NAME=`, an annotation key as `"cdi.k8s.io/...`. The same
+//! holds for the TOML texts that name the variables profiles claim (config.toml, the
+//! profile files, the built-ins): without a backslash or a multi-line string, a variable a
+//! profile claims is written `"NAME"` or `'NAME'` there. Anything else (an escape, a name a
+//! text quotes, docker's hook, a CDI annotation, bytes that are not a JSON object to
+//! serde_json) is `Maybe`, and the full read decides. Duplicate keys and odd spacing change
+//! which string wins, never which strings are there, so they cannot hide a request.
+//! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
+
+use crate::spec::DOCKER_GPU_HOOK;
+
+/// The prefix of CDI's annotation keys (`cdi.k8s.io/<plugin>`).
+const CDI_ANNOTATION_PREFIX: &[u8] = b"cdi.k8s.io/";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Screen {
+    /// Certainly nothing asked for: the spec is passed on unread and unwritten.
+    Nothing,
+    /// Perhaps something: the full read decides.
+    Maybe,
+}
+
+/// Screens spec bytes against the texts that may name claimed variables.
+pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone) -> Screen {
+    if memchr::memchr(b'\\', data).is_some()
+        || data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{')
+        || memchr::memmem::find(data, DOCKER_GPU_HOOK.as_bytes()).is_some()
+        || memchr::memmem::find(data, CDI_ANNOTATION_PREFIX).is_some()
+    {
+        return Screen::Maybe;
+    }
+    if texts.clone().into_iter().any(|t| {
+        memchr::memchr(b'\\', t.as_bytes()).is_some() || t.contains("\"\"\"") || t.contains("'''")
+    }) {
+        return Screen::Maybe;
+    }
+    for eq in memchr::memchr_iter(b'=', data) {
+        let Some(quote) = memchr::memrchr(b'"', &data[..eq]) else {
+            continue;
+        };
+        let name = &data[quote + 1..eq];
+        if !name.is_empty()
+            && texts
+                .clone()
+                .into_iter()
+                .any(|t| quotes(t.as_bytes(), name))
+        {
+            return Screen::Maybe;
+        }
+    }
+    // Checked last, as only a spec that asks for nothing needs it: the same grammar as the
+    // full read, without building anything.
+    match serde_json::from_slice::<serde::de::IgnoredAny>(data) {
+        Ok(_) => Screen::Nothing,
+        Err(_) => Screen::Maybe,
+    }
+}
+
+/// Whether `text` holds `name` between a pair of the same quotes.
+fn quotes(text: &[u8], name: &[u8]) -> bool {
+    memchr::memmem::find_iter(text, name).any(|at| {
+        let before = at.checked_sub(1).and_then(|i| text.get(i));
+        matches!(before, Some(b'"' | b'\'')) && text.get(at + name.len()) == before
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec;
+    use proptest::prelude::*;
+
+    const PROFILE: &str = "name = \"x\"\nvisible-devices-env = [\"NVIDIA_VISIBLE_DEVICES\", 'X_DEVS']\n# PATH is not quoted here\n";
+
+    #[test]
+    fn certain_only_without_escapes() {
+        let s = |json: &str| screen(json.as_bytes(), [PROFILE]);
+        assert_eq!(
+            s(r#"{"process":{"env":["PATH=/bin","HOME=/"]}}"#),
+            Screen::Nothing
+        );
+        assert_eq!(s(r#"{"process":{"env":["X_DEVS=1"]}}"#), Screen::Maybe);
+        assert_eq!(
+            s(r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#),
+            Screen::Maybe
+        );
+        assert_eq!(
+            s(r#"{"process":{"env":["PATH=/b\u0069n"]}}"#),
+            Screen::Maybe
+        );
+        assert_eq!(
+            s(r#"{"annotations":{"cdi.k8s.io/x":"a.com/b=c"}}"#),
+            Screen::Maybe
+        );
+        assert_eq!(s(r#"{"process":{"env":["PATH=/bin"]}"#), Screen::Maybe);
+        assert_eq!(s(r#"["PATH=/bin"]"#), Screen::Maybe);
+        // A text the screen cannot read plainly makes it unsure of everything.
+        let escaped = "visible-devices-env = [\"A\\u005fB\"]";
+        assert_eq!(
+            screen(br#"{"process":{"env":["A_B=1"]}}"#, [escaped]),
+            Screen::Maybe
+        );
+        assert_eq!(screen(b"{}", ["x = '''\nA'''"]), Screen::Maybe);
+    }
+
+    /// A JSON string with some characters written as escapes (`\uXXXX`, `\/`).
+    fn json_string(s: &str, escape: &[bool]) -> String {
+        let mut out = String::from("\"");
+        for (i, c) in s.chars().enumerate() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '/' if escape.get(i) == Some(&true) => out.push_str("\\/"),
+                c if escape.get(i) == Some(&true) => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    }
+
+    fn arb_spec() -> impl Strategy<Value = String> {
+        let names = prop::sample::select(vec![
+            "PATH",
+            "NVIDIA_VISIBLE_DEVICES",
+            "X_DEVS",
+            "NVIDIA_VISIBLE",
+            "HOME",
+        ]);
+        let env = prop::collection::vec((names, "[a-z0-9,]{0,4}"), 0..4);
+        let keys = prop::sample::select(vec!["cdi.k8s.io/p", "other", "cdi.k8s.io"]);
+        let annotations = prop::collection::vec((keys, "[a-z.=/]{0,6}"), 0..3);
+        let escapes = prop::collection::vec(any::<bool>(), 32);
+        let space = prop::sample::select(vec!["", " ", "\n  ", "\t"]);
+        (
+            env,
+            annotations,
+            escapes,
+            space,
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(env, annotations, esc, sp, dup, hook)| {
+                let e = |s: &str| json_string(s, &esc);
+                let entries: Vec<String> =
+                    env.iter().map(|(n, v)| e(&format!("{n}={v}"))).collect();
+                let mut members = vec![format!(
+                    "{sp}{}{sp}:{sp}{{{sp}{}:[{}]}}",
+                    e("process"),
+                    e("env"),
+                    entries.join(&format!(",{sp}"))
+                )];
+                if dup {
+                    // A repeated key: the last one is what serde_json and runc read.
+                    members.push(format!(
+                        "{}:{{{}:[{}]}}",
+                        e("process"),
+                        e("env"),
+                        e("PATH=/")
+                    ));
+                }
+                let ann: Vec<String> = annotations
+                    .iter()
+                    .map(|(k, v)| format!("{}:{sp}{}", e(k), e(v)))
+                    .collect();
+                members.push(format!("{}:{{{}}}", e("annotations"), ann.join(",")));
+                if hook {
+                    members.push(format!(
+                        "{}:{{{}:[{{{}:{}}}]}}",
+                        e("hooks"),
+                        e("prestart"),
+                        e("path"),
+                        e("/usr/bin/nvidia-container-runtime-hook")
+                    ));
+                }
+                format!("{{{}{sp}}}", members.join(","))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn screen_never_skips_a_request_the_full_read_sees(spec in arb_spec()) {
+            let (_, view) = spec::parse(spec.as_bytes()).unwrap();
+            let asks = ["NVIDIA_VISIBLE_DEVICES", "X_DEVS"].iter().any(|n| view.env(n).is_some())
+                || view.annotations.iter().any(|(k, _)| k.starts_with("cdi.k8s.io/"))
+                || view.docker_gpu_hook;
+            if asks {
+                prop_assert_eq!(screen(spec.as_bytes(), [PROFILE]), Screen::Maybe, "{}", spec);
+            }
+        }
+    }
+}
