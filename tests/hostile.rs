@@ -1005,3 +1005,53 @@ fn signal_dispositions_reach_the_low_level_runtime_unchanged() {
     }
     assert_eq!(device_paths(&e.spec()).len(), UUIDS.len() + 1);
 }
+
+// ---- regressions of the private JSON reader (issue 12) ------------------------------------
+
+/// Issue 12: a config.json with 20,000 nested arrays inside `linux.resources.devices` killed
+/// the shim with SIGSEGV (exit 139, no message: unbounded recursion in the private checker).
+/// serde_json's depth limit makes it one line and exit 1.
+#[test]
+fn regression_20000_nested_arrays_in_resources_devices_is_one_line_not_a_signal() {
+    let e = Env::new();
+    let mut spec: Value = serde_json::from_str(DOCKER_SPEC).unwrap();
+    spec["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("NVIDIA_VISIBLE_DEVICES=0"));
+    spec["linux"]["resources"]["devices"] = json!("DEEP");
+    let text = serde_json::to_string(&spec).unwrap().replace(
+        "\"DEEP\"",
+        &format!("{}{}", "[".repeat(20_000), "]".repeat(20_000)),
+    );
+    e.write_spec(text.as_bytes());
+    let before = e.snapshot();
+    let out = e.create();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "ended by a signal or another status: {:?}",
+        out.status
+    );
+    e.check_refusal(&out, &["config.json", "not valid JSON", "recursion limit"], &before);
+}
+
+/// Issue 12: an annotation key written with a JSON escape (`"cdi.k8s.io\/x"`, the same key
+/// to every JSON reader) made the byte-level pre-check answer "nothing asked for", and the
+/// container started without the device it asked for. It is a request: here one for a CDI
+/// device no spec describes, so the create is refused naming it.
+#[test]
+fn regression_escaped_cdi_annotation_key_is_a_request() {
+    let e = Env::new();
+    std::fs::create_dir_all(e.path("cdi")).unwrap();
+    e.config(&format!("cdi-spec-dirs = [{:?}]", e.path("cdi")));
+    let spec = DOCKER_SPEC.replacen(
+        "{",
+        r#"{"annotations": {"cdi.k8s.io\/x": "vendor.example/gpu=0"},"#,
+        1,
+    );
+    let parsed: Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(parsed["annotations"]["cdi.k8s.io/x"], "vendor.example/gpu=0");
+    e.write_spec(spec.as_bytes());
+    e.refused(&["vendor.example/gpu=0"]);
+}
