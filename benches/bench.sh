@@ -4,9 +4,12 @@
 # conditions. Needs root (mknod of the simulated GPUs), gcc, python3, hyperfine, cargo.
 #
 #   bash benches/bench.sh                  # default: 1200 runs per command in 12 rounds
-#   RUNS=300 ROUNDS=1 BENCH_STATIC=0 bash benches/bench.sh
+#   RUNS=300 ROUNDS=3 bash benches/bench.sh
 #   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # before/after
 #
+# What ships is what is measured: the build the packages ship (packaging/target.sh: `cargo
+# build --release --target <triple>`, nothing else), with the shipped config.toml and the four
+# profile files the packages install in profiles-dir, bundles on a tmpfs as engines keep them.
 # What is compared, every command given the argv `state ctr` / `create --bundle B ctr`:
 #   noop               a static C program that exits 0: the "low-level runtime" here
 #   exec-only C        static C wrapper that only execv's its argument (the floor for C)
@@ -19,14 +22,7 @@
 #   shim create, again the same bundle already edited: discovery and planning run, nothing
 #                      is added, config.json is not rewritten
 #   ... bundle on disk the rewrite with the bundle on the disk instead of tmpfs (fsync cost)
-# each shim line twice when BENCH_STATIC=1 (default): the release build as cargo makes it
-# (dynamically linked) and the one the packages ship (packaging/target.sh: musl where Rust has
-# it; packaging/rustflags.sh: static, not PIE, hot functions laid out together).
-#
-# ORDER_OUT=packaging/symbol-order.txt bash benches/bench.sh writes that layout instead of
-# measuring: the functions a create of 8 GPUs, a create without a request and a `state` run
-# (callgrind, on the shipped static build), first-run order. Rerun it
-# when the create path changes much, or after a rustc upgrade (symbol names change).
+# BASELINE adds the same lines for another binary (an older shipped build), same run.
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +31,6 @@ repo=$PWD
 RUNS=${RUNS:-1200}
 ROUNDS=${ROUNDS:-12}
 WARMUP=${WARMUP:-20}
-BENCH_STATIC=${BENCH_STATIC:-1}
 OUT=${OUT:-$repo/target/bench}
 
 if [ "$(id -u)" != 0 ]; then
@@ -55,23 +50,10 @@ disk=$(mktemp -d -p "${BENCH_DISK_DIR:-/var/tmp}" accel-bench-disk.XXXXXX)
 mount -t tmpfs -o size=256m,mode=0755 accel-bench "$work"
 trap 'umount "$work"; rm -rf "$work" "$disk"' EXIT
 
-echo "== building (release)" >&2
-cargo build --release --quiet --bin accel-container-runtime
-shim_dyn=$repo/target/release/accel-container-runtime
-shim_static=
-if [ "$BENCH_STATIC" = 1 ]; then
-  triple=$(bash packaging/target.sh)
-  # --target keeps RUSTFLAGS off build scripts and proc macros (which cannot be static).
-  flags=$(bash packaging/rustflags.sh "$triple")
-  RUSTFLAGS="$flags" cargo build --release --quiet \
-    --bin accel-container-runtime --target "$triple" --target-dir "$repo/target/bench-static"
-  shim_static=$repo/target/bench-static/$triple/release/accel-container-runtime
-  echo "== shipped build: $triple, $flags" >&2
-  if readelf -d "$shim_static" | grep -q NEEDED; then
-    echo "benches/bench.sh: $shim_static is not static" >&2
-    exit 1
-  fi
-fi
+triple=$(bash packaging/target.sh)
+echo "== building the shipped build: cargo build --release --target $triple" >&2
+cargo build --release --quiet --locked --bin accel-container-runtime --target "$triple"
+shim=$repo/target/$triple/release/accel-container-runtime
 
 cat >"$work/noop.c" <<'EOF'
 int main(void) { return 0; }
@@ -129,13 +111,16 @@ for bin in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-contr
   cp "$work/noop" "$root/usr/bin/$bin"
 done
 
-cat >"$work/config.toml" <<EOF
-low-level-runtime = "$work/noop"
-log-file = "$work/shim.log"
-profiles-dir = "$work/no-profiles.d"
-[profiles.nvidia]
-driver-root = "$root"
-EOF
+# The shipped config.toml and the profile files the packages install (Cargo.toml's assets),
+# pointed at the no-op runtime, a private log and the simulated driver root.
+mkdir -p "$work/profiles.d"
+for p in ascend cambricon habana mthreads; do cp "config/profiles/$p.toml" "$work/profiles.d/"; done
+sed -e "s|^low-level-runtime = .*|low-level-runtime = \"$work/noop\"|" \
+  -e "s|^log-file = .*|log-file = \"$work/shim.log\"|" \
+  -e "s|^profiles-dir = .*|profiles-dir = \"$work/profiles.d\"|" config/config.toml >"$work/config.toml"
+printf '\n[profiles.nvidia]\ndriver-root = "%s"\n' "$root" >>"$work/config.toml"
+grep -q "^profiles-dir = \"$work/profiles.d\"" "$work/config.toml" || {
+  echo "benches/bench.sh: the shipped config.toml changed shape" >&2; exit 1; }
 export ACCEL_CONTAINER_RUNTIME_CONFIG=$work/config.toml
 
 # Bundles from the docker 20.10 config.json captured in the fixtures (9 KB).
@@ -155,8 +140,8 @@ cp -a "$work/b-all" "$disk/b-all"
 cp "$work/b-none/config.json" "$work/b-none/config.json.orig"
 
 echo "== checking that each measured command does what it says" >&2
-for shim in "$shim_dyn" $shim_static; do
-  "$shim" create --bundle "$work/b-all" ctr
+for bin in "$shim" ${BASELINE:-}; do
+  "$bin" create --bundle "$work/b-all" ctr
   python3 - "$work/b-all/config.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -167,30 +152,15 @@ assert len(libs) >= 9, libs
 print(f"   create all: {len(s['linux']['devices'])} devices, {len(libs)} libraries, {len(s['mounts'])} mounts", file=sys.stderr)
 EOF
   cp "$work/b-all/config.json.orig" "$work/b-all/config.json"
-  "$shim" create --bundle "$work/b-none" ctr
+  "$bin" create --bundle "$work/b-none" ctr
   cmp "$work/b-none/config.json" "$work/b-none/config.json.orig"
-  "$shim" state ctr
+  "$bin" state ctr
 done
-"$shim_dyn" create --bundle "$work/b-again" ctr
+"$shim" create --bundle "$work/b-again" ctr
 cp "$work/b-again/config.json" "$work/b-again/config.json.edited"
-"$shim_dyn" create --bundle "$work/b-again" ctr
+"$shim" create --bundle "$work/b-again" ctr
 cmp "$work/b-again/config.json" "$work/b-again/config.json.edited"
 echo "   create none: config.json unchanged; create again: unchanged; state: exit 0" >&2
-
-if [ -n "${ORDER_OUT:-}" ]; then
-  command -v valgrind >/dev/null || { echo "benches/bench.sh: ORDER_OUT needs valgrind" >&2; exit 1; }
-  cp "$work/b-all/config.json.orig" "$work/b-all/config.json"
-  # The low-level runtime is missing, so each run ends where the shim would exec.
-  sed 's|^low-level-runtime = .*|low-level-runtime = "/nonexistent/noop"|' "$work/config.toml" >"$work/order.toml"
-  for args in "state ctr" "create --bundle $work/b-none ctr" "create --bundle $work/b-all ctr"; do
-    # shellcheck disable=SC2086 # the arguments are separate words
-    ACCEL_CONTAINER_RUNTIME_CONFIG=$work/order.toml valgrind --tool=callgrind --demangle=no \
-      --callgrind-out-file="$work/order.%p" "$shim_static" $args >/dev/null 2>&1 || true
-  done
-  cat "$work"/order.* | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | grep -v '^0x' | awk '!seen[$0]++' >"$ORDER_OUT"
-  echo "benches/bench.sh: $(wc -l <"$ORDER_OUT") functions written to $ORDER_OUT" >&2
-  exit 0
-fi
 
 cmds=(
   noop "true" "$work/noop state ctr"
@@ -209,8 +179,7 @@ add_shim() { # label binary
   )
 }
 [ -z "${BASELINE:-}" ] || add_shim "baseline" "$BASELINE"
-add_shim "shim" "$shim_dyn"
-[ -z "$shim_static" ] || add_shim "shim static" "$shim_static"
+add_shim "shim" "$shim"
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" >&2
 echo "== kernel $(uname -r); bundles on $(stat -f -c %T "$work"), disk bundle on $(stat -f -c %T "$disk")" >&2
@@ -259,12 +228,12 @@ rss() { # label prepare command...
   echo "Peak RSS (ru_maxrss of the process, over the shim and the no-op it execs):"
   rss "noop" true "$work/noop" state ctr
   rss "exec-only Rust" true "$work/exec-rust" "$work/noop" state ctr
-  for shim in "$shim_dyn" $shim_static; do
-    label=shim; [ "$shim" = "$shim_dyn" ] || label="shim static"
-    rss "$label state" true "$shim" state ctr
-    rss "$label create, no variable" true "$shim" create --bundle "$work/b-none" ctr
+  for label in shim ${BASELINE:+baseline}; do
+    bin=$shim; [ "$label" = shim ] || bin=$BASELINE
+    rss "$label state" true "$bin" state ctr
+    rss "$label create, no variable" true "$bin" create --bundle "$work/b-none" ctr
     rss "$label create, all 8 GPUs (rewrite)" "cp $work/b-all/config.json.orig $work/b-all/config.json" \
-      "$shim" create --bundle "$work/b-all" ctr
+      "$bin" create --bundle "$work/b-all" ctr
   done
 } >"$OUT/rss.txt"
 
@@ -279,11 +248,12 @@ med = {name: statistics.median(t) for name, t in times.items()}
 ms = lambda s: s * 1000
 noop = med["noop"]
 floor_rs = med["exec-only Rust (rustc -O)"]
+floor_c = med["exec-only C (static)"]
 n = min(len(t) for t in times.values())
 print(f"medians over {n} runs per command")
-print(f"{'command':50} {'median':>9} {'added vs noop':>14} {'vs Rust floor':>14}")
+print(f"{'command':50} {'median':>9} {'added vs noop':>14} {'vs C floor':>11}")
 for name, m in med.items():
-    print(f"{name:50} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_rs):+12.3f}ms")
+    print(f"{name:50} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_c):+9.3f}ms")
 EOF
 cat "$OUT/summary.txt" "$OUT/rss.txt"
 echo "(hyperfine output per round: $OUT/hyperfine-N.txt, $OUT/hyperfine-N.json)" >&2

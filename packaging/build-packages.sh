@@ -26,19 +26,19 @@ for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
     }
 done
 
-# The shipped binaries: musl where Rust has it (packaging/target.sh), static, not PIE, hot
-# functions laid out together (packaging/rustflags.sh says why). `--target` keeps the flags off build scripts and proc macros; both packagers map
-# Cargo.toml's target/release/ assets to target/<triple>/release/. install.sh and
-# benches/bench.sh build with the same flags.
+# The shipped binaries: `cargo build --release --target <triple>` and nothing else (musl,
+# static, where Rust has it: packaging/target.sh). Both packagers map Cargo.toml's
+# target/release/ assets to target/<triple>/release/. install.sh and benches/bench.sh build
+# the same way.
 triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
-    RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --locked --bins --target "$triple"
+    cargo build --release --locked --bins --target "$triple"
 fi
 for b in accel-container-runtime accel-ctk; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
-    # A static executable has no program interpreter (PT_INTERP).
-    if LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+    # A musl build is static: it has no program interpreter (PT_INTERP).
+    if [ "${triple%-musl}" != "$triple" ] && LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
         echo "build-packages.sh: $bin is dynamically linked" >&2
         exit 1
     fi
@@ -96,7 +96,7 @@ dpkg-deb -x "$deb" "$unpacked/deb"
 rpm_abs="$(cd "$(dirname "$rpm")" && pwd)/$(basename "$rpm")"
 (cd "$unpacked/rpm" && rpm2cpio "$rpm_abs" | cpio -idm --quiet)
 for f in "$unpacked"/deb/usr/bin/accel-* "$unpacked"/rpm/usr/bin/accel-*; do
-    if LC_ALL=C readelf -l "$f" | grep -q 'Requesting program interpreter'; then
+    if [ "${triple%-musl}" != "$triple" ] && LC_ALL=C readelf -l "$f" | grep -q 'Requesting program interpreter'; then
         bad "${f#"$unpacked"/}: dynamically linked"
     fi
 done

@@ -137,12 +137,10 @@ if [ "$build" = 1 ]; then
         echo "install.sh: cargo not found: install Rust (https://rustup.rs) or pass --no-build --bin-dir" >&2
         exit 1
     }
-    # The packages' build (build-packages.sh, packaging/target.sh, packaging/rustflags.sh):
-    # musl where Rust has it, static, not PIE, hot functions together, so no loader, no libc
-    # start-up probing and no start-up relocations on every container start.
+    # The packages' build (build-packages.sh, packaging/target.sh): plain cargo build for
+    # the shipped target (musl, static, where Rust has it).
     triple="$(bash "$src/packaging/target.sh")"
-    (cd "$src" && RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" \
-        cargo build --release --locked --bins --target "$triple")
+    (cd "$src" && cargo build --release --locked --bins --target "$triple")
     : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi
 : "${bin_dir:=$src/target/release}"

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Prints the target triple of the binaries the packages ship; build-packages.sh, install.sh and
-# benches/bench.sh build for it:
-#   triple=$(bash packaging/target.sh)
-#   RUSTFLAGS="$(bash packaging/rustflags.sh "$triple")" cargo build --release --target "$triple"
+# Prints the target triple of the binaries the packages ship. The shipped build is plain
+#   cargo build --release --target "$(bash packaging/target.sh)"
+# with no other flag; build-packages.sh, install.sh, benches/bench.sh and .ci/run all build so.
 #
-# musl (x86_64-unknown-linux-musl on an x86_64 host) when Rust's std for it is installed, or
-# when `rustup target add` can install it (it needs the network once; set ACCEL_NO_RUSTUP=1 to
-# never try). Otherwise the host's glibc triple, still static (packaging/rustflags.sh).
-# Why musl: a static glibc program asks the CPU for its cache sizes at every start (CPUID
-# over and over, each one a VM exit in a virtual machine) and reads /proc/self/exe; musl does
-# neither. On the benchmark VM that was ~0.1 ms of every container start
-# (benches/BENCHMARKS.md). ACCEL_TARGET=<triple> overrides the choice.
+# x86_64-unknown-linux-musl (on an x86_64 host; aarch64 likewise) when Rust's std for it is
+# installed, or when `rustup target add` can install it (it needs the network once; set
+# ACCEL_NO_RUSTUP=1 to never try): Rust's musl targets link statically by default, so the
+# binaries need no dynamic loader and no particular glibc on the node (what ripgrep ships).
+# musl's own malloc is kept: the shim allocates little, and benches/BENCHMARKS.md has the
+# run that decided it. Otherwise the host's glibc triple (a dynamically linked build, whose
+# packages then depend on the host's libc). ACCEL_TARGET=<triple> overrides the choice.
 set -euo pipefail
 if [ -n "${ACCEL_TARGET:-}" ]; then
     echo "$ACCEL_TARGET"

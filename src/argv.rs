@@ -53,7 +53,7 @@ fn os(b: &[u8]) -> OsString {
     std::ffi::OsStr::from_bytes(b).to_os_string()
 }
 
-/// Scans argv (without argv[0]).
+/// Scans argv (without `argv[0]`).
 pub fn scan(args: &[OsString]) -> Invocation {
     let mut inv = Invocation::default();
     let mut i = 0;

@@ -1,5 +1,5 @@
 //! Handing over to the low-level runtime with `execv`: same pid, same fds (console socket,
-//! `--preserve-fds`, stdio), same argv after argv[0]. Never spawn-and-wait.
+//! `--preserve-fds`, stdio), same argv after `argv[0]`. Never spawn-and-wait.
 
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;

@@ -1,12 +1,8 @@
-//! The spec editor on arbitrary config.json bytes: `spec::Document::parse`, `spec::apply` of a
-//! fixed plan, `to_bytes` (the splice). Never a panic; the output is valid JSON that keeps
-//! every input field (the arrays the editor owns only grow at their end), a second apply
-//! writes the same bytes, and a document with nothing to add is written back unchanged.
-//!
-//! The parse checks JSON syntax for the whole document but decodes only what the shim reads,
-//! so a document serde_json's `Value` refuses elsewhere (a lone surrogate escape, a number out
-//! of f64's range) may parse: runc (Go) takes such a document too. Those inputs are only
-//! required not to panic.
+//! The spec reader and editor on arbitrary config.json bytes: `spec::parse` (the document and
+//! its `View`), `spec::apply` of a fixed plan, `spec::to_bytes`. Never a panic; the output is
+//! valid JSON that keeps every input field (the arrays the editor owns only grow at their
+//! end), a second apply changes nothing, an empty plan changes nothing, and the screen never
+//! says "nothing asked for" about a spec whose view asks for the plan's variable.
 #![no_main]
 
 use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
@@ -52,24 +48,33 @@ fn kept(old: &Value, new: &Value, at: &str) -> bool {
     }
 }
 
+const PROFILE: &str = "visible-devices-env = [\"NVIDIA_VISIBLE_DEVICES\"]";
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(mut doc) = spec::Document::parse(data) else {
+    let Ok((mut doc, view)) = spec::parse(data) else {
         return;
     };
-    let applied = spec::apply(&mut doc, &plan());
-    let out = doc.to_bytes();
-    let Ok(input) = serde_json::from_slice::<Value>(data) else {
-        return;
-    };
-    if applied.is_err() {
+    if view.env("NVIDIA_VISIBLE_DEVICES").is_some()
+        || view.docker_gpu_hook
+        || view.annotations.iter().any(|(k, _)| k.starts_with("cdi.k8s.io/"))
+    {
+        assert_eq!(
+            spec::screen::screen(data, [PROFILE]),
+            spec::screen::Screen::Maybe,
+            "the screen skipped a request"
+        );
+    }
+    let input = doc.clone();
+    if spec::apply(&mut doc, &plan()).is_err() {
         return;
     }
+    let out = spec::to_bytes(&doc);
     let back: Value = serde_json::from_slice(&out).expect("output is valid JSON");
     assert!(kept(&input, &back, ""), "an input field was lost or changed");
-    let mut again = spec::Document::parse(&out).expect("output passes the shape check");
+    let (mut again, _) = spec::parse(&out).expect("output passes the shape check");
     spec::apply(&mut again, &plan()).expect("second apply");
-    assert_eq!(again.to_bytes(), out, "second apply changed the spec");
-    let mut unchanged = spec::Document::parse(data).expect("parsed before");
+    assert_eq!(again, back, "second apply changed the spec");
+    let mut unchanged = input.clone();
     spec::apply(&mut unchanged, &Plan::default()).expect("empty plan");
-    assert_eq!(unchanged.to_bytes(), data, "an empty edit changed the bytes");
+    assert_eq!(unchanged, input, "an empty edit changed the document");
 });
