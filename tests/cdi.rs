@@ -412,7 +412,10 @@ fn generated_specs_validate_and_list() {
         assert!(errors.is_empty(), "{what}: {errors:?}\n{doc:#}");
         if let Some(shared) = &shared {
             let errors = schema_errors(shared, doc);
-            assert!(errors.is_empty(), "{what} (CDI project schema): {errors:?}\n{doc:#}");
+            assert!(
+                errors.is_empty(),
+                "{what} (CDI project schema): {errors:?}\n{doc:#}"
+            );
         }
     }
     // The validator follows the $refs into defs.json: a node without `path` fails.

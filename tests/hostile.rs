@@ -1033,7 +1033,11 @@ fn regression_20000_nested_arrays_in_resources_devices_is_one_line_not_a_signal(
         "ended by a signal or another status: {:?}",
         out.status
     );
-    e.check_refusal(&out, &["config.json", "not valid JSON", "recursion limit"], &before);
+    e.check_refusal(
+        &out,
+        &["config.json", "not valid JSON", "recursion limit"],
+        &before,
+    );
 }
 
 /// Issue 12: an annotation key written with a JSON escape (`"cdi.k8s.io\/x"`, the same key
@@ -1051,7 +1055,10 @@ fn regression_escaped_cdi_annotation_key_is_a_request() {
         1,
     );
     let parsed: Value = serde_json::from_str(&spec).unwrap();
-    assert_eq!(parsed["annotations"]["cdi.k8s.io/x"], "vendor.example/gpu=0");
+    assert_eq!(
+        parsed["annotations"]["cdi.k8s.io/x"],
+        "vendor.example/gpu=0"
+    );
     e.write_spec(spec.as_bytes());
     e.refused(&["vendor.example/gpu=0"]);
 }
