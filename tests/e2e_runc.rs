@@ -599,3 +599,40 @@ fn version_keeps_runcs_stdout() {
     assert_eq!(ours.stdout, real.stdout);
     assert!(ours.stdout.starts_with("runc version "), "{ours:#?}");
 }
+
+/// Issue 14, class 12: a container started with a good config keeps answering `state`,
+/// `kill` and `delete` through the shim after config.toml is broken (an unquoted value) and a
+/// profile in profiles-dir stops parsing: the engine can still stop and remove it.
+#[test]
+fn broken_config_does_not_stop_state_kill_delete_of_a_running_container() {
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=0").sh("sleep 600");
+    let id = runc.id("broken-config");
+    runc.create(&b, &id).ok();
+    runc.start(&id).ok();
+
+    let cfg = runc.config_path();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replacen("log-level = \"debug\"", "log-level = debug", 1)).unwrap();
+    std::fs::write(runc.scratch().join("profiles.d/broken.toml"), "name = [").unwrap();
+    // A create that needs the profiles is refused, naming the file.
+    let refused = runc.create(&b, &runc.id("refused"));
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("config.toml"), "{refused:?}");
+
+    let state = runc.shim(&["state", &id]);
+    state.ok();
+    assert!(state.stdout.contains("\"running\""), "{state:?}");
+    runc.shim(&["kill", &id, "KILL"]).ok();
+    let stopped = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        runc.shim(&["state", &id]).stdout.contains("\"stopped\"")
+    });
+    assert!(stopped, "not stopped after kill");
+    runc.shim(&["delete", &id]).ok();
+    assert!(!runc.exists(&id));
+    assert!(runc.shim_log().contains("WARN"), "{}", runc.shim_log());
+}
