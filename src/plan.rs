@@ -31,7 +31,7 @@ pub enum PlanError {
     },
     #[error("{}: not a device node", host.display())]
     NotADevice { host: PathBuf },
-    #[error("{var}={value}: unknown capability {cap:?}; known: {known}")]
+    #[error("{var}={value}: unknown capability {cap}; known: {known}")]
     Capability {
         var: String,
         value: String,
@@ -206,8 +206,8 @@ pub fn capabilities(profile: &Profile, value: Option<&str>) -> Result<Vec<String
         if !profile.capabilities.contains_key(cap) {
             return Err(PlanError::Capability {
                 var: var.clone(),
-                value: value.chars().take(64).collect(),
-                cap: cap.chars().take(64).collect(),
+                value: crate::quote::quote(value),
+                cap: crate::quote::quote(cap),
                 known: all.join(", "),
             });
         }
@@ -386,7 +386,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("NVIDIA_DRIVER_CAPABILITIES=compute,bogus: unknown capability \"bogus\""),
+            e.starts_with(
+                "NVIDIA_DRIVER_CAPABILITIES=\"compute,bogus\": unknown capability \"bogus\""
+            ),
             "{e}"
         );
     }

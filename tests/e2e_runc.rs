@@ -616,7 +616,11 @@ fn broken_config_does_not_stop_state_kill_delete_of_a_running_container() {
 
     let cfg = runc.config_path();
     let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, text.replacen("log-level = \"debug\"", "log-level = debug", 1)).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replacen("log-level = \"debug\"", "log-level = debug", 1),
+    )
+    .unwrap();
     std::fs::write(runc.scratch().join("profiles.d/broken.toml"), "name = [").unwrap();
     // A create that needs the profiles is refused, naming the file.
     let refused = runc.create(&b, &runc.id("refused"));
