@@ -234,11 +234,13 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
         return Screen::Anything;
     }
     // Docker's --gpus hook to replace, or CDI annotations to resolve.
-    // `\u`: the hook's name is letters and `-`, so any escaped spelling of it has a `\u`.
-    for needle in [spec::DOCKER_GPU_HOOK, cdi::model::ANNOTATION_PREFIX, "\\u"] {
+    for needle in [spec::DOCKER_GPU_HOOK, cdi::model::ANNOTATION_PREFIX] {
         if bytes::contains(data, needle.as_bytes()) {
             return Screen::Anything;
         }
+    }
+    if escapes_hook_byte(data) {
+        return Screen::Anything;
     }
     // Each `=` preceded by a run of name bytes and a quote is a `"NAME=`; `=` is much rarer
     // than `"` in a spec, so the scan starts from it.
@@ -264,6 +266,22 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
     } else {
         Screen::Anything
     }
+}
+
+/// Whether `data` has a `\u00XX` escape of a byte of docker's hook name: any escaped
+/// spelling of the name (runc decodes it) has one. Go's encoder escapes `<`, `>`, `&` this way
+/// in every spec docker writes, so a plain `\u` would send many specs down the full path.
+fn escapes_hook_byte(data: &[u8]) -> bool {
+    bytes::positions(b'\\', data).any(|i| {
+        let Some(esc) = data.get(i + 1..i + 6) else {
+            return false;
+        };
+        esc.starts_with(b"u00")
+            && std::str::from_utf8(&esc[3..])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .is_some_and(|b| spec::DOCKER_GPU_HOOK.as_bytes().contains(&b))
+    })
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the
@@ -415,6 +433,17 @@ mod tests {
         assert_eq!(
             screen_of(r#"{"annotations":{"cdi.k8s.io/x":"vendor.com/gpu=0"}}"#),
             Screen::Anything
+        );
+        // An escaped spelling of docker's hook is looked at; Go's HTML escapes are not.
+        assert_eq!(
+            screen_of(
+                r#"{"hooks":{"prestart":[{"path":"/usr/bin/nvidia-container-runtime-hoo\u006B"}]}}"#
+            ),
+            Screen::Anything
+        );
+        assert_eq!(
+            screen_of(r#"{"process":{"env":["URL=a\u0026b\u003cc\u003e"]}}"#),
+            Screen::Nothing
         );
     }
 }
