@@ -93,6 +93,7 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
     let mut cdi_requests = cdi::annotation_requests(&spec)?;
+    cdi::check_annotation_kinds(&cdi_requests, &cfg.profiles)?;
     // Annotations are as much the container's own input as its environment (CRI-O passes pod
     // annotations through), so the node's policy on unprivileged requests covers them too.
     if let Some((key, name)) = cdi_requests.first() {
@@ -112,6 +113,7 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
         // Fully-qualified CDI names go with the annotations' to the spec files; those carry
         // the driver's edits too, so a request of only CDI names needs nothing more here.
         if let Request::Items { devices, cdi } = &request {
+            cdi::check_variable_kinds(&var, cdi, profile)?;
             cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
             if devices.is_empty() {
                 out.requests.push(format!("{var}={value}"));
@@ -190,12 +192,7 @@ fn vendor_request(
 ) -> Result<Option<(String, String, Request)>, CreateError> {
     if cfg.accept_container_devices_as_mounts {
         if let Some(dir) = profile.container_devices_mount_dir.as_deref() {
-            let ids: Vec<&str> = spec
-                .mount_destinations
-                .iter()
-                .filter_map(|d| Path::new(d).strip_prefix(dir).ok()?.to_str())
-                .filter(|id| !id.is_empty() && !id.contains('/'))
-                .collect();
+            let ids = request::device_list_from_mounts(dir, &spec.mounts);
             if !ids.is_empty() {
                 let value = ids.join(",");
                 let request = request::parse(dir, &value)?;
@@ -214,7 +211,7 @@ fn vendor_request(
     if request != Request::Nothing && !privileged && !cfg.accept_envvar_unprivileged {
         return Err(CreateError::Refused {
             var: var.clone(),
-            value: value.chars().take(64).collect(),
+            value: crate::quote::quote(value),
             msg: UNPRIVILEGED_REFUSED.into(),
         });
     }

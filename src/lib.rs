@@ -2,7 +2,9 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `quote`
+//! (container text in messages), `trust` (files only
+//! root can write) → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
 //! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
@@ -25,6 +27,8 @@ pub mod libraries;
 pub mod logging;
 pub mod plan;
 pub mod profile;
+pub mod quote;
 pub mod request;
 pub mod spec;
 pub mod topology;
+pub mod trust;

@@ -87,6 +87,14 @@ pub struct Profile {
     pub none_injects_driver: bool,
     #[serde(default)]
     pub cdi_kind: Option<String>,
+    /// CDI kinds other than `cdi-kind` that the vendor variable may name devices of
+    /// (`nvidia.com/mig`); none by default, so a container's variable cannot reach another
+    /// vendor's or a host-file spec.
+    #[serde(default)]
+    pub cdi_extra_kinds: Vec<String>,
+    /// Majors a device's own node must have on the host (empty: not checked).
+    #[serde(default)]
+    pub device_majors: Vec<u64>,
     #[serde(default)]
     pub resource_name: Option<String>,
     /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
@@ -205,6 +213,14 @@ impl Profile {
         }
         if self.visible_devices_env.is_empty() {
             return invalid("visible-devices-env is empty".into());
+        }
+        for kind in self.cdi_kind.iter().chain(&self.cdi_extra_kinds) {
+            let valid = kind.split_once('/').is_some_and(|(v, c)| {
+                !v.is_empty() && !c.is_empty() && !c.contains('/') && !kind.contains('=')
+            });
+            if !valid {
+                return invalid(format!("CDI kind {kind:?} must be vendor/class"));
+            }
         }
         for root in [Some(&self.driver_root), self.dev_root.as_ref()]
             .into_iter()

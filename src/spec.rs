@@ -146,8 +146,10 @@ pub struct View {
     pub annotations: Vec<(String, String)>,
     /// `root.path` as written.
     pub root_path: Option<String>,
-    /// Destinations of `mounts` (the volume-mount device list strategy reads them).
+    /// Destinations of `mounts`.
     pub mount_destinations: Vec<String>,
+    /// The `mounts` entries (the device lists from mounts: `request::device_list_from_mounts`).
+    pub mounts: Vec<Value>,
     /// Docker's `--gpus` prestart hook is there.
     pub docker_gpu_hook: bool,
 }
@@ -186,15 +188,15 @@ impl View {
             .pointer("/root/path")
             .and_then(Value::as_str)
             .map(str::to_string);
-        let mount_destinations = root
+        let mounts: Vec<Value> = root
             .get("mounts")
             .and_then(Value::as_array)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|m| Some(m.get("destination")?.as_str()?.to_string()))
-                    .collect()
-            })
+            .cloned()
             .unwrap_or_default();
+        let mount_destinations = mounts
+            .iter()
+            .filter_map(|m| Some(m.get("destination")?.as_str()?.to_string()))
+            .collect();
         let docker_gpu_hook = doc
             .pointer("/hooks/prestart")
             .and_then(Value::as_array)
@@ -205,6 +207,7 @@ impl View {
             annotations,
             root_path,
             mount_destinations,
+            mounts,
             docker_gpu_hook,
         })
     }
@@ -755,6 +758,12 @@ mod tests {
         assert!(remove_docker_gpu_hook(&mut d));
         assert!(!remove_docker_gpu_hook(&mut d));
         assert_eq!(d, json!({"hooks": {}}));
+        // Escaped, it is still the hook (every JSON reader decodes the same path).
+        let (mut d, view) = parse(
+            br#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hoo\u006b"}]}}"#,
+        )
+        .unwrap();
+        assert!(view.docker_gpu_hook && remove_docker_gpu_hook(&mut d));
         let other = json!({"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}});
         let mut d = other.clone();
         assert!(!remove_docker_gpu_hook(&mut d));
