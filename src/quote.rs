@@ -3,7 +3,7 @@
 //! control character escaped, so a value cannot forge log lines, move the terminal's cursor or
 //! fill a disk.
 //!
-//! [`quote`] is for one value inside a message; [`line`] is the last pass over a whole line
+//! [`quote`] is for one value inside a message; [`line()`] is the last pass over a whole line
 //! before it leaves the process (stderr, the engine's `--log`, the shim's own log).
 
 use std::fmt::Write;
