@@ -5,9 +5,16 @@
 //! Everything is read under the root: the runtime's config (its `profiles-dir` and every
 //! profile's `driver-root`/`dev-root` are re-rooted), docker's `daemon.json`, containerd's
 //! `config.toml`, kubelet's config, checkpoint and plugin sockets, and the binaries looked up
-//! in the usual `PATH` directories. The one thing that runs is the low-level runtime's
-//! `--version`: the binary found under the root (or the one named by `runc`), so a test tree
-//! can carry a stand-in script and an operator can point at any binary.
+//! in the usual `PATH` directories. What runs is `--version` of the low-level runtime (the
+//! binary found under the root, or the one named by `runc`) and, where systemd is PID 1, of
+//! `systemctl` under the root: a test tree can carry stand-in scripts and an operator can
+//! point at any binary.
+//!
+//! Topics, one module each: `config` (the runtime's files), `vendors` (drivers, device nodes,
+//! their `/dev/char` links), `engines` (registration and cgroup driver, read with
+//! `crate::engine`'s readers), `system` (cgroup version, systemd, runc and their device
+//! bugs), `kubelet` (CPU manager, checkpoint, plugin sockets). A finding about a known bug is
+//! graded by what this node runs: a failure only where it can bite.
 
 mod config;
 mod engines;
@@ -24,10 +31,16 @@ use crate::config as runtime_config;
 use crate::profile::Profile;
 
 pub use config::{check_config, check_profile_files, load_config};
-pub use engines::{check_containerd, check_docker, check_runtime_installed};
+pub use engines::{
+    check_containerd, check_default_runtime, check_docker, check_runtime_installed, CgroupDriver,
+    Engine,
+};
 pub use kubelet::{check_checkpoint, check_cpu_manager, check_plugin_sockets};
-pub use system::{check_low_level, parse_runc_version};
-pub use vendors::check_driver;
+pub use system::{
+    check_cgroups, check_low_level, check_systemd, parse_runc_version, parse_systemd_version,
+    CgroupVersion, Exposure, System,
+};
+pub use vendors::{check_dev_char_links, check_driver, dev_char_links, LinkState, Links};
 
 /// Directories searched for binaries, as a root shell's `PATH` on Debian and RHEL.
 pub const BIN_DIRS: &[&str] = &[
@@ -132,18 +145,36 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// Every check, in the order an operator fixes things: config, driver, binaries, engines,
-/// kubelet.
+/// cgroups and runc, `/dev/char` links, kubelet.
 pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     let (loaded, config) = load_config(ctx);
     let mut out = check_config(ctx, &loaded);
     out.extend(check_profile_files(&config.profiles_dir));
     out.extend(config.profiles.iter().map(check_driver));
     out.push(check_runtime_installed(ctx));
-    out.push(check_low_level(ctx, &config));
-    out.push(check_docker(ctx));
-    let (f, default) = check_containerd(ctx);
-    out.push(f);
-    out.push(check_cpu_manager(ctx, default));
+    let sys = system::gather(ctx);
+    let docker = check_docker(ctx, &sys);
+    let containerd = check_containerd(ctx);
+    out.push(docker.finding.clone());
+    out.push(containerd.finding.clone());
+    out.extend(check_default_runtime(&[&docker, &containerd]));
+    // The links first: how bad an old runc or systemd is depends on whether they exist.
+    let links: Vec<Links> = config
+        .profiles
+        .iter()
+        .map(|p| dev_char_links(ctx, p))
+        .collect();
+    let missing = links.iter().map(Links::missing).sum();
+    let mut exposure = Exposure::new(sys, &[&docker, &containerd]);
+    out.push(check_cgroups(&exposure));
+    out.push(check_low_level(ctx, &config, &mut exposure, missing));
+    out.push(check_systemd(&exposure, missing));
+    out.extend(
+        links
+            .iter()
+            .filter_map(|l| check_dev_char_links(l, &exposure)),
+    );
+    out.push(check_cpu_manager(ctx, containerd.is_default));
     out.push(check_checkpoint(ctx, &config));
     out.extend(check_plugin_sockets(ctx));
     out
