@@ -2,9 +2,9 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `arena`, `argv`, `atomic`, `keys`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -20,6 +20,7 @@ pub mod discovery;
 pub mod doctor;
 pub mod engine;
 pub mod exec;
+pub mod keys;
 pub mod ldcache;
 pub mod libraries;
 pub mod logging;

@@ -770,3 +770,150 @@ fn doctor_missing_root_is_an_error() {
         )
     );
 }
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+/// Issue 16 item 1: each cause once. A broken config.toml's TOML error block and a
+/// checkpoint's JSON error each appear once in the one error line.
+#[test]
+fn errors_name_each_cause_once() {
+    let n = Node::new();
+    std::fs::write(n.config(), "log-level = [\n").unwrap();
+    let out = n.ctk(&["list"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.matches("TOML parse error").count(), 1, "{err}");
+    assert!(
+        err.starts_with("accel-ctk: loading the runtime's config: "),
+        "{err}"
+    );
+
+    let n = Node::new();
+    let cp = n.root().join("checkpoint");
+    std::fs::write(&cp, "{x").unwrap();
+    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.matches("at line 1 column 2").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Issue 16 item 2: a --config whose directory is missing is a typo until --create-parents
+/// says otherwise; nothing is created.
+#[test]
+fn configure_refuses_a_missing_directory_unless_asked() {
+    let n = Node::new();
+    let file = n.root().join("nonexistent/dir/daemon.json");
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "runtime",
+            "configure",
+            "--runtime",
+            "docker",
+            "--config",
+            file.to_str().unwrap(),
+            "--runtime-path",
+            "/usr/bin/accel-container-runtime",
+        ];
+        a.extend(extra);
+        n.ctk(&a)
+    };
+    let out = args(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("does not exist (pass --create-parents to create it)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!n.root().join("nonexistent").exists());
+    let out = args(&["--create-parents"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&file)
+        .unwrap()
+        .contains("/usr/bin/accel-container-runtime"));
+}
+
+/// Issue 16 item 5: typo'd keys are warned about, with the nearest known key, by every
+/// command, not only by doctor and the runtime's log.
+#[test]
+fn unknown_keys_warn_in_every_command() {
+    let n = Node::new();
+    let text = std::fs::read_to_string(n.config()).unwrap();
+    std::fs::write(
+        n.config(),
+        format!(
+            "log-levl = \"debug\"\n{}",
+            text.replace("driver-root", "driver-rot")
+        ),
+    )
+    .unwrap();
+    let daemon = n.root().join("daemon.json");
+    let commands: [&[&str]; 5] = [
+        &["list"],
+        &["cdi", "list"],
+        &["cdi", "generate"],
+        &["checkpoint", "check"],
+        &[
+            "runtime",
+            "configure",
+            "--runtime",
+            "docker",
+            "--dry-run",
+            "--runtime-path",
+            "/usr/bin/accel-container-runtime",
+            "--config",
+            daemon.to_str().unwrap(),
+        ],
+    ];
+    for args in commands {
+        let err = stderr(&n.ctk(args));
+        assert!(
+            err.contains("unknown key `log-levl` ignored (did you mean `log-level`?)"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.contains("unknown key `driver-rot` ignored (did you mean `driver-root`?)"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Issue 16 item 9: `cdi list` with nothing to list says where it looked; a checkpoint named
+/// on the command line must exist (kubelet's default path may be absent).
+#[test]
+fn empty_cdi_list_and_named_missing_checkpoint() {
+    let n = Node::new();
+    let cdi = n.root().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let text = std::fs::read_to_string(n.config()).unwrap();
+    std::fs::write(
+        n.config(),
+        format!("cdi-spec-dirs = [\"{}\"]\n{text}", cdi.display()),
+    )
+    .unwrap();
+    let out = n.ctk(&["cdi", "list"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        stderr(&out),
+        format!("accel-ctk: no CDI specs in {}\n", cdi.display())
+    );
+
+    let missing = n.root().join("no-such-checkpoint");
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--checkpoint",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "accel-ctk: --checkpoint {}: no such file\n",
+            missing.display()
+        )
+    );
+}
