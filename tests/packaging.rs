@@ -682,3 +682,71 @@ fn image_entrypoint_installs_on_the_node_and_uninstalls() {
     assert_eq!(std::fs::read_to_string(&containerd).unwrap(), before);
     assert!(!installed.exists());
 }
+
+/// Issue 16 item 6: every script in packaging/ answers --help with its header and does
+/// nothing else, and refuses an option it does not know (exit 2, one line naming it), instead
+/// of handing it to mkdir and rm.
+#[test]
+fn packaging_scripts_take_help_and_reject_unknown_options() {
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(repo().join("packaging"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sh"))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 5, "{scripts:?}");
+    for script in scripts {
+        let name = script.file_name().unwrap().to_str().unwrap().to_owned();
+        let run = |arg: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg(arg)
+                .current_dir(dir.path())
+                // Nothing may be built or installed: no cargo, no rustc on this PATH.
+                .env("PATH", "/usr/bin:/bin")
+                .env("CARGO", "/nonexistent")
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8(out.stdout).unwrap(),
+                String::from_utf8(out.stderr).unwrap(),
+            )
+        };
+        let (code, stdout, stderr) = run("--help");
+        assert_eq!(code, Some(0), "{name} --help: {stderr}");
+        let first = read(&format!("packaging/{name}"))
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim_start_matches("# ")
+            .to_owned();
+        assert!(
+            stdout.starts_with(&first),
+            "{name} --help printed: {stdout}"
+        );
+        assert!(!stdout.contains("set -e"), "{name}: {stdout}");
+
+        let (code, stdout, stderr) = run("--no-such-option");
+        assert_eq!(code, Some(2), "{name}: {stdout}{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{name}: {stderr}");
+        assert!(stderr.contains("'--no-such-option'"), "{name}: {stderr}");
+    }
+    assert!(
+        !repo().join("--help").exists() && !repo().join("--no-such-option").exists(),
+        "a script took an option for a directory"
+    );
+}
+
+/// Issue 16 item 9: the binaries are static, so cargo-deb's `$auto` finds nothing and the
+/// .deb's Depends would be empty; the low-level runtime it execs is named instead.
+#[test]
+fn deb_depends_on_a_low_level_runtime() {
+    let cargo = cargo_toml();
+    let depends = cargo["package"]["metadata"]["deb"]["depends"]
+        .as_str()
+        .unwrap();
+    assert!(!depends.contains("$auto"), "{depends}");
+    assert!(depends.split('|').any(|d| d.trim() == "runc"), "{depends}");
+}
