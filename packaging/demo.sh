@@ -26,8 +26,9 @@ command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=600 update -q &&
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q "${need[@]}"
+  # Waits for another apt (unattended-upgrades) instead of failing on its lock.
+  . packaging/scripts/apt.sh
+  accel_apt_get update -q && accel_apt_get install -y -q "${need[@]}"
 fi
 command -v cargo >/dev/null || { echo "demo.sh: cargo not found; install Rust >= 1.85 (rustup)" >&2; exit 1; }
 # cargo's own progress, not -q: a cold release build is minutes of work.
