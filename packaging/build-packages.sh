@@ -70,6 +70,7 @@ expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-ctk
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh
+/etc/logrotate.d/accel-container-runtime
 /usr/share/doc/accel-container-runtime/README.md
 /usr/share/doc/accel-container-runtime/examples/daemon.json
 /usr/share/doc/accel-container-runtime/examples/containerd-config-v2.toml

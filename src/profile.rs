@@ -225,6 +225,14 @@ pub struct Profile {
     pub none_injects_driver: bool,
     #[serde(default)]
     pub cdi_kind: Option<String>,
+    /// CDI kinds other than `cdi-kind` that the vendor variable may name devices of
+    /// (`nvidia.com/mig`); none by default, so a container's variable cannot reach another
+    /// vendor's or a host-file spec.
+    #[serde(default)]
+    pub cdi_extra_kinds: Vec<String>,
+    /// Majors a device's own node must have on the host (empty: not checked).
+    #[serde(default)]
+    pub device_majors: Vec<u64>,
     #[serde(default)]
     pub resource_name: Option<String>,
     /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
@@ -355,6 +363,8 @@ impl Profile {
             "dev-root" => dev_root,
             "none-injects-driver" => none_injects_driver,
             "cdi-kind" => cdi_kind,
+            "cdi-extra-kinds" => cdi_extra_kinds,
+            "device-majors" => device_majors,
             "resource-name" => resource_name,
             "device-plugin-id" => device_plugin_id,
             "container-devices-mount-dir" => container_devices_mount_dir,
@@ -399,6 +409,14 @@ impl Profile {
         }
         if self.visible_devices_env.is_empty() {
             return invalid("visible-devices-env is empty".into());
+        }
+        for kind in self.cdi_kind.iter().chain(&self.cdi_extra_kinds) {
+            let valid = kind.split_once('/').is_some_and(|(v, c)| {
+                !v.is_empty() && !c.is_empty() && !c.contains('/') && !kind.contains('=')
+            });
+            if !valid {
+                return invalid(format!("CDI kind {kind:?} must be vendor/class"));
+            }
         }
         for root in [Some(&self.driver_root), self.dev_root.as_ref()]
             .into_iter()
@@ -590,6 +608,8 @@ mod tests {
             dev-root = "/x"
             none-injects-driver = false
             cdi-kind = "x.com/x"
+            cdi-extra-kinds = ["x.com/y"]
+            device-majors = [1]
             resource-name = "x.com/x"
             device-plugin-id = "{index}"
             container-devices-mount-dir = "/x"
