@@ -11,6 +11,11 @@
 # run that decided it. Otherwise the host's glibc triple (a dynamically linked build, whose
 # packages then depend on the host's libc). ACCEL_TARGET=<triple> overrides the choice.
 set -euo pipefail
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "target.sh: unknown argument '$1' (it takes none; --help)" >&2; exit 2 ;;
+esac
 if [ -n "${ACCEL_TARGET:-}" ]; then
     echo "$ACCEL_TARGET"
     exit 0

@@ -322,8 +322,13 @@ fn shown(path: Option<&Path>) -> PathBuf {
 fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigError> {
     let mut warnings = Vec::new();
     let de = toml::Deserializer::new(text);
+    let known = crate::keys::fields::<File>();
     let file: File = serde_ignored::deserialize(de, |p| {
-        warnings.push(format!("{}: unknown key `{p}` ignored", shown.display()))
+        warnings.push(crate::keys::unknown_key(
+            &shown.display().to_string(),
+            &p.to_string(),
+            known,
+        ))
     })
     .map_err(|source| ConfigError::Parse {
         path: shown.to_path_buf(),
@@ -511,7 +516,7 @@ fn load_profiles(
         warnings.extend(
             unknown
                 .into_iter()
-                .map(|k| format!("{origin}: unknown key `{k}` ignored")),
+                .map(|k| crate::keys::unknown_key(&origin, &k, &profile::known_keys())),
         );
         profiles.push(p);
     }
@@ -529,7 +534,7 @@ fn load_profiles(
         warnings.extend(
             unknown
                 .into_iter()
-                .map(|k| format!("{origin}: unknown key `{k}` ignored")),
+                .map(|k| crate::keys::unknown_key(&origin, &k, &profile::known_keys())),
         );
         profiles.push(p);
     }

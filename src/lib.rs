@@ -2,11 +2,11 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `quote`
-//! (container text in messages), `trust` (files only
-//! root can write) → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `keys` (known
+//! config keys), `quote` (container text in messages), `trust` (files only root can write) →
+//! `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod edits;
 pub mod engine;
 pub mod exec;
+pub mod keys;
 pub mod ldcache;
 pub mod libraries;
 pub mod logging;

@@ -160,6 +160,23 @@ pub struct Capability {
     pub nodes: Vec<PathBuf>,
 }
 
+/// Every key a profile table can hold, at any depth (for "did you mean" in warnings).
+/// `discovery`'s keys are listed by hand: its methods are an internally tagged enum, which
+/// does not name its fields to a deserializer (test `known_keys_are_accepted`).
+pub fn known_keys() -> Vec<&'static str> {
+    let mut keys = crate::keys::fields::<Profile>().to_vec();
+    keys.extend(crate::keys::fields::<Capability>());
+    keys.extend([
+        "method",
+        "proc-dir",
+        "node-template",
+        "node-templates",
+        "aliases",
+        "index-ranges",
+    ]);
+    keys
+}
+
 fn root() -> PathBuf {
     PathBuf::from("/")
 }
@@ -407,6 +424,32 @@ mod tests {
         );
         let err = Profile::from_table(t, "x").unwrap_err().to_string();
         assert!(err.contains(".."), "{err}");
+    }
+
+    #[test]
+    fn known_keys_are_accepted() {
+        let keys = known_keys();
+        assert!(keys.contains(&"driver-root") && keys.contains(&"libraries"));
+        // Each discovery key is one its method parses without an unknown-key report.
+        for (method, key, value) in [
+            ("nvidia-procfs", "proc-dir", "\"/proc/driver/nvidia/gpus\""),
+            ("nvidia-procfs", "node-template", "\"/dev/nvidia{minor}\""),
+            ("device-nodes", "node-templates", "[\"/dev/x{index}\"]"),
+            ("device-nodes", "aliases", "[]"),
+            ("device-nodes", "index-ranges", "true"),
+        ] {
+            assert!(keys.contains(&key), "{key}");
+            let base = match method {
+                "nvidia-procfs" => "proc-dir = \"/p\"\nnode-template = \"/dev/n{minor}\"\n",
+                _ => "node-templates = [\"/dev/x{index}\"]\n",
+            };
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"{method}\"\n{}{key} = {value}\n",
+                base.lines().filter(|l| !l.starts_with(key)).map(|l| format!("{l}\n")).collect::<String>()
+            );
+            let (_, unknown) = Profile::from_table(toml::from_str(&text).unwrap(), "t").unwrap();
+            assert!(unknown.is_empty(), "{key}: {unknown:?}");
+        }
     }
 
     #[test]

@@ -32,10 +32,12 @@ pub enum RequestError {
         value: String,
         msg: String,
     },
-    #[error("{var}: no device {item} on this node; {available}")]
+    #[error("{var}: no device {item} on this node{hint}; {available}")]
     NoSuchDevice {
         var: String,
         item: String,
+        /// Why the item might have been meant otherwise (`ALL`: keywords are lower case).
+        hint: String,
         available: String,
     },
     #[error("{var}: {item} matches more than one device ({matches}); give the full UUID")]
@@ -165,6 +167,11 @@ pub fn select<'d>(
     let no_such = |item: &str| RequestError::NoSuchDevice {
         var: var.into(),
         item: shorten(item),
+        hint: ["all", "none", "void"]
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(item))
+            .map(|k| format!(" (keywords are lower case: {k:?})"))
+            .unwrap_or_default(),
         available: available(devices),
     };
     for item in items {
@@ -344,6 +351,11 @@ mod tests {
         assert_eq!(
             e,
             "V: no device \"9\" on this node; it has 2: 0 GPU-aaaa1111-0000, 1 GPU-aaaa2222-0000"
+        );
+        let e = sel("ALL").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "V: no device \"ALL\" on this node (keywords are lower case: \"all\"); it has 2: 0 GPU-aaaa1111-0000, 1 GPU-aaaa2222-0000"
         );
     }
 

@@ -185,7 +185,8 @@ fn nvidia_by_uuid_all_none_void_unset() {
 fn bad_index_is_one_clear_error_and_no_container() {
     require_root();
     let sim = SimRoot::standard();
-    for value in ["9", "GPU-00000000-dead-beef"] {
+    // "ALL": keywords are lower case, and the error says so (issue 16 item 9).
+    for value in ["9", "GPU-00000000-dead-beef", "ALL"] {
         let mut b = Bundle::busybox();
         b.env(&format!("NVIDIA_VISIBLE_DEVICES={value}"))
             .sh("echo should-not-run");
@@ -257,6 +258,17 @@ fn bad_index_is_one_clear_error_and_no_container() {
             "the shim's own log lacks the error: {}",
             runc.shim_log()
         );
+        // The ERROR line names the container, as the INFO line of a create does.
+        assert!(
+            runc.shim_log()
+                .lines()
+                .any(|l| l.contains(" ERROR ") && l.contains(&format!("run {id}: "))),
+            "no ERROR line naming {id}: {}",
+            runc.shim_log()
+        );
+        if value == "ALL" {
+            assert!(line.contains("keywords are lower case"), "{line}");
+        }
     }
 }
 

@@ -66,7 +66,12 @@ fn shim(args: Vec<OsString>) -> libc::c_int {
                 inv.log_json,
                 &format!("accel-container-runtime: {msg}"),
             );
-            log::error!("{msg}");
+            // Named like the info line of a create, so both are found by the container's id.
+            log::error!(
+                "{} {}: {msg}",
+                inv.command.as_deref().unwrap_or("?"),
+                inv.id.as_deref().unwrap_or("?")
+            );
             1
         }
     }
