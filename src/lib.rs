@@ -5,8 +5,8 @@
 //! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
 //! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
-//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
-//! → binaries.
+//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands), `plugin` (accel-device-plugin; its gRPC half only with
+//! the `plugin` feature) → binaries.
 
 pub mod arena;
 pub mod argv;
@@ -24,6 +24,7 @@ pub mod ldcache;
 pub mod libraries;
 pub mod logging;
 pub mod plan;
+pub mod plugin;
 pub mod profile;
 pub mod read;
 pub mod request;
