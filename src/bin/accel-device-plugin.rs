@@ -51,6 +51,14 @@ fn main() -> ExitCode {
 
 fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = Config::load()?;
+    if config.accept_envvar_unprivileged && !args.strategy.contains(&Strategy::Envvar) {
+        log(
+            "warning: the runtime's config accepts <VENDOR>_VISIBLE_DEVICES from unprivileged \
+             containers (accept-envvar-unprivileged = true): an image that sets \
+             NVIDIA_VISIBLE_DEVICES=all sees every device whatever the pod requested; set \
+             accept-envvar-unprivileged = false and accept-container-devices-as-mounts = true",
+        );
+    }
     let mut opts = Options::new(args.kubelet_dir);
     opts.strategies = args.strategy;
     opts.cdi_dir = args.cdi_dir;
