@@ -41,7 +41,7 @@ unsafe impl<const N: usize> Sync for Arena<N> {}
 impl<const N: usize> Arena<N> {
     /// All zero, so a `static` one lies in `.bss`.
     pub const fn new() -> Self {
-        assert!(N % CHUNK == 0, "the arena is whole chunks");
+        assert!(N.is_multiple_of(CHUNK), "the arena is whole chunks");
         Arena {
             space: UnsafeCell::new(Space([0; N])),
             next: AtomicUsize::new(0),

@@ -5,7 +5,6 @@
 //! after a node restart).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -186,6 +185,6 @@ pub fn allocate(
     Ok(a)
 }
 
-fn path_str(p: &PathBuf) -> String {
+fn path_str(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()
 }

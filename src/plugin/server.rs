@@ -116,6 +116,15 @@ impl Plugin {
         Ok(Self::with_table(profile, strategies, table).0)
     }
 
+    /// A plugin over an already-built device table (benchmarks).
+    pub fn from_table(
+        profile: Profile,
+        strategies: Vec<Strategy>,
+        table: Vec<PluginDevice>,
+    ) -> Plugin {
+        Self::with_table(profile, strategies, table).0
+    }
+
     fn with_table(
         profile: Profile,
         strategies: Vec<Strategy>,
