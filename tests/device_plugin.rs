@@ -454,3 +454,142 @@ fn missing_kubelet_dir_is_a_clear_error() {
         .to_string();
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
 }
+
+/// What containerd does with one container's Allocate answer: envs into the process, mounts
+/// as binds, device specs as nodes (major/minor from the host path) with cgroup rules,
+/// annotations into the spec. CDI devices (`cdi_devices`), which containerd >= 1.7 resolves
+/// from the CDI spec dirs itself, are handed here to our runtime's CDI resolver as a
+/// `cdi.k8s.io/` annotation: the same spec file, the same edits.
+fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    b.edit(|s| {
+        let env = s["process"]["env"].as_array_mut().unwrap();
+        let mut envs: Vec<_> = a.envs.iter().collect();
+        envs.sort();
+        for (k, v) in envs {
+            env.push(format!("{k}={v}").into());
+        }
+        let mut annotations: Vec<(String, String)> = a
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !a.cdi_devices.is_empty() {
+            let names: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+            annotations.push(("cdi.k8s.io/containerd-cri".into(), names.join(",")));
+        }
+        if !annotations.is_empty() {
+            let obj = s
+                .as_object_mut()
+                .unwrap()
+                .entry("annotations")
+                .or_insert_with(|| serde_json::json!({}));
+            for (k, v) in annotations {
+                obj[k] = v.into();
+            }
+        }
+        let mounts = s["mounts"].as_array_mut().unwrap();
+        for m in &a.mounts {
+            let mut opts = vec!["rbind"];
+            if m.read_only {
+                opts.push("ro");
+            }
+            mounts.push(serde_json::json!({
+                "destination": m.container_path, "type": "bind",
+                "source": m.host_path, "options": opts,
+            }));
+        }
+        for d in &a.devices {
+            let meta = std::fs::metadata(&d.host_path).unwrap();
+            assert!(meta.file_type().is_char_device(), "{}", d.host_path);
+            let (major, minor) = (
+                nix::sys::stat::major(meta.rdev()),
+                nix::sys::stat::minor(meta.rdev()),
+            );
+            let linux = s["linux"].as_object_mut().unwrap();
+            let devices = linux
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            devices.as_array_mut().unwrap().push(serde_json::json!({
+                "path": d.container_path, "type": "c", "major": major, "minor": minor,
+                "fileMode": 0o666, "uid": 0, "gid": 0,
+            }));
+            let rules = linux
+                .entry("resources")
+                .or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+                .unwrap()
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            rules.as_array_mut().unwrap().push(serde_json::json!({
+                "allow": true, "type": "c", "major": major, "minor": minor, "access": d.permissions,
+            }));
+        }
+    });
+}
+
+/// Each strategy's answer for GCU-1 and GCU-3, put into a bundle as containerd would and run
+/// through our runtime and real runc: the container sees exactly gcu1, gcu3 and gcuctl.
+#[test]
+fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
+    use common::{extra_dev, names, Bundle, Open, Probe, Report, Runc};
+    let sim = SimRoot::standard();
+    for (strategy, extra) in [
+        (Strategy::Envvar, ""),
+        (
+            Strategy::VolumeMounts,
+            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+        ),
+        (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
+        (Strategy::CdiCri, ""),
+        (Strategy::CdiAnnotations, ""),
+    ] {
+        let cdi_dir = tempfile::tempdir().unwrap();
+        let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
+        let runc = Runc::with_config(&sim, &extra);
+        let cfg = Config::load_from(&runc.config_path()).unwrap();
+        let profile = cfg
+            .profiles
+            .into_iter()
+            .find(|p| p.name == "enflame")
+            .unwrap();
+        // The plugin's own CDI spec, as it writes it at start.
+        let mut opts = Options::new(PathBuf::from("/nonexistent"));
+        opts.cdi_dir = cdi_dir.path().to_path_buf();
+        server::write_cdi(&profile, &opts).unwrap();
+        let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+        let answer = plugin
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-3", "GCU-1"]),
+                }],
+            })
+            .unwrap()
+            .container_responses
+            .remove(0);
+        let mut b = Bundle::busybox();
+        apply_answer(&mut b, &answer);
+        let probe = Probe::new()
+            .ls("/dev")
+            .open("/dev/gcu1")
+            .open("/dev/gcu3")
+            .open("/dev/gcuctl")
+            .open("/dev/gcu0");
+        b.sh(&probe.script());
+        let id = runc.id(&format!("dp-{}", strategy.as_str()));
+        let out = runc.run(&b, &id);
+        out.ok();
+        let r = Report::parse(&out.stdout);
+        assert_eq!(
+            extra_dev(&r.ls("/dev")),
+            names(&["gcu1", "gcu3", "gcuctl"]),
+            "{strategy:?}: {}",
+            r.raw
+        );
+        for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
+            // The simulated major has no driver: a permitted open gets ENXIO.
+            assert_eq!(r.open(node), Open::Enxio, "{strategy:?} {node}: {}", r.raw);
+        }
+        assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{strategy:?}: {}", r.raw);
+    }
+}

@@ -636,7 +636,7 @@ pub async fn run(
 }
 
 /// The CDI spec the `cdi-*` answers name, from the same generator as `accel-ctk cdi generate`.
-fn write_cdi(profile: &Profile, opts: &Options) -> Result<(), PluginError> {
+pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<(), PluginError> {
     static LOCK: Mutex<()> = Mutex::new(());
     let _g = LOCK.lock();
     let path = opts.cdi_dir.join(format!("accel-{}.json", profile.name));
