@@ -80,7 +80,10 @@ pub fn prepare(
     driver: &Plan,
     lib_dir: &Path,
 ) -> Result<VendorLibs, RequireError> {
-    let host_driver = discovery::driver_version(profile);
+    // Read only for a profile that uses it (each create pays the file read).
+    let host_driver = (profile.compat.is_some() || profile.requirements.is_some())
+        .then(|| discovery::driver_version(profile))
+        .flatten();
     let compat = match (&profile.compat, image.rootfs()) {
         (Some(c), Some(root)) => find_compat(c, root, host_driver.as_deref()),
         _ => None,
