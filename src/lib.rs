@@ -2,11 +2,13 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `arena`, `argv`, `atomic`, `read` → `ldcache`, `rootfs` (paths inside a container's root,
-//! openat2), `require` (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`,
-//! `libraries`, `request` → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`,
-//! `checkpoint` (kubelet's device checkpoint) → `loader` (the image's loader cache, dev links,
-//! compat libraries, requirements) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! `arena`, `argv`, `atomic`, `keys` (known config keys), `read`, `quote` (container text in
+//! messages), `trust` (files only root can write) → `ldcache`, `rootfs` (paths inside a
+//! container's root, openat2), `require` (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` →
+//! `discovery`, `libraries`, `request`
+//! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
+//! device checkpoint) → `loader` (the image's loader cache, dev links, compat libraries,
+//! requirements) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -22,15 +24,18 @@ pub mod discovery;
 pub mod doctor;
 pub mod engine;
 pub mod exec;
+pub mod keys;
 pub mod ldcache;
 pub mod libraries;
 pub mod loader;
 pub mod logging;
 pub mod plan;
 pub mod profile;
+pub mod quote;
 pub mod read;
 pub mod request;
 pub mod require;
 pub mod rootfs;
 pub mod spec;
 pub mod topology;
+pub mod trust;
