@@ -113,25 +113,45 @@ pub fn prepare(
         compat,
         ..VendorLibs::default()
     };
-    for m in &driver.mounts {
-        if m.destination.parent() != Some(lib_dir) {
-            continue;
+    for m in library_mounts(driver, lib_dir) {
+        if let Some(dest) = m.destination.to_str() {
+            out.records.push(Record::native(&soname_of(m), dest));
         }
-        let (Some(name), Some(dest)) = (
-            m.destination.file_name().and_then(|n| n.to_str()),
-            m.destination.to_str(),
-        ) else {
-            continue;
-        };
-        out.records.push(Record::native(name, dest));
-        for (dev, _) in profile.dev_links.iter().filter(|(_, s)| *s == name) {
-            out.dev_links.push(BindMount {
+    }
+    out.dev_links = dev_links(profile, driver, lib_dir);
+    Ok(out)
+}
+
+/// The driver's mounts of libraries (those in `lib_dir`).
+fn library_mounts<'a>(driver: &'a Plan, lib_dir: &'a Path) -> impl Iterator<Item = &'a BindMount> {
+    driver
+        .mounts
+        .iter()
+        .filter(move |m| m.destination.parent() == Some(lib_dir))
+}
+
+fn soname_of(m: &BindMount) -> String {
+    m.destination
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The profile's development names (`libcuda.so`) for the sonames `driver` mounts in
+/// `lib_dir`: read-only mounts of the same host files, next to them. Pure; the variable path
+/// and `accel-ctk cdi generate` both add them, so both inject the same.
+pub fn dev_links(profile: &Profile, driver: &Plan, lib_dir: &Path) -> Vec<BindMount> {
+    let mut out = Vec::new();
+    for m in library_mounts(driver, lib_dir) {
+        let name = soname_of(m);
+        for (dev, _) in profile.dev_links.iter().filter(|(_, s)| **s == name) {
+            out.push(BindMount {
                 source: m.source.clone(),
                 destination: lib_dir.join(dev),
             });
         }
     }
-    Ok(out)
+    out
 }
 
 /// The compat libraries in the image's `c.dir` (resolved inside the rootfs), if any: their
