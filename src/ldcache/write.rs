@@ -207,6 +207,23 @@ pub fn records(data: &[u8]) -> Result<Vec<Record>, LdCacheError> {
     Ok(out)
 }
 
+/// The offset of `s` in the string table that starts at `base`, appended once.
+fn intern<'a>(
+    s: &'a str,
+    offsets: &mut std::collections::HashMap<&'a str, u32>,
+    strings: &mut Vec<u8>,
+    base: usize,
+) -> u32 {
+    if let Some(&o) = offsets.get(s) {
+        return o;
+    }
+    let o = (base + strings.len()) as u32;
+    strings.extend_from_slice(s.as_bytes());
+    strings.push(0);
+    offsets.insert(s, o);
+    o
+}
+
 /// A new-format cache image of `records`: sorted as `ldconfig` sorts (ties keep the given
 /// order: earlier wins in the loader), later copies of an entry dropped. Names or paths with a NUL
 /// cannot be stored and are dropped.
@@ -217,8 +234,15 @@ pub fn write(mut records: Vec<Record>) -> Vec<u8> {
             r.hwcap &= !HWCAPS_INDEX_MASK;
         }
     }
-    let mut seen = std::collections::HashSet::new();
-    records.retain(|r| !r.name.contains('\0') && !r.path.contains('\0') && seen.insert(r.clone()));
+    let keep: Vec<bool> = {
+        let mut seen = std::collections::HashSet::with_capacity(records.len());
+        records
+            .iter()
+            .map(|r| !r.name.contains('\0') && !r.path.contains('\0') && seen.insert(r))
+            .collect()
+    };
+    let mut keep = keep.into_iter();
+    records.retain(|_| keep.next().unwrap_or(false));
     records.sort_by(compare);
 
     let mut dirs: Vec<&str> = records
@@ -231,17 +255,9 @@ pub fn write(mut records: Vec<Record>) -> Vec<u8> {
     // Strings: each name and path once, after the table, NUL-terminated.
     let strings_at = NEW_HEADER + records.len() * NEW_ENTRY;
     let mut strings: Vec<u8> = Vec::new();
-    let mut offsets: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
-    let mut off_of = |s: &str, strings: &mut Vec<u8>| -> u32 {
-        if let Some(&o) = offsets.get(s) {
-            return o;
-        }
-        let o = (strings_at + strings.len()) as u32;
-        strings.extend_from_slice(s.as_bytes());
-        strings.push(0);
-        offsets.insert(s.to_string(), o);
-        o
-    };
+    let mut offsets: std::collections::HashMap<&str, u32> =
+        std::collections::HashMap::with_capacity(records.len() * 2);
+    let mut off_of = |s, strings: &mut Vec<u8>| intern(s, &mut offsets, strings, strings_at);
     let mut table = Vec::with_capacity(records.len() * NEW_ENTRY);
     for r in &records {
         let key = off_of(&r.name, &mut strings);
