@@ -2,11 +2,15 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `arena`, `argv`, `atomic`, `keys` (known config keys), `read`, `quote` (container text in
+//! messages), `trust` (files only root can write) → `ldcache`, `rootfs` (paths inside a
+//! container's root, openat2), `require` (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` →
+//! `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
-//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands), `plugin` (accel-device-plugin; its gRPC half only with
-//! the `plugin` feature) → binaries.
+//! device checkpoint) → `loader` (the image's loader cache, dev links, compat libraries,
+//! requirements) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands),
+//! `plugin` (accel-device-plugin; its gRPC half only with the `plugin` feature) → binaries.
 
 pub mod arena;
 pub mod argv;
@@ -20,13 +24,19 @@ pub mod discovery;
 pub mod doctor;
 pub mod engine;
 pub mod exec;
+pub mod keys;
 pub mod ldcache;
 pub mod libraries;
+pub mod loader;
 pub mod logging;
 pub mod plan;
 pub mod plugin;
 pub mod profile;
+pub mod quote;
 pub mod read;
 pub mod request;
+pub mod require;
+pub mod rootfs;
 pub mod spec;
 pub mod topology;
+pub mod trust;

@@ -225,6 +225,14 @@ pub struct Profile {
     pub none_injects_driver: bool,
     #[serde(default)]
     pub cdi_kind: Option<String>,
+    /// CDI kinds other than `cdi-kind` that the vendor variable may name devices of
+    /// (`nvidia.com/mig`); none by default, so a container's variable cannot reach another
+    /// vendor's or a host-file spec.
+    #[serde(default)]
+    pub cdi_extra_kinds: Vec<String>,
+    /// Majors a device's own node must have on the host (empty: not checked).
+    #[serde(default)]
+    pub device_majors: Vec<u64>,
     #[serde(default)]
     pub resource_name: Option<String>,
     /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
@@ -250,6 +258,46 @@ pub struct Profile {
     pub default_capabilities: Vec<String>,
     #[serde(default)]
     pub capabilities: BTreeMap<String, Capability>,
+    /// Development names (`libcuda.so`) and the soname each stands for (`libcuda.so.1`):
+    /// mounted from the same host file when that soname is mounted (src/loader.rs).
+    #[serde(default)]
+    pub dev_links: BTreeMap<String, String>,
+    /// Newer driver libraries an image may carry (CUDA forward compatibility).
+    #[serde(default)]
+    pub compat: Option<Compat>,
+    /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/require.rs).
+    #[serde(default)]
+    pub requirements: Option<Requirements>,
+}
+
+/// Where an image carries forward-compatibility driver libraries (src/loader.rs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Compat {
+    /// Directory in the image (`/usr/local/cuda/compat`).
+    pub dir: PathBuf,
+    /// Stem whose `<stem>.so.<version>` file gives the libraries' driver version (`libcuda`).
+    pub version_library: String,
+    /// Stems of the libraries that take precedence when the image's are newer.
+    pub libraries: Vec<String>,
+}
+
+/// The variables an image states its requirements in, and the driver -> CUDA table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Requirements {
+    /// Every variable with this prefix is a requirement (`NVIDIA_REQUIRE_`).
+    pub env_prefix: String,
+    /// A variable that, true, skips the checks (`NVIDIA_DISABLE_REQUIRE`).
+    #[serde(default)]
+    pub disable_env: Option<String>,
+    /// A variable holding the image's CUDA version, checked as `cuda>=X.Y` when the image
+    /// states no `<prefix>CUDA` (`CUDA_VERSION`).
+    #[serde(default)]
+    pub legacy_cuda_env: Option<String>,
+    /// Minimum driver version (key) of each CUDA version (value).
+    #[serde(default)]
+    pub cuda_by_driver: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -288,6 +336,23 @@ pub struct Capability {
     /// Extra nodes (added when present).
     #[serde(default)]
     pub nodes: Vec<PathBuf>,
+}
+
+/// Every key a profile table can hold, at any depth (for "did you mean" in warnings).
+/// `discovery`'s keys are listed by hand: its methods are an internally tagged enum, which
+/// does not name its fields to a deserializer (test `known_keys_are_accepted`).
+pub fn known_keys() -> Vec<&'static str> {
+    let mut keys = crate::keys::fields::<Profile>().to_vec();
+    keys.extend(crate::keys::fields::<Capability>());
+    keys.extend([
+        "method",
+        "proc-dir",
+        "node-template",
+        "node-templates",
+        "aliases",
+        "index-ranges",
+    ]);
+    keys
 }
 
 fn root() -> PathBuf {
@@ -338,6 +403,8 @@ impl Profile {
             "dev-root" => dev_root,
             "none-injects-driver" => none_injects_driver,
             "cdi-kind" => cdi_kind,
+            "cdi-extra-kinds" => cdi_extra_kinds,
+            "device-majors" => device_majors,
             "resource-name" => resource_name,
             "device-plugin-id" => device_plugin_id,
             "container-devices-mount-dir" => container_devices_mount_dir,
@@ -349,6 +416,9 @@ impl Profile {
             "capabilities-env" => capabilities_env,
             "default-capabilities" => default_capabilities,
             "capabilities" => capabilities,
+            "dev-links" => dev_links,
+            "compat" => compat,
+            "requirements" => requirements,
         }
     }
 
@@ -382,6 +452,14 @@ impl Profile {
         }
         if self.visible_devices_env.is_empty() {
             return invalid("visible-devices-env is empty".into());
+        }
+        for kind in self.cdi_kind.iter().chain(&self.cdi_extra_kinds) {
+            let valid = kind.split_once('/').is_some_and(|(v, c)| {
+                !v.is_empty() && !c.is_empty() && !c.contains('/') && !kind.contains('=')
+            });
+            if !valid {
+                return invalid(format!("CDI kind {kind:?} must be vendor/class"));
+            }
         }
         for root in [Some(&self.driver_root), self.dev_root.as_ref()]
             .into_iter()
@@ -449,6 +527,30 @@ impl Profile {
                 return invalid(format!(
                     "library/binary name {name:?} must be a plain file name"
                 ));
+            }
+        }
+        let plain = |n: &str| !n.is_empty() && !n.contains('/') && n != "." && n != "..";
+        for (dev, soname) in &self.dev_links {
+            if !plain(dev) || !plain(soname) {
+                return invalid(format!(
+                    "dev-links {dev:?} = {soname:?}: both must be plain file names"
+                ));
+            }
+        }
+        if let Some(c) = &self.compat {
+            if !c.dir.is_absolute() || has_dotdot(&c.dir) {
+                return invalid(format!(
+                    "compat.dir {} must be absolute without '..'",
+                    c.dir.display()
+                ));
+            }
+            if let Some(n) = c
+                .libraries
+                .iter()
+                .chain([&c.version_library])
+                .find(|n| !plain(n))
+            {
+                return invalid(format!("compat library {n:?} must be a plain file name"));
             }
         }
         for (cap, c) in &self.capabilities {
@@ -573,6 +675,8 @@ mod tests {
             dev-root = "/x"
             none-injects-driver = false
             cdi-kind = "x.com/x"
+            cdi-extra-kinds = ["x.com/y"]
+            device-majors = [1]
             resource-name = "x.com/x"
             device-plugin-id = "{index}"
             container-devices-mount-dir = "/x"
@@ -582,10 +686,17 @@ mod tests {
             binary-search-dirs = ["/x"]
             capabilities-env = "X"
             default-capabilities = ["x"]
+            dev-links = { "libx.so" = "libx.so.1" }
             [discovery]
             method = "device-nodes"
             node-templates = ["/dev/x{index}"]
             [capabilities.x]
+            [compat]
+            dir = "/x"
+            version-library = "libx"
+            libraries = ["libx"]
+            [requirements]
+            env-prefix = "X_REQUIRE_"
         "#;
         let other = Profile::from_table(toml::from_str(text).unwrap(), "x")
             .unwrap()
@@ -716,6 +827,32 @@ mod tests {
         );
         let err = Profile::from_table(t, "x").unwrap_err().to_string();
         assert!(err.contains(".."), "{err}");
+    }
+
+    #[test]
+    fn known_keys_are_accepted() {
+        let keys = known_keys();
+        assert!(keys.contains(&"driver-root") && keys.contains(&"libraries"));
+        // Each discovery key is one its method parses without an unknown-key report.
+        for (method, key, value) in [
+            ("nvidia-procfs", "proc-dir", "\"/proc/driver/nvidia/gpus\""),
+            ("nvidia-procfs", "node-template", "\"/dev/nvidia{minor}\""),
+            ("device-nodes", "node-templates", "[\"/dev/x{index}\"]"),
+            ("device-nodes", "aliases", "[]"),
+            ("device-nodes", "index-ranges", "true"),
+        ] {
+            assert!(keys.contains(&key), "{key}");
+            let base = match method {
+                "nvidia-procfs" => "proc-dir = \"/p\"\nnode-template = \"/dev/n{minor}\"\n",
+                _ => "node-templates = [\"/dev/x{index}\"]\n",
+            };
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"{method}\"\n{}{key} = {value}\n",
+                base.lines().filter(|l| !l.starts_with(key)).map(|l| format!("{l}\n")).collect::<String>()
+            );
+            let (_, unknown) = Profile::from_table(toml::from_str(&text).unwrap(), "t").unwrap();
+            assert!(unknown.is_empty(), "{key}: {unknown:?}");
+        }
     }
 
     #[test]
