@@ -43,8 +43,11 @@ done
 triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
     cargo build --release --locked --bins --target "$triple"
+    # The device plugin alone carries the gRPC stack (feature `plugin`); building only its
+    # binary with the feature leaves the runtime and accel-ctk above untouched.
+    cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
 fi
-for b in accel-container-runtime accel-ctk; do
+for b in accel-container-runtime accel-ctk accel-device-plugin; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
     # A musl build is static: it has no program interpreter (PT_INTERP).
@@ -68,6 +71,9 @@ bad() {
 # Files both packages must ship (the config and the profiles: see Cargo.toml's metadata).
 expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-ctk
+/usr/bin/accel-device-plugin
+/lib/systemd/system/accel-device-plugin.service
+/lib/systemd/system/accel-ctk-checkpoint.service
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh
 /etc/logrotate.d/accel-container-runtime

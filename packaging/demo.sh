@@ -30,7 +30,7 @@ if [ ${#need[@]} -gt 0 ]; then
   . packaging/scripts/apt.sh
   accel_apt_get update -q && accel_apt_get install -y -q "${need[@]}"
 fi
-command -v cargo >/dev/null || { echo "demo.sh: cargo not found; install Rust >= 1.85 (rustup)" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "demo.sh: cargo not found; install Rust >= 1.88 (rustup)" >&2; exit 1; }
 # cargo's own progress, not -q: a cold release build is minutes of work.
 cargo build --release
 shim=$PWD/target/release/accel-container-runtime

@@ -1,20 +1,22 @@
 //! kubelet's device-manager checkpoint: reading it, comparing the device IDs it holds with
-//! the devices this node has, and moving a stale one aside.
+//! the devices this node has, verifying and recomputing kubelet's own checksum, and repairing
+//! a stale one the way kubelet will accept.
 //!
 //! After a crash or a board swap a GPU node can come back with different device IDs (NVIDIA
 //! UUIDs change with the board); kubelet reads the old IDs from
-//! `/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint` at start and pods fail with
-//! "device ... not healthy / unknown". Deleting the file before kubelet starts is the
-//! documented recovery: kubelet rebuilds it from the plugins' registrations.
-//!
-//! The file is only ever read or renamed, never rewritten. Its `Checksum` is not verified:
-//! kubelet computes it as FNV-32a over a Go-specific `%#v`-style dump of its in-memory
-//! structs (k8s.io/kubernetes/pkg/util/hash.DeepHashObject), which cannot be reproduced from
-//! the JSON without re-implementing Go's printer; a file that is valid JSON of the right shape
-//! is enough to compare IDs, and kubelet itself rejects a corrupted one.
+//! `/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint` at start and refuses the pods
+//! that held them ("previously allocated devices are no longer healthy"). Deleting the file is
+//! not a safe repair: if kubelet then starts before the device plugin registers, it no longer
+//! knows the resource is a device-plugin resource and admits a pod asking for it with no device
+//! at all. [`repair`] therefore drops only the entries that name devices this node does not have,
+//! keeps every `RegisteredDevices` key (kubelet learns its device-plugin resources from those
+//! keys at restore), and writes the checksum kubelet computes: FNV-32a over the text
+//! `spew.Sprintf("%#v", data)` gives for the `Data` struct ([`kubelet_checksum`]).
 //!
 //! Ref: k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go (both
-//! `DeviceIDs` forms: a list before 1.20, a map of NUMA node to list since).
+//! `DeviceIDs` forms: a list before 1.20, a map of NUMA node to list since),
+//! pkg/kubelet/checkpointmanager/checksum/checksum.go, pkg/util/hash/hash.go (DeepHashObject:
+//! spew with SortKeys, DisableMethods, SpewKeys).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -46,6 +48,14 @@ pub enum CheckpointError {
     Discovery(#[from] DiscoveryError),
     #[error("--resource {0}: no profile has this resource-name (and a device-plugin-id), so its device IDs are unknown")]
     UnknownResource(String),
+    #[error("checkpoint {} uses the pre-1.20 list form of DeviceIDs, whose checksum is not reproduced; it can only be moved aside", path.display())]
+    LegacyForm { path: PathBuf },
+    #[error("cannot write repaired checkpoint {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot move checkpoint {} to {}: {source}", path.display(), backup.display())]
     Backup {
         path: PathBuf,
@@ -59,6 +69,9 @@ pub enum CheckpointError {
 #[serde(rename_all = "PascalCase")]
 pub struct Checkpoint {
     pub data: Data,
+    /// kubelet's checksum of `data` ([`kubelet_checksum`]); a Go `uint64`.
+    #[serde(default)]
+    pub checksum: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -347,6 +360,252 @@ pub fn move_aside(path: &Path, now: SystemTime) -> Result<PathBuf, CheckpointErr
     Ok(backup)
 }
 
+/// kubelet's checksum of a checkpoint's `Data`: FNV-32a over what Go's
+/// `spew.ConfigState{Indent: " ", SortKeys: true, DisableMethods: true, SpewKeys: true}`
+/// prints for `%#v` of the `checkpointData` struct (kubelet's `hashutil.DeepHashObject`).
+/// `None` for the pre-1.20 list form of `DeviceIDs`, a different struct.
+///
+/// The `%#v` text is types in parentheses before every value that is not a slice element, a
+/// map key or a map value; strings raw, `[]byte` as decimal bytes, `nil` slices and maps as
+/// `<nil>`, maps with sorted keys as `map[k:v k:v]`, struct fields as `Name:value`, one space
+/// between items. kubelet verifies the checksum against the data it decoded from the JSON,
+/// so the same is done here from the parsed file.
+pub fn kubelet_checksum(data: &Data) -> Option<u32> {
+    let mut out = Vec::with_capacity(512);
+    spew_data(data, &mut out)?;
+    Some(fnv32a(&out))
+}
+
+fn fnv32a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+fn spew_list(out: &mut Vec<u8>, items: Option<&[String]>) {
+    let Some(items) = items else {
+        out.extend_from_slice(b"<nil>");
+        return;
+    };
+    out.push(b'[');
+    for (i, s) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(s.as_bytes());
+    }
+    out.push(b']');
+}
+
+fn spew_data(data: &Data, out: &mut Vec<u8>) -> Option<()> {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    out.extend_from_slice(
+        b"(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)",
+    );
+    match &data.pod_device_entries {
+        None => out.extend_from_slice(b"<nil>"),
+        Some(entries) => {
+            out.push(b'[');
+            for (i, e) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(b' ');
+                }
+                // A slice element's own type is not printed; its fields' types are.
+                let _ = write!(
+                    out,
+                    "{{PodUID:(string){} ContainerName:(string){} ResourceName:(string){} DeviceIDs:(checkpoint.DevicesPerNUMA)",
+                    e.pod_uid, e.container_name, e.resource_name
+                );
+                match &e.device_ids {
+                    None => out.extend_from_slice(b"<nil>"),
+                    Some(DeviceIds::List(_)) => return None,
+                    Some(DeviceIds::ByNuma(m)) => {
+                        // Go decodes the keys into int64 and spew sorts them as numbers.
+                        let mut numa: Vec<(i64, Option<&[String]>)> = m
+                            .iter()
+                            .map(|(k, v)| Some((k.parse().ok()?, v.as_deref())))
+                            .collect::<Option<_>>()?;
+                        numa.sort_by_key(|(k, _)| *k);
+                        out.extend_from_slice(b"map[");
+                        for (j, (k, v)) in numa.into_iter().enumerate() {
+                            if j > 0 {
+                                out.push(b' ');
+                            }
+                            let _ = write!(out, "{k}:");
+                            spew_list(out, v);
+                        }
+                        out.push(b']');
+                    }
+                }
+                out.extend_from_slice(b" AllocResp:([]uint8)");
+                match &e.alloc_resp {
+                    None => out.extend_from_slice(b"<nil>"),
+                    Some(b64) => {
+                        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+                        out.push(b'[');
+                        for (j, b) in bytes.iter().enumerate() {
+                            if j > 0 {
+                                out.push(b' ');
+                            }
+                            let _ = write!(out, "{b}");
+                        }
+                        out.push(b']');
+                    }
+                }
+                out.push(b'}');
+            }
+            out.push(b']');
+        }
+    }
+    out.extend_from_slice(b" RegisteredDevices:(map[string][]string)");
+    match &data.registered_devices {
+        None => out.extend_from_slice(b"<nil>"),
+        Some(m) => {
+            // BTreeMap orders by bytes, as Go's sort of string keys does.
+            out.extend_from_slice(b"map[");
+            for (i, (k, v)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(b' ');
+                }
+                out.extend_from_slice(k.as_bytes());
+                out.push(b':');
+                spew_list(out, v.as_deref());
+            }
+            out.push(b']');
+        }
+    }
+    out.push(b'}');
+    Some(())
+}
+
+/// What [`repair`] removed, and the file to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repaired {
+    /// Pod entries dropped because they hold a device this node does not have.
+    pub removed: Vec<Allocation>,
+    /// `(resource, id)` registered IDs dropped for the same reason (the keys stay).
+    pub unregistered: Vec<(String, String)>,
+    pub checksum: u32,
+    /// The repaired checkpoint, JSON as kubelet writes it (other keys kept in place).
+    pub bytes: Vec<u8>,
+}
+
+/// Removes from a checkpoint exactly the stale parts, for the resources in `found` (resource
+/// → IDs this node has): pod entries naming an unknown device and unknown registered IDs.
+/// Every `RegisteredDevices` key stays, so kubelet keeps treating the resource as a
+/// device-plugin resource until the plugin registers. The checksum is recomputed.
+pub fn repair(
+    raw: &[u8],
+    path: &Path,
+    found: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<Repaired, CheckpointError> {
+    let parse_err = |source| CheckpointError::Parse {
+        path: path.into(),
+        source,
+    };
+    let mut doc: serde_json::Value = serde_json::from_slice(raw).map_err(parse_err)?;
+    let cp: Checkpoint = serde_json::from_value(doc.clone()).map_err(parse_err)?;
+    let legacy = || CheckpointError::LegacyForm { path: path.into() };
+    if kubelet_checksum(&cp.data).is_none() {
+        return Err(legacy());
+    }
+    let known = |resource: &str, id: &str| {
+        found
+            .get(resource)
+            .is_none_or(|ids| ids.contains(base_id(id)))
+    };
+    let mut removed = Vec::new();
+    let mut unregistered = Vec::new();
+    let data = doc.get_mut("Data").ok_or_else(legacy)?;
+    if let Some(entries) = data
+        .get_mut("PodDeviceEntries")
+        .and_then(|e| e.as_array_mut())
+    {
+        let parsed = cp.data.pod_device_entries.clone().unwrap_or_default();
+        let mut keep = parsed.iter().map(|e| {
+            let ids = e
+                .device_ids
+                .as_ref()
+                .map(DeviceIds::ids)
+                .unwrap_or_default();
+            let stale = ids.iter().any(|id| !known(&e.resource_name, id));
+            if stale {
+                removed.push(Allocation {
+                    pod_uid: e.pod_uid.clone(),
+                    container: e.container_name.clone(),
+                    ids,
+                });
+            }
+            !stale
+        });
+        let flags: Vec<bool> = keep.by_ref().collect();
+        let mut i = 0;
+        entries.retain(|_| {
+            i += 1;
+            flags[i - 1]
+        });
+    }
+    if let Some(reg) = data
+        .get_mut("RegisteredDevices")
+        .and_then(|r| r.as_object_mut())
+    {
+        for (resource, ids) in reg.iter_mut() {
+            if let Some(list) = ids.as_array_mut() {
+                list.retain(|id| {
+                    let id = id.as_str().unwrap_or_default();
+                    let ok = known(resource, id);
+                    if !ok {
+                        unregistered.push((resource.clone(), id.to_string()));
+                    }
+                    ok
+                });
+            }
+        }
+    }
+    let new: Checkpoint = serde_json::from_value(doc.clone()).map_err(parse_err)?;
+    let checksum = kubelet_checksum(&new.data).ok_or_else(legacy)?;
+    doc["Checksum"] = serde_json::Value::from(checksum);
+    let bytes = serde_json::to_vec(&doc).map_err(parse_err)?;
+    Ok(Repaired {
+        removed,
+        unregistered,
+        checksum,
+        bytes,
+    })
+}
+
+/// Writes a repaired checkpoint in place of `path`, after keeping the old bytes as a
+/// timestamped backup (a hard link, so the backup is exactly the old file). The file is
+/// replaced atomically: kubelet reads either the old or the repaired checkpoint.
+pub fn write_repaired(
+    path: &Path,
+    repaired: &Repaired,
+    now: SystemTime,
+) -> Result<PathBuf, CheckpointError> {
+    let first = backup_path(path, now);
+    let mut backup = first.clone();
+    let mut n = 1;
+    while backup.symlink_metadata().is_ok() {
+        let mut name = first.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{n}"));
+        backup = first.with_file_name(name);
+        n += 1;
+    }
+    std::fs::hard_link(path, &backup).map_err(|source| CheckpointError::Backup {
+        path: path.into(),
+        backup: backup.clone(),
+        source,
+    })?;
+    crate::atomic::replace(path, &repaired.bytes, 0o644).map_err(|source| {
+        CheckpointError::Write {
+            path: path.into(),
+            source,
+        }
+    })?;
+    Ok(backup)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +618,123 @@ mod tests {
             .iter()
             .map(|(r, ids)| (r.to_string(), ids.iter().map(|s| s.to_string()).collect()))
             .collect()
+    }
+
+    fn fixture(name: &str) -> (Vec<u8>, Checkpoint) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kubelet-checkpoints")
+            .join(name);
+        let raw = std::fs::read(&path).unwrap();
+        let cp = Checkpoint::parse(&raw, &path).unwrap();
+        (raw, cp)
+    }
+
+    const KUBELET_FILES: [&str; 6] = [
+        "registered-only.json",
+        "one-gpu-pod.json",
+        "before-crash.json",
+        "stale-after-uuid-change.json",
+        "after-repair-and-restart.json",
+        "no-registered-devices.json",
+    ];
+
+    #[test]
+    fn checksum_of_every_kubelet_written_file() {
+        for name in KUBELET_FILES {
+            let (_, cp) = fixture(name);
+            let want = cp.checksum.expect("kubelet always writes Checksum");
+            assert_eq!(
+                kubelet_checksum(&cp.data).map(u64::from),
+                Some(want),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn checksum_changes_with_any_field() {
+        let (_, cp) = fixture("one-gpu-pod.json");
+        let base = kubelet_checksum(&cp.data).unwrap();
+        let mut d = cp.data.clone();
+        d.pod_device_entries.as_mut().unwrap()[0].container_name = "mai".into();
+        assert_ne!(kubelet_checksum(&d), Some(base));
+        let mut d = cp.data.clone();
+        d.registered_devices = None;
+        assert_ne!(kubelet_checksum(&d), Some(base));
+        assert_eq!(fnv32a(b""), 0x811c_9dc5);
+        assert_eq!(fnv32a(b"a"), 0xe40c_292c);
+    }
+
+    #[test]
+    fn repair_removes_exactly_the_stale_entry() {
+        let (raw, cp) = fixture("stale-after-uuid-change.json");
+        let node = cp.registered("nvidia.com/gpu");
+        let found =
+            BTreeMap::from([("nvidia.com/gpu".to_string(), node.iter().cloned().collect())]);
+        let r = repair(&raw, Path::new("x"), &found).unwrap();
+        assert_eq!(r.removed.len(), 1);
+        assert_eq!(
+            r.removed[0].ids,
+            ["GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]
+        );
+        assert!(r.unregistered.is_empty());
+        let new = Checkpoint::parse(&r.bytes, Path::new("x")).unwrap();
+        assert_eq!(new.checksum, Some(u64::from(r.checksum)));
+        assert_eq!(kubelet_checksum(&new.data), Some(r.checksum));
+        assert_eq!(
+            new.data.pod_device_entries.as_deref().map(<[_]>::len),
+            Some(0)
+        );
+        assert_eq!(
+            new.registered("nvidia.com/gpu"),
+            node,
+            "registered devices kept"
+        );
+        assert_eq!(compare(&new, &found)[0].verdict, Verdict::Consistent);
+    }
+
+    #[test]
+    fn repair_keeps_every_registered_key() {
+        // kubelet started before the plugin: nothing registered, a pod entry for a device
+        // the node no longer has; and a resource of another plugin stays as it is.
+        let (raw, _) = fixture("before-crash.json");
+        let found = BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            BTreeSet::from(["GPU-new".to_string()]),
+        )]);
+        let r = repair(&raw, Path::new("x"), &found).unwrap();
+        let new = Checkpoint::parse(&r.bytes, Path::new("x")).unwrap();
+        let keys: Vec<_> = new.data.registered_devices.unwrap().into_keys().collect();
+        assert_eq!(keys, ["nvidia.com/gpu"]);
+        assert_eq!(r.removed.len(), 1);
+        assert_eq!(r.unregistered.len(), 2);
+        // Resources this tool does not know are never touched.
+        let (raw, cp) = fixture("one-gpu-pod.json");
+        let r = repair(&raw, Path::new("x"), &BTreeMap::new()).unwrap();
+        assert!(r.removed.is_empty() && r.unregistered.is_empty());
+        assert_eq!(u64::from(r.checksum), cp.checksum.unwrap());
+    }
+
+    #[test]
+    fn repair_refuses_the_legacy_form() {
+        let err = repair(LIST_FORM.as_bytes(), Path::new("/k/cp"), &BTreeMap::new()).unwrap_err();
+        assert!(matches!(err, CheckpointError::LegacyForm { .. }), "{err}");
+    }
+
+    #[test]
+    fn write_repaired_keeps_a_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = dir.path().join("kubelet_internal_checkpoint");
+        let (raw, c) = fixture("stale-after-uuid-change.json");
+        std::fs::write(&cp, &raw).unwrap();
+        let found = BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            c.registered("nvidia.com/gpu").into_iter().collect(),
+        )]);
+        let r = repair(&raw, &cp, &found).unwrap();
+        let b = write_repaired(&cp, &r, SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(std::fs::read(b).unwrap(), raw);
+        assert_eq!(std::fs::read(&cp).unwrap(), r.bytes);
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! Floors, lowest first (a module only uses those below it):
 //! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `keys` (known
 //! config keys), `quote` (container text in messages), `trust` (files only root can write) →
-//! `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `ldcache`, `rootfs` (paths inside a container's root, openat2), `require`
+//! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
-//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
-//! → binaries.
+//! device checkpoint) → `loader` (the image's loader cache, dev links, compat libraries,
+//! requirements) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands),
+//! `plugin` (accel-device-plugin; its gRPC half only with the `plugin` feature) → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -25,11 +27,15 @@ pub mod exec;
 pub mod keys;
 pub mod ldcache;
 pub mod libraries;
+pub mod loader;
 pub mod logging;
 pub mod plan;
+pub mod plugin;
 pub mod profile;
 pub mod quote;
 pub mod request;
+pub mod require;
+pub mod rootfs;
 pub mod spec;
 pub mod topology;
 pub mod trust;

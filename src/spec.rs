@@ -222,6 +222,12 @@ impl View {
             .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
     }
 
+    /// Every `NAME=value` entry of `process.env` in order (a name may repeat: the last
+    /// counts), for checks that look at a family of names (`NVIDIA_REQUIRE_*`).
+    pub fn env_entries(&self) -> Vec<(&str, &str)> {
+        self.env.iter().filter_map(|e| e.split_once('=')).collect()
+    }
+
     /// The container's rootfs on the host: `root.path`, relative to the bundle when relative.
     pub fn rootfs(&self, bundle: &Path) -> Option<PathBuf> {
         let p = Path::new(self.root_path.as_deref()?);

@@ -304,6 +304,47 @@ fn checkpoint_changed_uuids_fixed_with_backup() {
     assert_eq!(last["backup"], b[0].to_str().unwrap());
 }
 
+/// kubelet v1.34.2's own file after a board swap (tests/fixtures/kubelet-checkpoints): --fix
+/// drops exactly the pod entry naming the old GPU, keeps the registered resource, and writes
+/// the checksum kubelet computes; a second check finds it consistent.
+#[test]
+fn checkpoint_fix_keeps_kubelet_file_with_its_checksum() {
+    use accel_container_runtime::checkpoint::{kubelet_checksum, Checkpoint};
+    let new = [
+        "GPU-99999999-2222-3333-4444-555555555555",
+        "GPU-bbbbbbbb-bbbb-cccc-dddd-ffffffffffff",
+    ];
+    let n = Node::standard(new);
+    let cp = n.checkpoint("../kubelet-checkpoints/stale-after-uuid-change.json");
+    let before = std::fs::read(&cp).unwrap();
+    let out = n.ctk(&[
+        "checkpoint",
+        "check",
+        "--fix",
+        "--checkpoint",
+        cp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let last = json_lines(&out).pop().unwrap();
+    assert_eq!(last["verdict"], "repaired");
+    assert_eq!(
+        last["removed"][0]["ids"],
+        serde_json::json!(["GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"])
+    );
+    let b = backups(&cp);
+    assert_eq!(b.len(), 1);
+    assert_eq!(std::fs::read(&b[0]).unwrap(), before);
+    let fixed = Checkpoint::load(&cp).unwrap();
+    assert_eq!(
+        fixed.data.pod_device_entries.as_deref().map(<[_]>::len),
+        Some(0)
+    );
+    assert_eq!(fixed.registered("nvidia.com/gpu"), new);
+    assert_eq!(fixed.checksum, kubelet_checksum(&fixed.data).map(u64::from));
+    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "consistent after the repair");
+}
+
 #[test]
 fn checkpoint_numa_form_several_resources() {
     let n = Node::standard([UUID3, UUID4]);

@@ -1,7 +1,8 @@
 //! `accel-ctk checkpoint check [--fix] [--restart-kubelet] [--checkpoint PATH] [--resource R]...`
 //!
 //! Compares kubelet's device checkpoint with the devices this node has and, with `--fix`,
-//! moves a stale one aside so kubelet rebuilds it. Every step is one JSON line on stdout
+//! removes its stale entries, keeping the resources kubelet knows and writing kubelet's own
+//! checksum (a pre-1.20 file is moved aside). Every step is one JSON line on stdout
 //! (`{"time","level","step","msg",...}`) so `journalctl -u accel-ctk-checkpoint` reads as a
 //! record of what was found and done. Exit status: 0 consistent or repaired, 1 stale (or
 //! undecidable) and not repaired, 2 error (the file is then untouched).
@@ -23,7 +24,7 @@ pub enum Cmd {
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// On a mismatch, move the checkpoint to a timestamped backup beside it.
+    /// On a mismatch, remove the stale entries (the old file kept as a timestamped backup).
     #[arg(long)]
     pub fix: bool,
     /// After a fix, run `systemctl restart kubelet`.
@@ -98,7 +99,8 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             json!({"resource": resource, "vendor": vendor, "ids": ids}),
         );
     }
-    let found = expected.into_iter().map(|(r, (_, ids))| (r, ids)).collect();
+    let found: std::collections::BTreeMap<_, _> =
+        expected.into_iter().map(|(r, (_, ids))| (r, ids)).collect();
     let reports = compare(&cp, &found);
     let mut stale = false;
     let mut undecided = false;
@@ -182,13 +184,35 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
-    let backup = move_aside(path, SystemTime::now())?;
-    log(
-        "info",
-        "fix",
-        "stale checkpoint moved aside; kubelet rebuilds it from the device plugins",
-        json!({"checkpoint": path, "backup": backup, "verdict": "repaired"}),
-    );
+    // Current kubelets: drop only the stale entries and write kubelet's checksum, so the
+    // resource stays a device-plugin resource whichever of kubelet and the plugin starts
+    // first. The pre-1.20 list form has another checksum: that file is moved aside.
+    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let backup = match checkpoint::repair(&raw, path, &found) {
+        Ok(repaired) => {
+            let backup = checkpoint::write_repaired(path, &repaired, SystemTime::now())?;
+            log(
+                "info",
+                "fix",
+                "stale entries removed; registered resources kept; kubelet's checksum written",
+                json!({"checkpoint": path, "backup": backup, "verdict": "repaired",
+                       "removed": repaired.removed, "unregistered": repaired.unregistered,
+                       "checksum": repaired.checksum}),
+            );
+            backup
+        }
+        Err(checkpoint::CheckpointError::LegacyForm { .. }) => {
+            let backup = move_aside(path, SystemTime::now())?;
+            log(
+                "info",
+                "fix",
+                "stale pre-1.20 checkpoint moved aside; kubelet rebuilds it from the device plugins",
+                json!({"checkpoint": path, "backup": backup, "verdict": "repaired"}),
+            );
+            backup
+        }
+        Err(e) => return Err(e.into()),
+    };
     if args.restart_kubelet {
         let status = Command::new("systemctl")
             .args(["restart", "kubelet"])
@@ -196,7 +220,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             .context("cannot run `systemctl restart kubelet`")?;
         if !status.success() {
             anyhow::bail!(
-                "`systemctl restart kubelet` failed ({status}); the checkpoint was moved to {}",
+                "`systemctl restart kubelet` failed ({status}); the old checkpoint is kept at {}",
                 backup.display()
             );
         }

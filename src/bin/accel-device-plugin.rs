@@ -1,0 +1,87 @@
+//! `accel-device-plugin`: kubelet's device plugin for every vendor profile in the runtime's
+//! config. Built only with the `plugin` feature, so the runtime never links its gRPC stack.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use accel_container_runtime::config::Config;
+use accel_container_runtime::plugin::allocate::Strategy;
+use accel_container_runtime::plugin::server::{log, run, Options};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Kubernetes device plugin for every accel-container-runtime vendor profile"
+)]
+struct Args {
+    /// kubelet's device-plugin directory (kubelet.sock and the plugin sockets).
+    #[arg(long, default_value = accel_container_runtime::plugin::api::DEVICE_PLUGIN_PATH)]
+    kubelet_dir: PathBuf,
+    /// How Allocate hands devices over, comma-separated: envvar, volume-mounts, cdi-cri,
+    /// cdi-annotations, device-specs. The default never relies on a variable an image can
+    /// set (pair it with the runtime's accept-envvar-unprivileged = false).
+    #[arg(long, value_delimiter = ',', default_value = "volume-mounts,device-specs", value_parser = parse_strategy)]
+    strategy: Vec<Strategy>,
+    /// Directory for the CDI spec that the cdi-* strategies name.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Seconds between health polls (inotify reports changes at once; this is the fallback).
+    #[arg(long, default_value_t = 1.0)]
+    poll_seconds: f64,
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s).ok_or_else(|| {
+        format!("unknown strategy {s:?} (envvar, volume-mounts, cdi-cri, cdi-annotations, device-specs)")
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match main_inner(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log(&format!("error: {e:#}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main_inner(args: Args) -> anyhow::Result<()> {
+    let config = Config::load()?;
+    if config.accept_envvar_unprivileged && !args.strategy.contains(&Strategy::Envvar) {
+        log(
+            "warning: the runtime's config accepts <VENDOR>_VISIBLE_DEVICES from unprivileged \
+             containers (accept-envvar-unprivileged = true): an image that sets \
+             NVIDIA_VISIBLE_DEVICES=all sees every device whatever the pod requested; set \
+             accept-envvar-unprivileged = false and accept-container-devices-as-mounts = true",
+        );
+    }
+    let mut opts = Options::new(args.kubelet_dir);
+    opts.strategies = args.strategy;
+    opts.cdi_dir = args.cdi_dir;
+    if let Some(d) = config.container_library_dir.clone() {
+        opts.library_dir = d;
+    }
+    opts.poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+            tokio::select! {
+                _ = term.recv() => log("SIGTERM: removing sockets, exiting"),
+                _ = int.recv() => log("SIGINT: removing sockets, exiting"),
+            }
+            let _ = tx.send(true);
+        });
+        run(config.profiles, opts, rx).await
+    })?;
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The devices one profile offers kubelet: their IDs (`device-plugin-id`), where they sit
+//! (NUMA node, PCI bridges) and whether they are healthy, all from the shared discovery and
+//! topology code so the plugin and the runtime see the same node.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
+
+use crate::discovery::DiscoveryError;
+use crate::profile::Profile;
+use crate::topology::{discover_located, Node};
+
+use super::preferred::Place;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevicesError {
+    #[error("profile {vendor}: no resource-name, so there is nothing to register")]
+    NoResource { vendor: String },
+    #[error("profile {vendor}: no device-plugin-id, so devices cannot be named to kubelet")]
+    NoIdTemplate { vendor: String },
+    #[error("profile {vendor}: device {index} has no ID for template {template:?} (e.g. no UUID)")]
+    NoId {
+        vendor: String,
+        index: u32,
+        template: String,
+    },
+    #[error("profile {vendor}: device ID {id:?} is longer than kubelet's 63 characters")]
+    IdTooLong { vendor: String, id: String },
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+}
+
+/// One device as the plugin describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginDevice {
+    /// What kubelet sees (`GPU-<uuid>`, `GCU-0`).
+    pub id: String,
+    /// What our runtime and the CDI spec name it by: the UUID where there is one, else the
+    /// index (both are names `accel-ctk cdi generate` writes and the runtime resolves).
+    pub name: String,
+    /// Device nodes: container path, and the major seen at discovery (the expected one).
+    pub nodes: Vec<Node>,
+    /// Host path of each node (under the profile's dev root).
+    pub host_nodes: Vec<PathBuf>,
+    pub place: Place,
+}
+
+/// The profile's devices, ordered by index.
+pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
+    let vendor = || profile.name.clone();
+    if profile.resource_name.is_none() {
+        return Err(DevicesError::NoResource { vendor: vendor() });
+    }
+    let template = profile
+        .device_plugin_id
+        .as_deref()
+        .ok_or_else(|| DevicesError::NoIdTemplate { vendor: vendor() })?;
+    let mut out = Vec::new();
+    for located in discover_located(profile)? {
+        let d = &located.device;
+        let id = d.plugin_id(template).ok_or_else(|| DevicesError::NoId {
+            vendor: vendor(),
+            index: d.index,
+            template: template.to_string(),
+        })?;
+        if id.len() > 63 {
+            return Err(DevicesError::IdTooLong {
+                vendor: vendor(),
+                id,
+            });
+        }
+        let place = located
+            .pci
+            .as_ref()
+            .map(|p| Place {
+                numa: p.numa_node,
+                root: p.root.clone(),
+                bridges: p.bridges.clone(),
+            })
+            .unwrap_or_default();
+        out.push(PluginDevice {
+            id,
+            name: d.uuid.clone().unwrap_or_else(|| d.index.to_string()),
+            host_nodes: located
+                .nodes
+                .iter()
+                .map(|n| Profile::under(profile.dev_root(), &n.path))
+                .collect(),
+            nodes: located.nodes,
+            place,
+        });
+    }
+    Ok(out)
+}
+
+/// Healthy: the driver is loaded (the profile's version file exists, where it names one)
+/// and every node of the device is a character device with the major it had at discovery.
+/// Checked afresh each time, so a device that comes back is healthy again.
+pub fn healthy(profile: &Profile, dev: &PluginDevice) -> bool {
+    if let Some(v) = profile.version_file.as_deref() {
+        if !Profile::under(&profile.driver_root, v).exists() {
+            return false;
+        }
+    }
+    dev.nodes.iter().zip(&dev.host_nodes).all(|(n, host)| {
+        std::fs::symlink_metadata(host).is_ok_and(|m| {
+            m.file_type().is_char_device()
+                && n.major
+                    .is_none_or(|want| nix::sys::stat::major(m.rdev()) == want)
+        })
+    })
+}

@@ -1,0 +1,595 @@
+//! accel-device-plugin against a kubelet stand-in: a `v1beta1.Registration` server on a temp
+//! `kubelet.sock` that records registrations, dials the plugin's endpoint and drives it as
+//! kubelet does (options, ListAndWatch, GetPreferredAllocation, Allocate), over a simulated
+//! Enflame host whose sysfs has the bridge chains of Enflame's PCIe-switch example.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use accel_container_runtime::config::Config;
+use accel_container_runtime::plugin::allocate::Strategy;
+use accel_container_runtime::plugin::api::*;
+use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
+use accel_container_runtime::plugin::server::{self, Options};
+use common::SimRoot;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+
+/// Enflame's guide: gcu0,gcu1 under one switch, gcu2 and gcu3 alone under their root ports,
+/// gcu4,gcu5 under another switch, gcu6 and gcu7 alone; gcu0-3 on socket 0, gcu4-7 on 1.
+fn enflame_sysfs(root: &Path, major: u32) {
+    let chains: [(&[&str], u32); 8] = [
+        (
+            &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:08.0"],
+            0,
+        ),
+        (
+            &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:10.0"],
+            0,
+        ),
+        (&["pci0000:00", "0000:00:02.0"], 0),
+        (&["pci0000:00", "0000:00:03.0"], 0),
+        (
+            &["pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:08.0"],
+            1,
+        ),
+        (
+            &["pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:10.0"],
+            1,
+        ),
+        (&["pci0000:80", "0000:80:02.0"], 1),
+        (&["pci0000:80", "0000:80:03.0"], 1),
+    ];
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
+    for (n, (chain, numa)) in chains.iter().enumerate() {
+        let bdf = format!("0000:{:02x}:00.0", 0x10 + n);
+        let rel: PathBuf = chain.iter().collect::<PathBuf>().join(&bdf);
+        let real = root.join("sys/devices").join(&rel);
+        std::fs::create_dir_all(real.join(format!("enflame/gcu{n}"))).unwrap();
+        std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
+        symlink(
+            Path::new("../../../devices").join(&rel),
+            root.join("sys/bus/pci/devices").join(&bdf),
+        )
+        .unwrap();
+        symlink(
+            Path::new("../../devices")
+                .join(&rel)
+                .join(format!("enflame/gcu{n}")),
+            root.join(format!("sys/dev/char/{major}:{n}")),
+        )
+        .unwrap();
+    }
+}
+
+struct Kubelet {
+    dir: tempfile::TempDir,
+    registrations: Arc<Mutex<Vec<RegisterRequest>>>,
+    /// Every ListAndWatch message the stand-in received, in order.
+    updates: mpsc::UnboundedReceiver<ListAndWatchResponse>,
+    updates_tx: mpsc::UnboundedSender<ListAndWatchResponse>,
+    /// Stops the stand-in's current server (a kubelet restart).
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Dropping this ends the stand-in's current ListAndWatch stream.
+    drop_stream: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+impl Kubelet {
+    fn new() -> Kubelet {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Kubelet {
+            dir: tempfile::tempdir().unwrap(),
+            registrations: Arc::default(),
+            updates: rx,
+            updates_tx: tx,
+            stop: None,
+            drop_stream: Arc::default(),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Serves Registration on `kubelet.sock`; each registration dials the endpoint and
+    /// watches it, as kubelet does.
+    fn start(&mut self) {
+        let sock = self.dir().join(KUBELET_SOCKET);
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let regs = Arc::clone(&self.registrations);
+        let dir = self.dir().to_path_buf();
+        let tx = self.updates_tx.clone();
+        let drop_stream = Arc::clone(&self.drop_stream);
+        let svc = RegistrationServer(move |r: RegisterRequest| {
+            regs.lock().unwrap().push(r.clone());
+            let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
+            tokio::spawn(async move {
+                let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")
+                    .await
+                    .unwrap();
+                let mut stream = grpc::list_and_watch(&ch).await.unwrap();
+                let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel();
+                *drop_stream.lock().unwrap() = Some(stop_tx);
+                loop {
+                    tokio::select! {
+                        m = stream.next() => match m {
+                            Some(Ok(m)) => { let _ = tx.send(m); }
+                            _ => break,
+                        },
+                        _ = &mut stop_rx => break,
+                    }
+                }
+            });
+            Ok(())
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        self.stop = Some(stop_tx);
+    }
+
+    fn count(&self) -> usize {
+        self.registrations.lock().unwrap().len()
+    }
+
+    async fn wait_registrations(&self, n: usize) {
+        let t = Instant::now();
+        while self.count() < n {
+            assert!(t.elapsed() < Duration::from_secs(10), "no registration {n}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The next update whose device `id` has `health`, within `limit`.
+    async fn wait_health(&mut self, id: &str, health: &str, limit: Duration) -> Duration {
+        let t = Instant::now();
+        loop {
+            let left = limit.checked_sub(t.elapsed()).unwrap_or_default();
+            let m = tokio::time::timeout(left, self.updates.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{id} not {health} within {limit:?}"))
+                .unwrap();
+            if m.devices.iter().any(|d| d.id == id && d.health == health) {
+                return t.elapsed();
+            }
+        }
+    }
+}
+
+fn config(sim: &SimRoot, scratch: &Path) -> Config {
+    let path = scratch.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    Config::load_from(&path).unwrap()
+}
+
+fn enflame_host() -> (SimRoot, u32) {
+    let sim = SimRoot::builder().enflame(8).build();
+    let major = sim.enflame_major().unwrap();
+    enflame_sysfs(sim.path(), major);
+    (sim, major)
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    use nix::sys::stat::{makedev, Mode, SFlag};
+    nix::sys::stat::mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(major.into(), minor.into()),
+    )
+    .unwrap();
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ids(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn stand_in_kubelet_drives_the_plugin() {
+    let (sim, major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        kubelet.start();
+        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        opts.strategies = Strategy::ALL.to_vec();
+        opts.cdi_dir = scratch.path().join("cdi");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let profiles: Vec<_> = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+
+        // Registration: served before registering, one socket named in the request.
+        kubelet.wait_registrations(1).await;
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        assert_eq!(reg.version, "v1beta1");
+        assert_eq!(reg.resource_name, "enflame.com/gcu");
+        assert_eq!(reg.endpoint, "accel-enflame-com-gcu.sock");
+        assert!(reg.options.unwrap().get_preferred_allocation_available);
+        let sock = kubelet.dir().join(&reg.endpoint);
+        let ch = grpc::connect(&sock, "localhost").await.unwrap();
+        assert!(
+            grpc::get_options(&ch)
+                .await
+                .unwrap()
+                .get_preferred_allocation_available
+        );
+
+        // ListAndWatch: 8 healthy devices with their NUMA nodes.
+        let first = kubelet.updates.recv().await.unwrap();
+        let got: Vec<(String, String, i64)> = first
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.id.clone(),
+                    d.health.clone(),
+                    d.topology.as_ref().unwrap().nodes[0].id,
+                )
+            })
+            .collect();
+        let want: Vec<(String, String, i64)> = (0..8)
+            .map(|i| (format!("GCU-{i}"), HEALTHY.to_string(), i / 4))
+            .collect();
+        assert_eq!(got, want);
+
+        // Enflame's example: {0,1}, then {4,5}; must_include pulls toward its switch.
+        let all: Vec<String> = (0..8).map(|i| format!("GCU-{i}")).collect();
+        let prefer = |avail: Vec<String>, must: Vec<String>, n: i32| {
+            let ch = ch.clone();
+            async move {
+                grpc::get_preferred(
+                    &ch,
+                    PreferredAllocationRequest {
+                        container_requests: vec![ContainerPreferredAllocationRequest {
+                            available_device_ids: avail,
+                            must_include_device_ids: must,
+                            allocation_size: n,
+                        }],
+                    },
+                )
+                .await
+                .unwrap()
+                .container_responses[0]
+                    .device_ids
+                    .clone()
+            }
+        };
+        assert_eq!(
+            prefer(all.clone(), vec![], 2).await,
+            ids(&["GCU-0", "GCU-1"])
+        );
+        assert_eq!(
+            prefer(all[2..].to_vec(), vec![], 2).await,
+            ids(&["GCU-4", "GCU-5"])
+        );
+        assert_eq!(
+            prefer(all.clone(), ids(&["GCU-5"]), 2).await,
+            ids(&["GCU-4", "GCU-5"])
+        );
+
+        // Allocate: every strategy, the same answer for the same IDs.
+        let alloc = |v: Vec<String>| {
+            let ch = ch.clone();
+            async move {
+                grpc::allocate(
+                    &ch,
+                    AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest { devices_ids: v }],
+                    },
+                )
+                .await
+                .map(|r| r.container_responses[0].clone())
+            }
+        };
+        let a = alloc(ids(&["GCU-1", "GCU-0"])).await.unwrap();
+        assert_eq!(a.envs["ENFLAME_VISIBLE_DEVICES"], "0,1");
+        let mounts: Vec<&str> = a.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(
+            mounts,
+            [
+                "/var/run/enflame-container-devices/0",
+                "/var/run/enflame-container-devices/1"
+            ]
+        );
+        assert!(a
+            .mounts
+            .iter()
+            .all(|m| m.host_path == "/dev/null" && m.read_only));
+        let cdi: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(cdi, ["enflame.com/gcu=0", "enflame.com/gcu=1"]);
+        let nodes: Vec<&str> = a
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        assert_eq!(nodes, ["/dev/gcu0", "/dev/gcu1", "/dev/gcuctl"]);
+        assert_eq!(
+            a.devices[0].host_path,
+            sim.path().join("dev/gcu0").to_str().unwrap()
+        );
+        assert!(scratch.path().join("cdi/accel-enflame.json").exists());
+        let err = alloc(ids(&["GCU-9"])).await.unwrap_err();
+        assert!(err.message().contains("GCU-9"), "{err:?}");
+
+        // 32 concurrent Allocates of different sets: each answers exactly its IDs.
+        let sets: Vec<Vec<String>> = (0..32)
+            .map(|i| {
+                (0..8)
+                    .filter(|b| (i + 1) & (1 << (b % 5)) != 0)
+                    .map(|b| format!("GCU-{b}"))
+                    .collect()
+            })
+            .collect();
+        let answers = futures_join(sets.iter().cloned().map(alloc).collect()).await;
+        for (set, ans) in sets.iter().zip(&answers) {
+            let ans = ans.as_ref().unwrap();
+            let mut want: Vec<String> = set
+                .iter()
+                .map(|s| s.trim_start_matches("GCU-").to_string())
+                .collect();
+            want.sort();
+            assert_eq!(
+                ans.envs["ENFLAME_VISIBLE_DEVICES"],
+                want.join(","),
+                "{set:?}"
+            );
+            assert_eq!(
+                ans,
+                &alloc(set.clone()).await.unwrap(),
+                "same IDs, same answer"
+            );
+        }
+
+        // Health: a deleted node is Unhealthy within a second, back Healthy when recreated.
+        let node = sim.path().join("dev/gcu3");
+        std::fs::remove_file(&node).unwrap();
+        let took = kubelet
+            .wait_health("GCU-3", UNHEALTHY, Duration::from_secs(1))
+            .await;
+        eprintln!("GCU-3 unhealthy after {took:?}");
+        mknod(&node, major, 3);
+        kubelet
+            .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
+            .await;
+
+        // The stream ends: exactly one new registration, no loop.
+        let n = kubelet.count();
+        drop(kubelet.drop_stream.lock().unwrap().take());
+        kubelet.wait_registrations(n + 1).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(kubelet.count(), n + 1, "stream end: one registration");
+
+        // kubelet restarts: it deletes the plugin sockets and recreates kubelet.sock.
+        let n = kubelet.count();
+        kubelet.stop.take().unwrap().send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::fs::remove_file(&sock).unwrap();
+        kubelet.start();
+        kubelet.wait_registrations(n + 1).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(kubelet.count(), n + 1, "kubelet restart: one registration");
+        assert!(sock.exists(), "socket served again");
+        let ch = grpc::connect(&sock, "localhost").await.unwrap();
+        assert_eq!(
+            grpc::allocate(
+                &ch,
+                AllocateRequest {
+                    container_requests: vec![ContainerAllocateRequest {
+                        devices_ids: ids(&["GCU-2"])
+                    }]
+                }
+            )
+            .await
+            .unwrap()
+            .container_responses[0]
+                .envs["ENFLAME_VISIBLE_DEVICES"],
+            "2"
+        );
+
+        // Shutdown removes the socket.
+        stop_tx.send(true).unwrap();
+        plugin.await.unwrap().unwrap();
+        assert!(!sock.exists());
+    });
+}
+
+async fn futures_join<T: Send + 'static>(
+    futs: Vec<impl std::future::Future<Output = T> + Send + 'static>,
+) -> Vec<T> {
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[test]
+fn missing_kubelet_dir_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("device-plugins");
+    let err = rt()
+        .block_on(server::run(
+            Vec::new(),
+            Options::new(missing.clone()),
+            watch::channel(false).1,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(missing.to_str().unwrap()), "{err}");
+}
+
+/// What containerd does with one container's Allocate answer: envs into the process, mounts
+/// as binds, device specs as nodes (major/minor from the host path) with cgroup rules,
+/// annotations into the spec. CDI devices (`cdi_devices`), which containerd >= 1.7 resolves
+/// from the CDI spec dirs itself, are handed here to our runtime's CDI resolver as a
+/// `cdi.k8s.io/` annotation: the same spec file, the same edits.
+fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    b.edit(|s| {
+        let env = s["process"]["env"].as_array_mut().unwrap();
+        let mut envs: Vec<_> = a.envs.iter().collect();
+        envs.sort();
+        for (k, v) in envs {
+            env.push(format!("{k}={v}").into());
+        }
+        let mut annotations: Vec<(String, String)> = a
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !a.cdi_devices.is_empty() {
+            let names: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+            annotations.push(("cdi.k8s.io/containerd-cri".into(), names.join(",")));
+        }
+        if !annotations.is_empty() {
+            let obj = s
+                .as_object_mut()
+                .unwrap()
+                .entry("annotations")
+                .or_insert_with(|| serde_json::json!({}));
+            for (k, v) in annotations {
+                obj[k] = v.into();
+            }
+        }
+        let mounts = s["mounts"].as_array_mut().unwrap();
+        for m in &a.mounts {
+            let mut opts = vec!["rbind"];
+            if m.read_only {
+                opts.push("ro");
+            }
+            mounts.push(serde_json::json!({
+                "destination": m.container_path, "type": "bind",
+                "source": m.host_path, "options": opts,
+            }));
+        }
+        for d in &a.devices {
+            let meta = std::fs::metadata(&d.host_path).unwrap();
+            assert!(meta.file_type().is_char_device(), "{}", d.host_path);
+            let (major, minor) = (
+                nix::sys::stat::major(meta.rdev()),
+                nix::sys::stat::minor(meta.rdev()),
+            );
+            let linux = s["linux"].as_object_mut().unwrap();
+            let devices = linux
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            devices.as_array_mut().unwrap().push(serde_json::json!({
+                "path": d.container_path, "type": "c", "major": major, "minor": minor,
+                "fileMode": 0o666, "uid": 0, "gid": 0,
+            }));
+            let rules = linux
+                .entry("resources")
+                .or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+                .unwrap()
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            rules.as_array_mut().unwrap().push(serde_json::json!({
+                "allow": true, "type": "c", "major": major, "minor": minor, "access": d.permissions,
+            }));
+        }
+    });
+}
+
+/// Each strategy's answer for GCU-1 and GCU-3, put into a bundle as containerd would and run
+/// through our runtime and real runc: the container sees exactly gcu1, gcu3 and gcuctl.
+#[test]
+fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
+    use common::{extra_dev, names, Bundle, Open, Probe, Report, Runc};
+    let sim = SimRoot::standard();
+    for (strategy, extra) in [
+        (Strategy::Envvar, ""),
+        (
+            Strategy::VolumeMounts,
+            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+        ),
+        (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
+        (Strategy::CdiCri, ""),
+        (Strategy::CdiAnnotations, ""),
+    ] {
+        let cdi_dir = tempfile::tempdir().unwrap();
+        let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
+        let runc = Runc::with_config(&sim, &extra);
+        let cfg = Config::load_from(&runc.config_path()).unwrap();
+        let profile = cfg
+            .profiles
+            .into_iter()
+            .find(|p| p.name == "enflame")
+            .unwrap();
+        // The plugin's own CDI spec, as it writes it at start.
+        let mut opts = Options::new(PathBuf::from("/nonexistent"));
+        opts.cdi_dir = cdi_dir.path().to_path_buf();
+        server::write_cdi(&profile, &opts).unwrap();
+        let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+        let answer = plugin
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-3", "GCU-1"]),
+                }],
+            })
+            .unwrap()
+            .container_responses
+            .remove(0);
+        let mut b = Bundle::busybox();
+        apply_answer(&mut b, &answer);
+        let probe = Probe::new()
+            .ls("/dev")
+            .open("/dev/gcu1")
+            .open("/dev/gcu3")
+            .open("/dev/gcuctl")
+            .open("/dev/gcu0");
+        b.sh(&probe.script());
+        let id = runc.id(&format!("dp-{}", strategy.as_str()));
+        let out = runc.run(&b, &id);
+        out.ok();
+        let r = Report::parse(&out.stdout);
+        assert_eq!(
+            extra_dev(&r.ls("/dev")),
+            names(&["gcu1", "gcu3", "gcuctl"]),
+            "{strategy:?}: {}",
+            r.raw
+        );
+        for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
+            // The simulated major has no driver: a permitted open gets ENXIO.
+            assert_eq!(r.open(node), Open::Enxio, "{strategy:?} {node}: {}", r.raw);
+        }
+        assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{strategy:?}: {}", r.raw);
+    }
+}
