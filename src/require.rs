@@ -21,7 +21,7 @@
 //! unmet, so an alternative that needs one can only be met by another alternative (for CUDA
 //! images, `cuda>=`). The names here come from the profile; the function is pure.
 //! Ref: NVIDIA container toolkit docs, docker-specialized.html "NVIDIA_REQUIRE_*";
-//! https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ Table 3.
+//! <https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/> Table 3.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
