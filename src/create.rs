@@ -176,6 +176,13 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     if edited != original {
         spec::write_bytes(&path, &edited)?;
     }
+    crate::devchar::ensure_logged(
+        &cfg.host_dev_dir,
+        out.plan
+            .nodes
+            .iter()
+            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+    );
     Ok(Some(out))
 }
 

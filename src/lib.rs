@@ -4,7 +4,7 @@
 //! Floors, lowest first (a module only uses those below it):
 //! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `devchar` (host /dev/char links) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod create;
 pub mod ctk;
+pub mod devchar;
 pub mod discovery;
 pub mod doctor;
 pub mod engine;
