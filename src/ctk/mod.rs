@@ -6,3 +6,4 @@ pub mod checkpoint;
 pub mod doctor;
 pub mod list;
 pub mod runtime;
+pub mod system;
