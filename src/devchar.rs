@@ -122,8 +122,8 @@ fn node_id(node: &Path) -> Result<(NodeKind, u64, u64), DevCharError> {
     let rdev = meta.rdev();
     Ok((
         kind,
-        u64::from(nix::sys::stat::major(rdev)),
-        u64::from(nix::sys::stat::minor(rdev)),
+        nix::sys::stat::major(rdev),
+        nix::sys::stat::minor(rdev),
     ))
 }
 
