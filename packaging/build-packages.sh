@@ -3,7 +3,7 @@
 # what is in them; fails if a file, a conffile / %config(noreplace) mark or a maintainer
 # script is missing.
 #
-#   packaging/build-packages.sh [--no-build] [OUT_DIR]     (OUT_DIR default: target/packages)
+#   packaging/build-packages.sh [--no-build] [--help] [OUT_DIR]   (OUT_DIR default: target/packages)
 #
 # Needs: cargo install --locked cargo-deb cargo-generate-rpm; dpkg-deb (dpkg); rpm (apt-get
 # install rpm; rpm2cpio and cpio) to read the .rpm back; readelf (binutils). --no-build packages the static
@@ -11,12 +11,22 @@
 set -eu
 cd "$(dirname "$0")/.."
 
+usage() {
+    sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'
+}
 build=1
-if [ "${1:-}" = --no-build ]; then
-    build=0
-    shift
-fi
-out="${1:-target/packages}"
+out=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) build=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        -*) echo "build-packages.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
+        *)
+            [ -z "$out" ] || { echo "build-packages.sh: one OUT_DIR only ('$out', then '$1')" >&2; exit 2; }
+            out="$1"; shift ;;
+    esac
+done
+out="${out:-target/packages}"
 mkdir -p "$out"
 
 for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
@@ -60,6 +70,7 @@ expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-ctk
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh
+/etc/logrotate.d/accel-container-runtime
 /usr/share/doc/accel-container-runtime/README.md
 /usr/share/doc/accel-container-runtime/examples/daemon.json
 /usr/share/doc/accel-container-runtime/examples/containerd-config-v2.toml
@@ -108,6 +119,10 @@ for f in $(echo "$expected" | grep '^/etc/'); do
     echo "$conffiles" | grep -qx "$f" || bad ".deb: $f is not a conffile"
     echo "$rpm_config" | grep -qx "$f cn" || bad ".rpm: $f is not %config(noreplace)"
 done
+# The binaries are static, so cargo-deb's $auto finds no library to depend on: the runtime's
+# one dependency, a low-level runtime, is named in Cargo.toml.
+depends="$(dpkg-deb -f "$deb" Depends)"
+echo "$depends" | grep -q runc || bad ".deb: Depends: '$depends' does not name runc"
 for s in postinst prerm postrm; do
     echo "$deb_info" | grep -q " $s$\| $s " || bad ".deb: no $s maintainer script"
 done

@@ -6,7 +6,16 @@
 # here. With a real NVIDIA driver loaded, the real one is used.
 #
 #   sudo bash packaging/demo.sh            # installs runc, busybox-static, gcc when missing
+#   sudo bash packaging/demo.sh --help     # this text
+#
+# On a cold machine the release build takes several minutes and prints cargo's progress; the
+# README says how long each step took here.
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "demo.sh: unknown argument '$1' (it takes none; --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (runc needs it)" >&2; exit 1; }
@@ -17,10 +26,13 @@ command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q && apt-get install -y -q "${need[@]}"
+  # Waits for another apt (unattended-upgrades) instead of failing on its lock.
+  . packaging/scripts/apt.sh
+  accel_apt_get update -q && accel_apt_get install -y -q "${need[@]}"
 fi
 command -v cargo >/dev/null || { echo "demo.sh: cargo not found; install Rust >= 1.85 (rustup)" >&2; exit 1; }
-cargo build --release -q
+# cargo's own progress, not -q: a cold release build is minutes of work.
+cargo build --release
 shim=$PWD/target/release/accel-container-runtime
 
 work=$(mktemp -d /tmp/accel-demo.XXXXXX)

@@ -124,6 +124,7 @@ if [ "$uninstall" = 1 ]; then
     accel_unlink_hook "$bin"
     rm -f "$destdir$bin/accel-container-runtime" "$destdir$bin/accel-ctk"
     remove_config "$src/config/config.toml" "$etc/config.toml"
+    remove_config "$src/packaging/logrotate/accel-container-runtime" "$destdir/etc/logrotate.d/accel-container-runtime"
     for p in $(non_builtin_profiles); do
         remove_config "$p" "$etc/profiles.d/$(basename "$p")"
     done
@@ -161,6 +162,7 @@ done
 say "installed accel-container-runtime and accel-ctk in $destdir$bin"
 
 install_config "$src/config/config.toml" "$etc/config.toml"
+install_config "$src/packaging/logrotate/accel-container-runtime" "$destdir/etc/logrotate.d/accel-container-runtime"
 install -d -m 0755 "$etc/profiles.d"
 for p in $(non_builtin_profiles); do
     install_config "$p" "$etc/profiles.d/$(basename "$p")"

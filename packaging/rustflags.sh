@@ -18,6 +18,11 @@
 #   empty program. Names that no longer exist (another rustc, changed code) are skipped: the
 #   file only orders, it never changes what is linked.
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "rustflags.sh: unknown option '$1' (it takes a target triple; --help)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "rustflags.sh: one target triple only (--help)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 host=$(rustc -vV | sed -n 's/^host: //p')
 target=${1:-$host}

@@ -12,6 +12,11 @@
 # neither. On the benchmark VM that was ~0.1 ms of every container start
 # (benches/BENCHMARKS.md). ACCEL_TARGET=<triple> overrides the choice.
 set -euo pipefail
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "target.sh: unknown argument '$1' (it takes none; --help)" >&2; exit 2 ;;
+esac
 if [ -n "${ACCEL_TARGET:-}" ]; then
     echo "$ACCEL_TARGET"
     exit 0

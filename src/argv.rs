@@ -4,14 +4,29 @@
 //! the command after runc's global flags, `--bundle`/`-b` for `create`/`run`, and the
 //! engine's `--log`/`--log-format` so errors can go where containerd looks for them.
 //! urfave/cli (runc's parser) accepts `-flag` and `--flag`, with the value as the next
-//! argument or after `=`; all of those are handled.
+//! argument or after `=`; all of those are handled, for the global flags of crun (argp) and
+//! youki (clap) as well, so the command is found whichever low-level runtime is configured.
+//! `create`/`run` asking for help (`-h`, `--help`) is not a create: the low-level runtime
+//! prints its help, as the engine's user expects.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-/// Global flags of runc that take a value (the rest are booleans).
-const GLOBAL_VALUE_FLAGS: &[&str] = &["root", "log", "log-format", "criu", "rootless"];
+/// Global flags that take a value (the rest are booleans): runc's (`runc --help`), crun's
+/// (`--log-level`, `--cgroup-manager`; crun(1)) and youki's (`-r`, `-l`, `--log-level`;
+/// liboci-cli's `GlobalOpts` and youki's `--log-level`).
+const GLOBAL_VALUE_FLAGS: &[&str] = &[
+    "root",
+    "r",
+    "log",
+    "l",
+    "log-format",
+    "log-level",
+    "criu",
+    "rootless",
+    "cgroup-manager",
+];
 /// `create`/`run` flags that take a value.
 const CREATE_VALUE_FLAGS: &[&str] = &["bundle", "b", "console-socket", "pid-file", "preserve-fds"];
 
@@ -28,11 +43,17 @@ pub struct Invocation {
     /// `--log-format json`.
     pub log_json: bool,
     pub version: bool,
+    /// `create -h`/`--help` (and `run`): the low-level runtime prints its help.
+    pub help: bool,
 }
 
 impl Invocation {
     /// Whether runc will create a container from a bundle (so the shim edits it first).
     pub fn creates(&self) -> bool {
+        !self.help && self.is_create_command()
+    }
+
+    fn is_create_command(&self) -> bool {
         matches!(self.command.as_deref(), Some("create" | "run"))
     }
 }
@@ -84,7 +105,7 @@ pub fn scan(args: &[OsString]) -> Invocation {
     }
     let Some(cmd) = args.get(i) else { return inv };
     inv.command = Some(cmd.to_string_lossy().into_owned());
-    if !inv.creates() {
+    if !inv.is_create_command() {
         return inv;
     }
     i += 1;
@@ -105,8 +126,10 @@ pub fn scan(args: &[OsString]) -> Invocation {
                 } else {
                     inline
                 };
-                if matches!(name, b"bundle" | b"b") {
-                    inv.bundle = value.map(|v| PathBuf::from(os(v)));
+                match name {
+                    b"bundle" | b"b" => inv.bundle = value.map(|v| PathBuf::from(os(v))),
+                    b"help" | b"h" => inv.help = true,
+                    _ => {}
                 }
             }
             None if inv.id.is_none() => inv.id = Some(args[i].to_string_lossy().into_owned()),
@@ -176,6 +199,65 @@ mod tests {
         assert_eq!(inv.id.as_deref(), Some("run"));
         let inv = s(&["run", "-d", "x"]);
         assert!(inv.creates() && inv.bundle.is_none());
+    }
+
+    /// crun's and youki's global flags, in both forms, do not hide the command.
+    #[test]
+    fn crun_and_youki_global_flags() {
+        for args in [
+            &["--log-level", "debug", "create", "--bundle", "/b", "id"][..],
+            &["--log-level=debug", "create", "--bundle", "/b", "id"],
+            &["--cgroup-manager", "systemd", "create", "-b", "/b", "id"],
+            &[
+                "--cgroup-manager=disabled",
+                "--systemd-cgroup",
+                "create",
+                "-b",
+                "/b",
+                "id",
+            ],
+            &[
+                "-r",
+                "/run/youki",
+                "-l",
+                "/x.log",
+                "--debug",
+                "create",
+                "-b",
+                "/b",
+                "id",
+            ],
+            &[
+                "--root=/run/crun",
+                "--log=/x.log",
+                "--log-level",
+                "warning",
+                "create",
+                "-b",
+                "/b",
+                "id",
+            ],
+        ] {
+            let inv = s(args);
+            assert!(inv.creates(), "{args:?}");
+            assert_eq!(inv.bundle, Some(PathBuf::from("/b")), "{args:?}");
+            assert_eq!(inv.id.as_deref(), Some("id"), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn help_is_not_a_create() {
+        for args in [
+            &["create", "-h"][..],
+            &["create", "--help"],
+            &["run", "-h"],
+            &["--root", "/r", "run", "--bundle", "/b", "--help", "id"],
+        ] {
+            let inv = s(args);
+            assert!(!inv.creates() && inv.help, "{args:?}");
+        }
+        // A value that happens to be `-h` is a value.
+        assert!(s(&["create", "--pid-file", "-h", "id"]).creates());
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum ConfigError {
     },
     #[error("{}: {msg}", path.display())]
     Invalid { path: PathBuf, msg: String },
+    /// Not root's alone to write (src/trust.rs).
+    #[error("{}: {msg}", path.display())]
+    Untrusted { path: PathBuf, msg: String },
     #[error(transparent)]
     Profile(#[from] ProfileError),
 }
@@ -386,8 +389,13 @@ fn shown(path: Option<&Path>) -> PathBuf {
 fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigError> {
     let mut warnings = Vec::new();
     let de = toml::Deserializer::new(text);
+    let known = crate::keys::fields::<File>();
     let file: File = serde_ignored::deserialize(de, |p| {
-        warnings.push(format!("{}: unknown key `{p}` ignored", shown.display()))
+        warnings.push(crate::keys::unknown_key(
+            &shown.display().to_string(),
+            &p.to_string(),
+            known,
+        ))
     })
     .map_err(|source| ConfigError::Parse {
         path: shown.to_path_buf(),
@@ -406,13 +414,76 @@ fn config_path() -> PathBuf {
 /// The file's text; `None` when it does not exist (the defaults apply).
 fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
     match crate::read::text(path) {
-        Ok(text) => Ok(Some(text)),
+        Ok(text) => {
+            trusted(path)?;
+            Ok(Some(text))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ConfigError::Read {
             path: path.into(),
             source,
         }),
     }
+}
+
+/// config.toml and every profile file must be root's alone (src/trust.rs).
+fn trusted(path: &Path) -> Result<(), ConfigError> {
+    crate::trust::check_file(path).map_err(|msg| ConfigError::Untrusted {
+        path: path.into(),
+        msg,
+    })
+}
+
+/// What a pass-through command (`state`, `kill`, `delete`, `--version`, ...) execs, and a
+/// warning with the log file to write it to when config.toml could not be used as is.
+///
+/// These commands must reach the low-level runtime whatever is wrong with the file, or an
+/// engine could no longer stop or remove the containers it started. When the file does not
+/// parse, its `low-level-runtime` line is read alone (a top-level `low-level-runtime = "..."`
+/// on one line); when even that fails, or the file is not root's alone to write (its value
+/// then cannot be believed), the fallback is `runc` looked up in PATH.
+pub fn pass_through_runtime() -> (String, Option<(String, PathBuf)>) {
+    pass_through_runtime_from(&config_path())
+}
+
+pub fn pass_through_runtime_from(path: &Path) -> (String, Option<(String, PathBuf)>) {
+    let err = match Config::low_level_runtime_from(path) {
+        Ok(runtime) => return (runtime, None),
+        Err(e) => e,
+    };
+    let text = match &err {
+        ConfigError::Untrusted { .. } | ConfigError::Read { .. } => None,
+        _ => crate::read::text(path).ok(),
+    };
+    let key = |k: &str| text.as_deref().and_then(|t| single_key(t, k));
+    let runtime = key("low-level-runtime").and_then(|v| check_runtime(&v, path).ok());
+    let log_file = key("log-file").map_or_else(d_log_file, PathBuf::from);
+    let (runtime, used) = match runtime {
+        Some(r) => (r, "its low-level-runtime line"),
+        None => (d_runtime(), "the fallback `runc`"),
+    };
+    let warning = format!(
+        "{}; a pass-through command runs {} ({used})",
+        crate::quote::line(&err.to_string()),
+        crate::quote::quote(&runtime),
+    );
+    (runtime, Some((warning, log_file)))
+}
+
+/// A top-level `key = "string"` of a TOML text that does not parse as a whole: the line
+/// alone, parsed as TOML. Lines after the first table header are not top-level.
+fn single_key(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .find_map(|l| {
+            let t: toml::Table = toml::from_str(l).ok()?;
+            t.get(key)?.as_str().map(str::to_string)
+        })
 }
 
 fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
@@ -532,7 +603,7 @@ fn load_profiles(
         warnings.extend(
             unknown
                 .into_iter()
-                .map(|k| format!("{origin}: unknown key `{k}` ignored")),
+                .map(|k| crate::keys::unknown_key(&origin, &k, &profile::known_keys())),
         );
         profiles.push(p);
     }
@@ -550,7 +621,7 @@ fn load_profiles(
         warnings.extend(
             unknown
                 .into_iter()
-                .map(|k| format!("{origin}: unknown key `{k}` ignored")),
+                .map(|k| crate::keys::unknown_key(&origin, &k, &profile::known_keys())),
         );
         profiles.push(p);
     }
@@ -861,6 +932,37 @@ mod tests {
         assert!(err.contains("low-level-runtime"), "{err}");
         std::fs::write(&p, "low-level-runtime = [").unwrap();
         assert!(Config::low_level_runtime_from(&p).is_err());
+    }
+
+    #[test]
+    fn pass_through_survives_a_broken_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "low-level-runtime = \"/usr/sbin/runc\"\n").unwrap();
+        assert_eq!(
+            pass_through_runtime_from(&p),
+            ("/usr/sbin/runc".into(), None)
+        );
+        std::fs::write(
+            &p,
+            "low-level-runtime = \"/opt/runc\"\nlog-file = \"/x.log\"\nlog-level = debug\n",
+        )
+        .unwrap();
+        let (runtime, warning) = pass_through_runtime_from(&p);
+        assert_eq!(runtime, "/opt/runc");
+        let (msg, log) = warning.unwrap();
+        assert!(
+            msg.contains("c.toml") && msg.contains("low-level-runtime line"),
+            "{msg}"
+        );
+        assert_eq!(log, PathBuf::from("/x.log"));
+        std::fs::write(&p, "low-level-runtime = [\n").unwrap();
+        assert_eq!(pass_through_runtime_from(&p).0, "runc");
+        std::fs::write(&p, "low-level-runtime = \"/opt/runc\"\n").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o664)).unwrap();
+        let (runtime, warning) = pass_through_runtime_from(&p);
+        assert_eq!(runtime, "runc");
+        assert!(warning.unwrap().0.contains("writable by group"));
     }
 
     #[test]

@@ -84,14 +84,21 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     let original = bundle.data?;
     let mut spec = Document::parse_file(&path, &original)?;
 
+    let removed_docker_hook = spec
+        .remove_docker_gpu_hook()
+        .map_err(|msg| CreateError::Edit {
+            path: path.clone(),
+            msg,
+        })?;
     let mut out = Outcome {
-        removed_docker_hook: spec.remove_docker_gpu_hook(),
+        removed_docker_hook,
         ..Outcome::default()
     };
     let privileged = spec.is_privileged();
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
     let mut cdi_requests = cdi::annotation_requests(&spec)?;
+    cdi::check_annotation_kinds(&cdi_requests, &cfg.profiles)?;
     // Annotations are as much the container's own input as its environment (CRI-O passes pod
     // annotations through), so the node's policy on unprivileged requests covers them too.
     if let Some((key, name)) = cdi_requests.first() {
@@ -111,6 +118,7 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
         // Fully-qualified CDI names go with the annotations' to the spec files; those carry
         // the driver's edits too, so a request of only CDI names needs nothing more here.
         if let Request::Items { devices, cdi } = &request {
+            cdi::check_variable_kinds(&var, cdi, profile)?;
             cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
             if devices.is_empty() {
                 out.requests.push(format!("{var}={value}"));
@@ -238,6 +246,9 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
             return Screen::Anything;
         }
     }
+    if escapes_hook_byte(data) {
+        return Screen::Anything;
+    }
     // Each `=` preceded by a run of name bytes and a quote is a `"NAME=`; `=` is much rarer
     // than `"` in a spec, so the scan starts from it.
     let is_name = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
@@ -264,6 +275,22 @@ pub fn screen(bundle: &Bundle, quick: &Quick) -> Screen {
     }
 }
 
+/// Whether `data` has a `\u00XX` escape of a byte of docker's hook name: any escaped
+/// spelling of the name (runc decodes it) has one. Go's encoder escapes `<`, `>`, `&` this way
+/// in every spec docker writes, so a plain `\u` would send many specs down the full path.
+fn escapes_hook_byte(data: &[u8]) -> bool {
+    bytes::positions(b'\\', data).any(|i| {
+        let Some(esc) = data.get(i + 1..i + 6) else {
+            return false;
+        };
+        esc.starts_with(b"u00")
+            && std::str::from_utf8(&esc[3..])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .is_some_and(|b| spec::DOCKER_GPU_HOOK.as_bytes().contains(&b))
+    })
+}
+
 /// The vendor's request: from device-list mounts when accepted and present, else from the
 /// variable (refused for unprivileged containers when configured so).
 fn vendor_request(
@@ -274,12 +301,7 @@ fn vendor_request(
 ) -> Result<Option<(String, String, Request)>, CreateError> {
     if cfg.accept_container_devices_as_mounts {
         if let Some(dir) = profile.container_devices_mount_dir.as_deref() {
-            let destinations = spec.mount_destinations();
-            let ids: Vec<&str> = destinations
-                .iter()
-                .filter_map(|d| Path::new(d.as_ref()).strip_prefix(dir).ok()?.to_str())
-                .filter(|id| !id.is_empty() && !id.contains('/'))
-                .collect();
+            let ids = request::device_list_from_mounts(dir, &spec.mounts());
             if !ids.is_empty() {
                 let value = ids.join(",");
                 let request = request::parse(dir, &value)?;
@@ -298,7 +320,7 @@ fn vendor_request(
     if request != Request::Nothing && !privileged && !cfg.accept_envvar_unprivileged {
         return Err(CreateError::Refused {
             var: var.clone(),
-            value: value.chars().take(64).collect(),
+            value: crate::quote::quote(value),
             msg: UNPRIVILEGED_REFUSED.into(),
         });
     }
@@ -418,6 +440,17 @@ mod tests {
         assert_eq!(
             screen_of(r#"{"annotations":{"cdi.k8s.io/x":"vendor.com/gpu=0"}}"#),
             Screen::Anything
+        );
+        // An escaped spelling of docker's hook is looked at; Go's HTML escapes are not.
+        assert_eq!(
+            screen_of(
+                r#"{"hooks":{"prestart":[{"path":"/usr/bin/nvidia-container-runtime-hoo\u006B"}]}}"#
+            ),
+            Screen::Anything
+        );
+        assert_eq!(
+            screen_of(r#"{"process":{"env":["URL=a\u0026b\u003cc\u003e"]}}"#),
+            Screen::Nothing
         );
     }
 }

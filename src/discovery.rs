@@ -23,6 +23,138 @@ pub enum DiscoveryError {
     },
     #[error("{}: {msg}", path.display())]
     Malformed { path: PathBuf, msg: String },
+    /// A node the profile names that must not be handed out (see [`host_node`]).
+    #[error("{vendor}: refusing node {}: {msg}", path.display())]
+    Node {
+        vendor: String,
+        path: PathBuf,
+        msg: String,
+    },
+}
+
+impl DiscoveryError {
+    /// The path does not exist (an optional node is then left out).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, DiscoveryError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// How many symlinks one node path may pass through (as the kernel's `MAXSYMLINKS`).
+const MAX_SYMLINKS: usize = 40;
+
+/// The host path of the profile's node `node` (a container path such as `/dev/nvidia0`),
+/// resolved inside its dev-root: a symlink on the way that leads out of dev-root (an absolute
+/// target elsewhere, or `..` above it) is refused, as is anything but a character device at
+/// the end, and, for a device's own node (`device`) where the profile states
+/// `device-majors`, a major not in that list.
+pub fn host_node(profile: &Profile, node: &Path, device: bool) -> Result<PathBuf, DiscoveryError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let refuse = |msg: String| DiscoveryError::Node {
+        vendor: profile.name.clone(),
+        path: node.to_path_buf(),
+        msg,
+    };
+    let host = resolve_beneath(profile.dev_root(), node).map_err(|e| match e {
+        Beneath::Io(path, source) => DiscoveryError::Read { path, source },
+        Beneath::Out(msg) => refuse(msg),
+    })?;
+    let meta = std::fs::symlink_metadata(&host).map_err(|source| DiscoveryError::Read {
+        path: host.clone(),
+        source,
+    })?;
+    if !meta.file_type().is_char_device() {
+        return Err(refuse(format!(
+            "{} is not a character device",
+            host.display()
+        )));
+    }
+    let major = nix::sys::stat::major(meta.rdev());
+    if device && !profile.device_majors.is_empty() && !profile.device_majors.contains(&major) {
+        return Err(refuse(format!(
+            "{} has major {major}, not one of the profile's device-majors {:?}",
+            host.display(),
+            profile.device_majors
+        )));
+    }
+    Ok(host)
+}
+
+enum Beneath {
+    Io(PathBuf, std::io::Error),
+    Out(String),
+}
+
+/// `path` (absolute, container-style) resolved under `root` following symlinks one component
+/// at a time, never leaving `root`.
+fn resolve_beneath(root: &Path, path: &Path) -> Result<PathBuf, Beneath> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let root = std::fs::canonicalize(root).map_err(|e| Beneath::Io(root.into(), e))?;
+    let mut todo: VecDeque<std::ffi::OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect();
+    let mut out = root.clone();
+    let mut links = 0;
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            if out == root {
+                return Err(Beneath::Out(format!(
+                    "{} leads above {}",
+                    path.display(),
+                    root.display()
+                )));
+            }
+            out.pop();
+            continue;
+        }
+        out.push(&c);
+        let meta = std::fs::symlink_metadata(&out).map_err(|e| Beneath::Io(out.clone(), e))?;
+        if !meta.file_type().is_symlink() {
+            continue;
+        }
+        links += 1;
+        let target = std::fs::read_link(&out).map_err(|e| Beneath::Io(out.clone(), e))?;
+        if links > MAX_SYMLINKS {
+            return Err(Beneath::Out(format!(
+                "too many symlinks at {}",
+                out.display()
+            )));
+        }
+        let link = out.clone();
+        out.pop();
+        let rest = if target.is_absolute() {
+            match target.strip_prefix(&root) {
+                Ok(inside) => {
+                    out = root.clone();
+                    inside.to_path_buf()
+                }
+                Err(_) => {
+                    return Err(Beneath::Out(format!(
+                        "symlink {} -> {} leads out of {}",
+                        link.display(),
+                        target.display(),
+                        root.display()
+                    )))
+                }
+            }
+        } else {
+            target
+        };
+        for (i, c) in rest.components().enumerate() {
+            let c = match c {
+                Component::Normal(n) => n.to_os_string(),
+                Component::ParentDir => "..".into(),
+                _ => continue,
+            };
+            todo.insert(i, c);
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -427,6 +559,49 @@ mod tests {
             ]
         );
         assert_eq!(devs[1].nodes, [PathBuf::from("/dev/accel/accel1")]);
+    }
+
+    /// Needs root (mknod).
+    #[test]
+    fn host_nodes_stay_inside_dev_root_and_are_char_devices() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("dev/sub")).unwrap();
+        let mk = |p: &Path, kind, major| {
+            mknod(p, kind, Mode::from_bits_truncate(0o666), makedev(major, 0)).unwrap()
+        };
+        mk(&root.join("dev/gcu0"), SFlag::S_IFCHR, 240);
+        mk(&root.join("dev/gcu1"), SFlag::S_IFBLK, 240);
+        mk(&root.join("dev/gcu2"), SFlag::S_IFCHR, 7);
+        mk(&t.path().join("outside"), SFlag::S_IFCHR, 240);
+        std::os::unix::fs::symlink("../gcu0", root.join("dev/sub/rel")).unwrap();
+        std::os::unix::fs::symlink(root.join("dev/gcu0"), root.join("dev/abs-in")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("outside"), root.join("dev/abs-out")).unwrap();
+        std::os::unix::fs::symlink("../../outside", root.join("dev/rel-out")).unwrap();
+        let mut p = profile("enflame", &root);
+        p.device_majors = vec![240];
+        let node = |n: &str, device| host_node(&p, Path::new(n), device).map_err(|e| e.to_string());
+        assert_eq!(
+            node("/dev/gcu0", true).unwrap(),
+            root.canonicalize().unwrap().join("dev/gcu0")
+        );
+        assert!(node("/dev/sub/rel", true).is_ok());
+        assert!(node("/dev/abs-in", true).is_ok());
+        assert!(node("/dev/abs-out", true)
+            .unwrap_err()
+            .contains("leads out of"));
+        assert!(node("/dev/rel-out", true)
+            .unwrap_err()
+            .contains("leads above"));
+        assert!(node("/dev/gcu1", true)
+            .unwrap_err()
+            .contains("not a character device"));
+        assert!(node("/dev/gcu2", true).unwrap_err().contains("major 7"));
+        assert!(node("/dev/gcu2", false).is_ok());
+        assert!(host_node(&p, Path::new("/dev/none"), true)
+            .unwrap_err()
+            .is_not_found());
     }
 
     #[test]

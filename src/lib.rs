@@ -2,9 +2,11 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `arena`, `argv`, `atomic`, `read` → `ldcache` → `profile` → `config` → `discovery`, `libraries`, `request`
+//! `arena`, `argv`, `atomic`, `keys` (known config keys), `read`, `quote` (container text in
+//! messages), `trust` (files only root can write) → `ldcache` → `profile` → `config` →
+//! `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `devchar` (host /dev/char links) → `spec`, `engine` (engine config files), `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `devchar` (host /dev/char links) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -21,12 +23,15 @@ pub mod discovery;
 pub mod doctor;
 pub mod engine;
 pub mod exec;
+pub mod keys;
 pub mod ldcache;
 pub mod libraries;
 pub mod logging;
 pub mod plan;
 pub mod profile;
+pub mod quote;
 pub mod read;
 pub mod request;
 pub mod spec;
 pub mod topology;
+pub mod trust;

@@ -3,6 +3,13 @@
 //! Never stdout (runc's, parsed by containerd). Each line is one `write(2)` on an `O_APPEND`
 //! descriptor, so lines from concurrent shims do not interleave. A log that cannot be opened
 //! is skipped: logging must never be why a container fails.
+//!
+//! The shim's own log file is created 0640 (whatever the umask: the mode asked for is never
+//! wider), opened with `O_NOFOLLOW` (a symlink planted at its path is not followed: nothing
+//! is written), only when it is a regular file, and capped: a file over [`MAX_LOG_BYTES`] is
+//! renamed to `<file>.1` (replacing the previous one) before the line is written, so the log
+//! never holds more than twice the cap. packaging/logrotate adds time-based rotation.
+//! Every line is passed through [`crate::quote::line`]: one line, control characters escaped.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,9 +32,9 @@ impl log::Log for FileLogger {
                 rfc3339_now(),
                 r.level(),
                 std::process::id(),
-                r.args()
+                crate::quote::line(&r.args().to_string())
             );
-            append(&self.path, line.as_bytes());
+            append_capped(&self.path, line.as_bytes());
         }
     }
 
@@ -47,11 +54,72 @@ pub fn init(path: &Path, level: log::LevelFilter) {
     }
 }
 
+/// The size over which the shim's log is rotated to `<file>.1`.
+pub const MAX_LOG_BYTES: u64 = 10 << 20;
+
+/// The mode the shim's log is created with: root's, readable by the adm-style group.
+pub const LOG_MODE: u32 = 0o640;
+
+/// `path` opened to append: never through a symlink at its last component, never blocking
+/// on a FIFO, and only when it is a regular file. A file that exists with a wider mode than
+/// [`LOG_MODE`] is narrowed.
+fn open_append(path: &Path) -> Option<std::fs::File> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    // rustix, not OpenOptions: one openat(2), without musl's extra fcntl (src/read.rs).
+    let flags = OFlags::WRONLY
+        | OFlags::CREATE
+        | OFlags::APPEND
+        | OFlags::CLOEXEC
+        | OFlags::NOFOLLOW
+        | OFlags::NONBLOCK
+        | OFlags::NOCTTY;
+    let fd = rustix::fs::open(path, flags, Mode::from_raw_mode(LOG_MODE)).ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return None;
+    }
+    if st.st_mode & 0o7777 & !LOG_MODE != 0 {
+        let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(st.st_mode & LOG_MODE));
+    }
+    Some(std::fs::File::from(fd))
+}
+
+/// Appends to the shim's log, first rotating it when it is over [`MAX_LOG_BYTES`].
+fn append_capped(path: &Path, line: &[u8]) {
+    let Some(mut file) = open_append(path) else {
+        return;
+    };
+    let size = file.metadata().map_or(0, |m| m.len());
+    if size.saturating_add(line.len() as u64) > MAX_LOG_BYTES {
+        file = match rotate(path, &file) {
+            Some(f) => f,
+            None => file,
+        };
+    }
+    let _ = file.write_all(line);
+}
+
+/// Renames the log at `path` (open as `file`) to `<path>.1`, under an exclusive lock on it so
+/// that of shims racing here only one renames, and returns the new, empty log.
+fn rotate(path: &Path, file: &std::fs::File) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive).ok()?;
+    let open = file.metadata().ok()?;
+    // Still the file at `path`: another shim did not rotate it first.
+    let at_path = std::fs::symlink_metadata(path).ok()?;
+    if at_path.dev() == open.dev() && at_path.ino() == open.ino() {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old).ok()?;
+    }
+    open_append(path)
+}
+
+/// Appends to a file the engine named (`--log`): as given, the engine owns it.
 fn append(path: &Path, line: &[u8]) {
     use rustix::fs::{Mode, OFlags};
-    // rustix, not OpenOptions: one openat(2), without musl's extra fcntl (src/read.rs).
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::CLOEXEC;
-    if let Ok(fd) = rustix::fs::open(path, flags, Mode::from_raw_mode(0o666)) {
+    if let Ok(fd) = rustix::fs::open(path, flags, Mode::from_raw_mode(0o644)) {
         let _ = std::fs::File::from(fd).write_all(line);
     }
 }
@@ -61,6 +129,7 @@ fn append(path: &Path, line: &[u8]) {
 /// last such line), else logrus's text form.
 pub fn engine_error(log: Option<&Path>, json: bool, msg: &str) {
     let Some(path) = log else { return };
+    let msg = &crate::quote::line(msg);
     let time = rfc3339_now();
     let line = if json {
         let mut s = serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string();
@@ -104,6 +173,40 @@ fn rfc3339(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn log_is_0640_not_followed_and_capped() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("shim.log");
+        append_capped(&p, b"one\n");
+        assert_eq!(mode(&p), 0o640);
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        append_capped(&p, b"two\n");
+        assert_eq!(mode(&p), 0o640);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
+
+        let target = d.path().join("target");
+        std::fs::write(&target, "").unwrap();
+        let link = d.path().join("link.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        append_capped(&link, b"x\n");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "");
+
+        std::fs::write(&p, vec![b'a'; MAX_LOG_BYTES as usize]).unwrap();
+        append_capped(&p, b"three\n");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "three\n");
+        assert_eq!(
+            std::fs::metadata(d.path().join("shim.log.1"))
+                .unwrap()
+                .len(),
+            MAX_LOG_BYTES
+        );
+    }
 
     #[test]
     fn civil_dates() {

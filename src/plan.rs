@@ -11,7 +11,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::discovery::Device;
+use crate::discovery::{self, Device};
 use crate::ldcache;
 use crate::libraries::{self, Found};
 use crate::profile::{self, Profile};
@@ -31,7 +31,7 @@ pub enum PlanError {
     },
     #[error("{}: not a device node", host.display())]
     NotADevice { host: PathBuf },
-    #[error("{var}={value}: unknown capability {cap:?}; known: {known}")]
+    #[error("{var}={value}: unknown capability {cap}; known: {known}")]
     Capability {
         var: String,
         value: String,
@@ -40,6 +40,8 @@ pub enum PlanError {
     },
     #[error("refusing mount {}: {why}", path.display())]
     UnsafeMount { path: PathBuf, why: String },
+    #[error(transparent)]
+    HostNode(crate::discovery::DiscoveryError),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,7 +160,11 @@ pub fn device_edits(profile: &Profile, devices: &[&Device]) -> Result<Plan, Plan
     let mut plan = Plan::default();
     for d in devices {
         for node in &d.nodes {
-            let host = Profile::under(profile.dev_root(), node);
+            let host = match discovery::host_node(profile, node, true) {
+                Ok(host) => host,
+                Err(e) if e.is_not_found() => Profile::under(profile.dev_root(), node),
+                Err(e) => return Err(PlanError::HostNode(e)),
+            };
             let n = match stat_node(&host, node) {
                 Ok(n) => n?,
                 Err(source) => {
@@ -200,8 +206,8 @@ pub fn capabilities(profile: &Profile, value: Option<&str>) -> Result<Vec<String
         if !profile.capabilities.contains_key(cap) {
             return Err(PlanError::Capability {
                 var: var.clone(),
-                value: value.chars().take(64).collect(),
-                cap: cap.chars().take(64).collect(),
+                value: crate::quote::quote(value),
+                cap: crate::quote::quote(cap),
                 known: all.join(", "),
             });
         }
@@ -244,8 +250,13 @@ pub fn driver_edits(
         .iter()
         .chain(groups.iter().flat_map(|g| g.nodes.iter()));
     for node in nodes {
-        let host = Profile::under(profile.dev_root(), node);
-        // Control nodes are optional (nvidia-modeset only exists with a display driver).
+        // Control nodes are optional (nvidia-modeset only exists with a display driver); one
+        // that exists must pass discovery::host_node's checks.
+        let host = match discovery::host_node(profile, node, false) {
+            Ok(host) => host,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(PlanError::HostNode(e)),
+        };
         if let Ok(n) = stat_node(&host, node) {
             plan.push_node(n?);
         }
@@ -375,7 +386,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("NVIDIA_DRIVER_CAPABILITIES=compute,bogus: unknown capability \"bogus\""),
+            e.starts_with(
+                "NVIDIA_DRIVER_CAPABILITIES=\"compute,bogus\": unknown capability \"bogus\""
+            ),
             "{e}"
         );
     }

@@ -225,6 +225,14 @@ pub struct Profile {
     pub none_injects_driver: bool,
     #[serde(default)]
     pub cdi_kind: Option<String>,
+    /// CDI kinds other than `cdi-kind` that the vendor variable may name devices of
+    /// (`nvidia.com/mig`); none by default, so a container's variable cannot reach another
+    /// vendor's or a host-file spec.
+    #[serde(default)]
+    pub cdi_extra_kinds: Vec<String>,
+    /// Majors a device's own node must have on the host (empty: not checked).
+    #[serde(default)]
+    pub device_majors: Vec<u64>,
     #[serde(default)]
     pub resource_name: Option<String>,
     /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
@@ -290,6 +298,23 @@ pub struct Capability {
     pub nodes: Vec<PathBuf>,
 }
 
+/// Every key a profile table can hold, at any depth (for "did you mean" in warnings).
+/// `discovery`'s keys are listed by hand: its methods are an internally tagged enum, which
+/// does not name its fields to a deserializer (test `known_keys_are_accepted`).
+pub fn known_keys() -> Vec<&'static str> {
+    let mut keys = crate::keys::fields::<Profile>().to_vec();
+    keys.extend(crate::keys::fields::<Capability>());
+    keys.extend([
+        "method",
+        "proc-dir",
+        "node-template",
+        "node-templates",
+        "aliases",
+        "index-ranges",
+    ]);
+    keys
+}
+
 fn root() -> PathBuf {
     PathBuf::from("/")
 }
@@ -338,6 +363,8 @@ impl Profile {
             "dev-root" => dev_root,
             "none-injects-driver" => none_injects_driver,
             "cdi-kind" => cdi_kind,
+            "cdi-extra-kinds" => cdi_extra_kinds,
+            "device-majors" => device_majors,
             "resource-name" => resource_name,
             "device-plugin-id" => device_plugin_id,
             "container-devices-mount-dir" => container_devices_mount_dir,
@@ -382,6 +409,14 @@ impl Profile {
         }
         if self.visible_devices_env.is_empty() {
             return invalid("visible-devices-env is empty".into());
+        }
+        for kind in self.cdi_kind.iter().chain(&self.cdi_extra_kinds) {
+            let valid = kind.split_once('/').is_some_and(|(v, c)| {
+                !v.is_empty() && !c.is_empty() && !c.contains('/') && !kind.contains('=')
+            });
+            if !valid {
+                return invalid(format!("CDI kind {kind:?} must be vendor/class"));
+            }
         }
         for root in [Some(&self.driver_root), self.dev_root.as_ref()]
             .into_iter()
@@ -573,6 +608,8 @@ mod tests {
             dev-root = "/x"
             none-injects-driver = false
             cdi-kind = "x.com/x"
+            cdi-extra-kinds = ["x.com/y"]
+            device-majors = [1]
             resource-name = "x.com/x"
             device-plugin-id = "{index}"
             container-devices-mount-dir = "/x"
@@ -716,6 +753,32 @@ mod tests {
         );
         let err = Profile::from_table(t, "x").unwrap_err().to_string();
         assert!(err.contains(".."), "{err}");
+    }
+
+    #[test]
+    fn known_keys_are_accepted() {
+        let keys = known_keys();
+        assert!(keys.contains(&"driver-root") && keys.contains(&"libraries"));
+        // Each discovery key is one its method parses without an unknown-key report.
+        for (method, key, value) in [
+            ("nvidia-procfs", "proc-dir", "\"/proc/driver/nvidia/gpus\""),
+            ("nvidia-procfs", "node-template", "\"/dev/nvidia{minor}\""),
+            ("device-nodes", "node-templates", "[\"/dev/x{index}\"]"),
+            ("device-nodes", "aliases", "[]"),
+            ("device-nodes", "index-ranges", "true"),
+        ] {
+            assert!(keys.contains(&key), "{key}");
+            let base = match method {
+                "nvidia-procfs" => "proc-dir = \"/p\"\nnode-template = \"/dev/n{minor}\"\n",
+                _ => "node-templates = [\"/dev/x{index}\"]\n",
+            };
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"{method}\"\n{}{key} = {value}\n",
+                base.lines().filter(|l| !l.starts_with(key)).map(|l| format!("{l}\n")).collect::<String>()
+            );
+            let (_, unknown) = Profile::from_table(toml::from_str(&text).unwrap(), "t").unwrap();
+            assert!(unknown.is_empty(), "{key}: {unknown:?}");
+        }
     }
 
     #[test]

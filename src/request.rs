@@ -32,13 +32,15 @@ pub enum RequestError {
         value: String,
         msg: String,
     },
-    #[error("{var}: no device {item:?} on this node; {available}")]
+    #[error("{var}: no device {item} on this node{hint}; {available}")]
     NoSuchDevice {
         var: String,
         item: String,
+        /// Why the item might have been meant otherwise (`ALL`: keywords are lower case).
+        hint: String,
         available: String,
     },
-    #[error("{var}: {item:?} matches more than one device ({matches}); give the full UUID")]
+    #[error("{var}: {item} matches more than one device ({matches}); give the full UUID")]
     Ambiguous {
         var: String,
         item: String,
@@ -58,16 +60,46 @@ pub fn is_cdi_name(item: &str) -> bool {
     }
 }
 
+/// Container text in a message: cut and escaped (src/quote.rs).
 fn shorten(value: &str) -> String {
-    if value.len() > 64 {
-        let mut end = 64;
-        while !value.is_char_boundary(end) {
-            end -= 1;
+    crate::quote::quote(value)
+}
+
+/// The device ids a vendor's device-list mounts name (`<dir>/<id>`), as NVIDIA's toolkit reads
+/// them: only a bind mount of `/dev/null` counts. A pod cannot make one without a hostPath
+/// volume, while an ordinary volume (emptyDir, tmpfs, an image path) at the same destination
+/// is any pod's to declare. The keywords `all`, `none` and `void` never come from mounts: a
+/// device plugin names devices one by one.
+pub fn device_list_from_mounts(dir: &str, mounts: &[serde_json::Value]) -> Vec<String> {
+    let str_of =
+        |m: &serde_json::Value, k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let mut ids: Vec<String> = Vec::new();
+    for m in mounts {
+        let (Some(dest), Some(source)) = (str_of(m, "destination"), str_of(m, "source")) else {
+            continue;
+        };
+        let is_bind = str_of(m, "type").as_deref() == Some("bind")
+            || m.get("options")
+                .and_then(|o| o.as_array())
+                .is_some_and(|o| {
+                    o.iter()
+                        .any(|o| matches!(o.as_str(), Some("bind" | "rbind")))
+                });
+        if source != "/dev/null" || !is_bind {
+            continue;
         }
-        format!("{}...({} bytes)", &value[..end], value.len())
-    } else {
-        value.to_string()
+        let Ok(id) = std::path::Path::new(&dest).strip_prefix(dir) else {
+            continue;
+        };
+        let Some(id) = id.to_str() else { continue };
+        if id.is_empty() || id.contains('/') || matches!(id, "all" | "none" | "void") {
+            continue;
+        }
+        if !ids.iter().any(|i| i == id) {
+            ids.push(id.to_string());
+        }
     }
+    ids
 }
 
 pub fn parse(var: &str, value: &str) -> Result<Request, RequestError> {
@@ -98,7 +130,7 @@ pub fn parse(var: &str, value: &str) -> Result<Request, RequestError> {
         }
         if item.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(syntax(format!(
-                "item {:?} contains whitespace or a control character",
+                "item {} contains whitespace or a control character",
                 shorten(item)
             )));
         }
@@ -135,6 +167,11 @@ pub fn select<'d>(
     let no_such = |item: &str| RequestError::NoSuchDevice {
         var: var.into(),
         item: shorten(item),
+        hint: ["all", "none", "void"]
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(item))
+            .map(|k| format!(" (keywords are lower case: {k:?})"))
+            .unwrap_or_default(),
         available: available(devices),
     };
     for item in items {
@@ -315,6 +352,33 @@ mod tests {
             e,
             "V: no device \"9\" on this node; it has 2: 0 GPU-aaaa1111-0000, 1 GPU-aaaa2222-0000"
         );
+        let e = sel("ALL").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "V: no device \"ALL\" on this node (keywords are lower case: \"all\"); it has 2: 0 GPU-aaaa1111-0000, 1 GPU-aaaa2222-0000"
+        );
+    }
+
+    #[test]
+    fn device_lists_come_from_dev_null_binds_only() {
+        let dir = "/var/run/nvidia-container-devices";
+        let m = |dest: &str, ty: &str, source: &str, opts: &[&str]| serde_json::json!({"destination": format!("{dir}/{dest}"), "type": ty, "source": source, "options": opts});
+        let mounts = [
+            m("0", "bind", "/dev/null", &["rbind", "ro"]),
+            m("1", "none", "/dev/null", &["rbind"]),
+            m("2", "tmpfs", "tmpfs", &["nosuid"]),
+            m(
+                "3",
+                "bind",
+                "/var/lib/kubelet/pods/x/volumes/empty",
+                &["rbind"],
+            ),
+            m("all", "bind", "/dev/null", &["rbind"]),
+            m("none", "bind", "/dev/null", &["rbind"]),
+            m("4", "tmpfs", "/dev/null", &[]),
+            m("0", "bind", "/dev/null", &["rbind"]),
+        ];
+        assert_eq!(device_list_from_mounts(dir, &mounts), ["0", "1"]);
     }
 
     #[test]

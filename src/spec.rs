@@ -562,16 +562,26 @@ mod tests {
     fn docker_hook_removed() {
         let input = r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}}"#;
         let mut doc = Document::parse(input.as_bytes()).unwrap();
-        assert!(doc.remove_docker_gpu_hook());
-        assert!(!doc.remove_docker_gpu_hook());
+        assert!(doc.remove_docker_gpu_hook().unwrap());
+        assert!(!doc.remove_docker_gpu_hook().unwrap());
         assert_eq!(
             String::from_utf8(doc.to_bytes()).unwrap(),
             r#"{"hooks": {}}"#
         );
         let other = r#"{"hooks": {"prestart": [{"path": "/usr/bin/libnetwork-setkey"}]}}"#;
         let mut doc = Document::parse(other.as_bytes()).unwrap();
-        assert!(!doc.remove_docker_gpu_hook());
+        assert!(!doc.remove_docker_gpu_hook().unwrap());
         assert_eq!(doc.to_bytes(), other.as_bytes());
+        // A sibling that does not decode: refused, never left in place.
+        let bad = r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "env": ["X=\ud800"]}]}}"#;
+        let mut doc = Document::parse(bad.as_bytes()).unwrap();
+        let e = doc.remove_docker_gpu_hook().unwrap_err();
+        assert!(e.contains("cannot remove docker's --gpus hook"), "{e}");
+        // Escaped, it is still the hook.
+        let escaped =
+            r#"{"hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hoo\u006b"}]}}"#;
+        let mut doc = Document::parse(escaped.as_bytes()).unwrap();
+        assert!(doc.remove_docker_gpu_hook().unwrap());
     }
 
     #[test]

@@ -594,7 +594,7 @@ fn bad_cdi_requests_leave_config_untouched() {
         "bad-annotation",
         &[],
         json!({"cdi.k8s.io/x": "nvidia.com/gpu=0,../../etc/shadow"}),
-        &["annotation cdi.k8s.io/x: \"../../etc/shadow\" is not a fully-qualified CDI device name"],
+        &["annotation \"cdi.k8s.io/x\": \"../../etc/shadow\" is not a fully-qualified CDI device name"],
     );
 
     // A higher-priority file that redefines a device wins; here it names a plain file as the

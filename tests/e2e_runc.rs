@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
+use std::process::Command;
 
 /// `ls /dev`, open every node the tests care about, the library and binary dirs.
 fn nvidia_probe(sim: &SimRoot) -> Probe {
@@ -184,7 +185,8 @@ fn nvidia_by_uuid_all_none_void_unset() {
 fn bad_index_is_one_clear_error_and_no_container() {
     require_root();
     let sim = SimRoot::standard();
-    for value in ["9", "GPU-00000000-dead-beef"] {
+    // "ALL": keywords are lower case, and the error says so (issue 16 item 9).
+    for value in ["9", "GPU-00000000-dead-beef", "ALL"] {
         let mut b = Bundle::busybox();
         b.env(&format!("NVIDIA_VISIBLE_DEVICES={value}"))
             .sh("echo should-not-run");
@@ -256,6 +258,17 @@ fn bad_index_is_one_clear_error_and_no_container() {
             "the shim's own log lacks the error: {}",
             runc.shim_log()
         );
+        // The ERROR line names the container, as the INFO line of a create does.
+        assert!(
+            runc.shim_log()
+                .lines()
+                .any(|l| l.contains(" ERROR ") && l.contains(&format!("run {id}: "))),
+            "no ERROR line naming {id}: {}",
+            runc.shim_log()
+        );
+        if value == "ALL" {
+            assert!(line.contains("keywords are lower case"), "{line}");
+        }
     }
 }
 
@@ -682,4 +695,121 @@ fn dev_char_links_concurrent_creates_all_succeed() {
     );
     let created = runc.shim_log().matches("/char/195:3 -> ").count();
     assert_eq!(created, 1, "{}", runc.shim_log());
+}
+
+/// Issue 14, class 12: a container started with a good config keeps answering `state`,
+/// `kill` and `delete` through the shim after config.toml is broken (an unquoted value) and a
+/// profile in profiles-dir stops parsing: the engine can still stop and remove it.
+#[test]
+fn broken_config_does_not_stop_state_kill_delete_of_a_running_container() {
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=0").sh("sleep 600");
+    let id = runc.id("broken-config");
+    runc.create(&b, &id).ok();
+    runc.start(&id).ok();
+
+    let cfg = runc.config_path();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replacen("log-level = \"debug\"", "log-level = debug", 1),
+    )
+    .unwrap();
+    std::fs::write(runc.scratch().join("profiles.d/broken.toml"), "name = [").unwrap();
+    // A create that needs the profiles is refused, naming the file.
+    let refused = runc.create(&b, &runc.id("refused"));
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("config.toml"), "{refused:?}");
+
+    let state = runc.shim(&["state", &id]);
+    state.ok();
+    assert!(state.stdout.contains("\"running\""), "{state:?}");
+    runc.shim(&["kill", &id, "KILL"]).ok();
+    let stopped = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        runc.shim(&["state", &id]).stdout.contains("\"stopped\"")
+    });
+    assert!(stopped, "not stopped after kill");
+    runc.shim(&["delete", &id]).ok();
+    assert!(!runc.exists(&id));
+    assert!(runc.shim_log().contains("WARN"), "{}", runc.shim_log());
+}
+
+/// Issue 14, class 1, through real runc: on a node that takes device lists from mounts only,
+/// an unprivileged container with an ordinary volume (tmpfs) at
+/// `/var/run/nvidia-container-devices/all` starts with no GPU; a bind of /dev/null at
+/// `.../0` (what a device plugin mounts) gives it GPU 0 and nothing else.
+#[test]
+fn device_list_volume_named_all_gives_nothing_and_a_dev_null_bind_gives_gpu_0() {
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::with_config(
+        &sim,
+        "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+    );
+    let dir = "/var/run/nvidia-container-devices";
+    let probe = nvidia_probe(&sim);
+    let run = |mount: Value| -> Report {
+        let mut b = Bundle::busybox();
+        b.sh(&probe.script());
+        b.edit(|s| s["mounts"].as_array_mut().unwrap().push(mount));
+        let caps = b.read_spec()["process"]["capabilities"]["bounding"].clone();
+        assert!(
+            !caps
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c == "CAP_SYS_ADMIN"),
+            "the container must be unprivileged"
+        );
+        let id = runc.id("mount-list");
+        let out = runc.run(&b, &id);
+        out.ok();
+        Report::parse(&out.stdout)
+    };
+    let r = run(serde_json::json!({
+        "destination": format!("{dir}/all"), "type": "tmpfs", "source": "tmpfs",
+        "options": ["nosuid", "nodev", "mode=755"]
+    }));
+    assert_eq!(extra_dev(&r.ls("/dev")), names(&[]), "{}", r.raw);
+
+    let first = &sim.gpus()[0];
+    let r = run(serde_json::json!({
+        "destination": format!("{dir}/0"), "type": "bind", "source": "/dev/null",
+        "options": ["rbind", "ro"]
+    }));
+    let want = first.node();
+    let want = want.trim_start_matches("/dev/");
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&[want, "nvidia-uvm", "nvidiactl"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open(&first.node()), Open::Enxio, "{}", r.raw);
+}
+
+/// Issue 14, class 11, through real runc: `create --help`, `create -h` and `run -h` print
+/// runc's help and exit 0, as runc alone does (no ./config.json is read).
+#[test]
+fn create_and_run_help_print_runc_s_help() {
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let cwd = tempfile::tempdir().unwrap();
+    for args in [&["create", "--help"][..], &["create", "-h"], &["run", "-h"]] {
+        let out = output(
+            Command::new(SHIM)
+                .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path())
+                .current_dir(cwd.path())
+                .args(args),
+        );
+        out.ok();
+        let direct = output(Command::new("runc").current_dir(cwd.path()).args(args));
+        assert_eq!(out.stdout, direct.stdout, "{args:?}");
+        assert!(out.stdout.contains(&format!("runc {}", args[0])), "{out:?}");
+    }
 }

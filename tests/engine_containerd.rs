@@ -89,8 +89,9 @@ fn config_dump_shows_runtime_from_operator_file() {
 #[test]
 fn config_dump_shows_runtime_from_new_file() {
     let dir = tempfile::tempdir().unwrap();
+    // /etc/containerd may not exist before containerd's first configuration.
     let file = dir.path().join("containerd/config.toml");
-    configure(&file, &[]);
+    configure(&file, &["--create-parents"]);
     let dump = config_dump(&file);
     assert_eq!(
         cri_runtime(&dump, "accel")["options"]["BinaryName"].as_str(),

@@ -288,7 +288,7 @@ fn invalid_json_is_refused_and_left_untouched() {
 fn missing_daemon_json_is_created_and_removed_again() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("etc/docker/daemon.json");
-    ok(&run("configure", "docker", &file, &[]));
+    ok(&run("configure", "docker", &file, &["--create-parents"]));
     let text = std::fs::read_to_string(&file).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["runtimes"]["accel"]["path"], RUNTIME_PATH);
@@ -299,8 +299,14 @@ fn missing_daemon_json_is_created_and_removed_again() {
 #[test]
 fn crio_drop_in_golden_and_removed_by_unconfigure() {
     let dir = tempfile::tempdir().unwrap();
+    // crio.conf.d is often missing on a fresh CRI-O install.
     let file = dir.path().join("crio.conf.d/99-accel.conf");
-    let stderr = ok(&run("configure", "crio", &file, &["--set-as-default"]));
+    let stderr = ok(&run(
+        "configure",
+        "crio",
+        &file,
+        &["--set-as-default", "--create-parents"],
+    ));
     assert!(stderr.contains("systemctl restart crio"), "{stderr}");
     check_golden(
         &std::fs::read_to_string(&file).unwrap(),

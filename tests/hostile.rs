@@ -1006,3 +1006,456 @@ fn signal_dispositions_reach_the_low_level_runtime_unchanged() {
     }
     assert_eq!(device_paths(&e.spec()).len(), UUIDS.len() + 1);
 }
+
+// ---- issue 14: hardening, round 2 ---------------------------------------------------------
+
+fn with_mounts(e: &Env, mounts: &[Value]) {
+    let mut spec = e.spec();
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .extend(mounts.iter().cloned());
+    e.write_spec(&serde_json::to_vec(&spec).unwrap());
+}
+
+/// Issue 14, class 1: on a node that takes device lists from mounts only, an ordinary volume
+/// (tmpfs, emptyDir: any pod may declare one) at the list's directory gives nothing, nor does
+/// the keyword `all`; a bind of /dev/null (what a device plugin mounts) names a device.
+#[test]
+fn device_list_mounts_count_only_dev_null_binds() {
+    let e = Env::new();
+    e.config("accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true");
+    let dir = "/var/run/nvidia-container-devices";
+    for volume in [
+        json!({"destination": format!("{dir}/all"), "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}),
+        json!({"destination": format!("{dir}/all"), "type": "bind", "source": "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/v", "options": ["rbind", "rprivate"]}),
+        json!({"destination": format!("{dir}/0"), "type": "tmpfs", "source": "tmpfs", "options": []}),
+        json!({"destination": format!("{dir}/all"), "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]}),
+    ] {
+        e.set_env(&[]);
+        set_privileged(&e, false);
+        with_mounts(&e, std::slice::from_ref(&volume));
+        assert_eq!(
+            device_paths(&e.accepted()),
+            Vec::<String>::new(),
+            "{volume}"
+        );
+    }
+    e.set_env(&[]);
+    set_privileged(&e, false);
+    with_mounts(
+        &e,
+        &[
+            json!({"destination": format!("{dir}/0"), "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]}),
+        ],
+    );
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+}
+
+fn write_cdi_spec(dir: &Path, file: &str, kind: &str, device: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join(file),
+        format!("cdiVersion: 0.5.0\nkind: {kind}\ndevices:\n- name: \"{device}\"\n  containerEdits:\n    env: [\"FROM_CDI={kind}\"]\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn env_of(spec: &Value) -> Vec<String> {
+    spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Issue 14, class 2: a vendor variable names CDI devices of its profile's kind only; an
+/// annotation only kinds of the node's profiles; anything else needs `cdi-extra-kinds`.
+#[test]
+fn cdi_names_reach_only_the_allowed_kinds() {
+    let e = Env::new();
+    let cdi = e.path("cdi");
+    write_cdi_spec(&cdi, "hostfs.yaml", "example.com/hostfs", "etc");
+    write_cdi_spec(&cdi, "gpu.yaml", "nvidia.com/gpu", "0");
+    e.config(&format!("cdi-spec-dirs = [{cdi:?}]"));
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]);
+    assert!(env_of(&e.accepted()).contains(&"FROM_CDI=nvidia.com/gpu".to_string()));
+
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=example.com/hostfs=etc"]);
+    e.refused(&[
+        "NVIDIA_VISIBLE_DEVICES",
+        "example.com/hostfs",
+        "cdi-extra-kinds",
+    ]);
+    e.set_env(&[]);
+    let mut spec = e.spec();
+    spec["annotations"] = json!({"cdi.k8s.io/pod": "example.com/hostfs=etc"});
+    e.write_spec(&serde_json::to_vec(&spec).unwrap());
+    e.refused(&["cdi.k8s.io/pod", "example.com/hostfs", "cdi-extra-kinds"]);
+
+    // Listed by the operator: reachable.
+    let text = std::fs::read_to_string(e.path("config.toml"))
+        .unwrap()
+        .replace(
+            "[profiles.nvidia]\n",
+            "[profiles.nvidia]\ncdi-extra-kinds = [\"example.com/hostfs\"]\n",
+        );
+    std::fs::write(e.path("config.toml"), text).unwrap();
+    assert!(env_of(&e.accepted()).contains(&"FROM_CDI=example.com/hostfs".to_string()));
+}
+
+/// Issue 14, class 3: config.toml, profile files and CDI specs (and their directories) must be
+/// root's alone to write. /tmp's sticky, root-owned directory is accepted (these files live
+/// under it).
+#[test]
+fn files_not_root_s_alone_are_refused() {
+    let chmod = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    let config = e.path("config.toml");
+    chmod(&config, 0o664);
+    e.refused(&["config.toml", "writable by group (mode 0664)"]);
+    chmod(&config, 0o644);
+
+    let profiles = e.path("profiles.d");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let ascend = profiles.join("ascend.toml");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/ascend.toml"),
+        &ascend,
+    )
+    .unwrap();
+    chmod(&ascend, 0o644);
+    std::os::unix::fs::chown(&ascend, Some(65534), None).unwrap();
+    e.refused(&["ascend.toml", "owned by uid 65534, not root"]);
+    std::os::unix::fs::chown(&ascend, Some(0), None).unwrap();
+    chmod(&profiles, 0o777);
+    e.refused(&[
+        "ascend.toml",
+        "directory",
+        "profiles.d",
+        "writable by group and others",
+    ]);
+    chmod(&profiles, 0o755);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+
+    // A symlinked config.toml is judged by its target's directories.
+    let other = e.path("other");
+    std::fs::create_dir(&other).unwrap();
+    chmod(&other, 0o775);
+    std::fs::rename(&config, other.join("config.toml")).unwrap();
+    std::os::unix::fs::symlink(other.join("config.toml"), &config).unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    e.refused(&["config.toml", "other", "writable by group"]);
+    chmod(&other, 0o755);
+    e.accepted();
+
+    // A CDI spec writable by its group is skipped with a warning.
+    std::fs::remove_file(&config).unwrap();
+    let cdi = e.path("cdi");
+    write_cdi_spec(&cdi, "gpu.yaml", "nvidia.com/gpu", "0");
+    e.config(&format!("cdi-spec-dirs = [{cdi:?}]"));
+    chmod(&cdi.join("gpu.yaml"), 0o664);
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]);
+    e.refused(&["unknown CDI device", "gpu.yaml", "writable by group"]);
+    assert!(
+        e.log().contains("gpu.yaml") && e.log().contains("WARN"),
+        "{}",
+        e.log()
+    );
+    chmod(&cdi.join("gpu.yaml"), 0o644);
+    e.accepted();
+}
+
+/// Issue 14, class 6: a value from the container in an error is cut and its control
+/// characters escaped, on stderr, in the engine's --log (JSON) and in the shim's log.
+#[test]
+fn container_text_in_messages_is_cut_and_escaped() {
+    let e = Env::new();
+    let hostile = format!("0,\x1b]0;pwned\x07\r{}", "A".repeat(20_000));
+    e.set_env(&[&format!("NVIDIA_VISIBLE_DEVICES={hostile}")]);
+    let engine_log = e.path("engine.json");
+    let b = e.bundle();
+    let out = e.run(&[
+        "--log",
+        engine_log.to_str().unwrap(),
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "ctr",
+    ]);
+    assert!(!out.status.success());
+    let clean = |what: &str, text: &str| {
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{what} has a control character: {text:?}"
+        );
+        for line in text.lines() {
+            assert!(line.len() < 2048, "{what}: {} bytes", line.len());
+        }
+        assert!(text.contains("more bytes"), "{what}: no cut marker: {text}");
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    clean("stderr", &stderr);
+    assert!(stderr.contains("\\u{1b}]0;pwned\\u{7}\\r"), "{stderr}");
+    let line = std::fs::read_to_string(&engine_log).unwrap();
+    let v: Value = serde_json::from_str(line.trim_end()).unwrap();
+    clean("--log msg", v["msg"].as_str().unwrap());
+    clean("shim log", &e.log());
+}
+
+/// Issue 14, class 7: the shim's log is created 0640 under any umask, a symlink at its path
+/// is not followed, and a log over the cap is rotated to `<file>.1`.
+#[test]
+fn shim_log_is_private_not_followed_and_capped() {
+    use std::os::unix::process::CommandExt;
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=9"]);
+    let create = || {
+        let mut cmd = e.command(&["create", "--bundle", e.bundle().to_str().unwrap(), "ctr"]);
+        // SAFETY: umask(2) only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let out = wait_with_timeout(cmd, Duration::from_secs(20));
+        assert!(!out.status.success());
+    };
+    let log = e.path("shim.log");
+    create();
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o640);
+    assert!(e.log().contains("no device"), "{}", e.log());
+
+    std::fs::remove_file(&log).unwrap();
+    let victim = e.path("victim");
+    std::fs::write(&victim, "").unwrap();
+    std::os::unix::fs::symlink(&victim, &log).unwrap();
+    create();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "");
+    std::fs::remove_file(&log).unwrap();
+
+    let big = 10 << 20;
+    std::fs::write(&log, vec![b'x'; big]).unwrap();
+    create();
+    assert!(
+        e.log().len() < 4096 && e.log().contains("no device"),
+        "{} bytes",
+        e.log().len()
+    );
+    assert_eq!(
+        std::fs::metadata(e.path("shim.log.1")).unwrap().len(),
+        big as u64
+    );
+}
+
+fn with_gpu_hook(e: &Env, path_json: &str, env_json: &str) {
+    let mut spec = e.spec();
+    spec["hooks"] = json!({"prestart": [
+        {"path": "/usr/bin/libnetwork-setkey"},
+        {"path": "PATH", "args": ["nvidia-container-runtime-hook", "prestart"], "env": ["ENV"]}
+    ]});
+    let text = serde_json::to_string(&spec)
+        .unwrap()
+        .replace("\"PATH\"", path_json)
+        .replace("\"ENV\"", env_json);
+    e.write_spec(text.as_bytes());
+}
+
+fn hook_paths(spec: &Value) -> Vec<String> {
+    spec.pointer("/hooks/prestart")
+        .and_then(Value::as_array)
+        .map(|h| {
+            h.iter()
+                .map(|h| h["path"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 14, class 8: docker's --gpus hook is removed, or the create refused; never left in
+/// place because a sibling field did not decode, nor because its name was escaped.
+#[test]
+fn docker_gpu_hook_is_removed_or_the_create_refused() {
+    let e = Env::new();
+    let hook = "\"/usr/bin/nvidia-container-runtime-hook\"";
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    with_gpu_hook(&e, hook, "\"X=\\ud800\"");
+    e.refused(&["hooks.prestart", "nvidia-container-runtime-hook"]);
+
+    // Escaped name, no device variable: still found and removed.
+    e.set_env(&[]);
+    with_gpu_hook(
+        &e,
+        "\"/usr/bin/nvidia-container-runtime-hoo\\u006b\"",
+        "\"X=1\"",
+    );
+    assert_eq!(hook_paths(&e.accepted()), ["/usr/bin/libnetwork-setkey"]);
+
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    with_gpu_hook(&e, hook, "\"X=1\"");
+    let spec = e.accepted();
+    assert_eq!(hook_paths(&spec), ["/usr/bin/libnetwork-setkey"]);
+    assert_eq!(device_paths(&spec), ["/dev/nvidia0", "/dev/nvidiactl"]);
+}
+
+/// Issue 14, class 9: a GPU's node must be a character device of the profile's majors,
+/// resolved inside dev-root.
+#[test]
+fn host_nodes_outside_dev_root_or_of_the_wrong_kind_are_refused() {
+    use nix::sys::stat::{makedev, Mode, SFlag};
+    let e = Env::new();
+    let dev = e.root().join("dev");
+    // A symlink out of the driver root, to a node that exists.
+    mknod(&e.path("outside/nvidia1"), 195, 1);
+    std::fs::remove_file(dev.join("nvidia1")).unwrap();
+    std::os::unix::fs::symlink(e.path("outside/nvidia1"), dev.join("nvidia1")).unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=1"]);
+    e.refused(&["nvidia1", "leads out of"]);
+    // A block device.
+    std::fs::remove_file(dev.join("nvidia2")).unwrap();
+    nix::sys::stat::mknod(
+        &dev.join("nvidia2"),
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(0o666),
+        makedev(195, 2),
+    )
+    .unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=2"]);
+    e.refused(&["nvidia2", "not a character device"]);
+    // Another driver's major (a loop device's, 7).
+    std::fs::remove_file(dev.join("nvidia2")).unwrap();
+    mknod(&dev.join("nvidia2"), 7, 2);
+    e.refused(&["nvidia2", "major 7", "device-majors"]);
+    // A symlink that stays inside is followed.
+    std::fs::remove_file(dev.join("nvidia2")).unwrap();
+    std::os::unix::fs::symlink("nvidia0", dev.join("nvidia2")).unwrap();
+    e.accepted();
+}
+
+/// Issue 14, class 11: crun's and youki's global flags (both forms) do not hide `create`,
+/// and `create --help` reaches the low-level runtime instead of failing on ./config.json.
+#[test]
+fn crun_youki_flags_and_help_reach_the_right_place() {
+    let e = Env::new();
+    for args in [&["create", "--help"][..], &["create", "-h"], &["run", "-h"]] {
+        let out = e.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ran = std::fs::read_to_string(e.path("runtime-called")).unwrap();
+        assert_eq!(ran.trim_end(), args.join(" "));
+        std::fs::remove_file(e.path("runtime-called")).unwrap();
+    }
+    let b = e.bundle();
+    let b = b.to_str().unwrap();
+    for globals in [
+        &["--log-level", "debug"][..],
+        &["--cgroup-manager", "systemd"],
+        &["-r", "/run/youki", "-l", "/dev/null"],
+        &["--log-level=debug", "--cgroup-manager=cgroupfs"],
+    ] {
+        e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        let mut args = globals.to_vec();
+        args.extend(["create", "--bundle", b, "ctr"]);
+        let out = e.run(&args);
+        assert!(out.status.success(), "{args:?}");
+        assert_eq!(
+            device_paths(&e.spec()),
+            ["/dev/nvidia0", "/dev/nvidiactl"],
+            "{args:?}"
+        );
+    }
+}
+
+/// Issue 14, class 12: pass-through commands reach the low-level runtime whatever is wrong
+/// with config.toml or profiles-dir, with a warning in the log.
+#[test]
+fn pass_through_commands_survive_a_broken_config() {
+    let e = Env::new();
+    let config = e.path("config.toml");
+    let good = std::fs::read_to_string(&config).unwrap();
+    // `runc` in PATH, for the fallback.
+    let bin = e.path("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(
+        bin.join("runc"),
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}\n",
+            e.path("path-runc-called").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("runc"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |args: &[&str]| {
+        let mut cmd = e.command(args);
+        cmd.env(
+            "PATH",
+            format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
+        );
+        let out = wait_with_timeout(cmd, Duration::from_secs(20));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let took = |file: &str| {
+        let p = e.path(file);
+        let ran = std::fs::read_to_string(&p).unwrap_or_default();
+        let _ = std::fs::remove_file(&p);
+        ran
+    };
+    // An unquoted value: its low-level-runtime line still counts.
+    std::fs::write(
+        &config,
+        good.replacen("[profiles", "log-level = debug\n[profiles", 1),
+    )
+    .unwrap();
+    for args in [
+        &["state", "ctr"][..],
+        &["kill", "ctr", "KILL"],
+        &["delete", "-f", "ctr"],
+    ] {
+        run(args);
+        assert_eq!(took("runtime-called").trim_end(), args.join(" "));
+    }
+    assert!(
+        e.log().contains("config.toml") && e.log().contains("WARN"),
+        "{}",
+        e.log()
+    );
+    // Not even low-level-runtime reads: `runc` from PATH.
+    std::fs::write(&config, "low-level-runtime = [\n").unwrap();
+    run(&["state", "ctr"]);
+    assert_eq!(took("path-runc-called").trim_end(), "state ctr");
+    // Writable by its group: its low-level-runtime is not believed.
+    std::fs::write(&config, &good).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o664)).unwrap();
+    run(&["--version"]);
+    assert_eq!(took("path-runc-called").trim_end(), "--version");
+    assert_eq!(took("runtime-called"), "");
+    // A broken profile never stops a pass-through.
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    std::fs::write(e.path("profiles.d/broken.toml"), "name = [").unwrap();
+    run(&["delete", "ctr"]);
+    assert_eq!(took("runtime-called").trim_end(), "delete ctr");
+}

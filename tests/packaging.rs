@@ -682,3 +682,160 @@ fn image_entrypoint_installs_on_the_node_and_uninstalls() {
     assert_eq!(std::fs::read_to_string(&containerd).unwrap(), before);
     assert!(!installed.exists());
 }
+
+/// Issue 16 item 6: every script in packaging/ answers --help with its header and does
+/// nothing else, and refuses an option it does not know (exit 2, one line naming it), instead
+/// of handing it to mkdir and rm.
+#[test]
+fn packaging_scripts_take_help_and_reject_unknown_options() {
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(repo().join("packaging"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sh"))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 5, "{scripts:?}");
+    for script in scripts {
+        let name = script.file_name().unwrap().to_str().unwrap().to_owned();
+        let run = |arg: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg(arg)
+                .current_dir(dir.path())
+                // Nothing may be built or installed: no cargo, no rustc on this PATH.
+                .env("PATH", "/usr/bin:/bin")
+                .env("CARGO", "/nonexistent")
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8(out.stdout).unwrap(),
+                String::from_utf8(out.stderr).unwrap(),
+            )
+        };
+        let (code, stdout, stderr) = run("--help");
+        assert_eq!(code, Some(0), "{name} --help: {stderr}");
+        let first = read(&format!("packaging/{name}"))
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim_start_matches("# ")
+            .to_owned();
+        assert!(
+            stdout.starts_with(&first),
+            "{name} --help printed: {stdout}"
+        );
+        assert!(!stdout.contains("set -e"), "{name}: {stdout}");
+
+        let (code, stdout, stderr) = run("--no-such-option");
+        assert_eq!(code, Some(2), "{name}: {stdout}{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{name}: {stderr}");
+        assert!(stderr.contains("'--no-such-option'"), "{name}: {stderr}");
+    }
+    assert!(
+        !repo().join("--help").exists() && !repo().join("--no-such-option").exists(),
+        "a script took an option for a directory"
+    );
+}
+
+/// Issue 16 item 9: the binaries are static, so cargo-deb's `$auto` finds nothing and the
+/// .deb's Depends would be empty; the low-level runtime it execs is named instead.
+#[test]
+fn deb_depends_on_a_low_level_runtime() {
+    let cargo = cargo_toml();
+    let depends = cargo["package"]["metadata"]["deb"]["depends"]
+        .as_str()
+        .unwrap();
+    assert!(!depends.contains("$auto"), "{depends}");
+    assert!(depends.split('|').any(|d| d.trim() == "runc"), "{depends}");
+}
+
+/// Issue 16 item 7: every apt-get of .ci/run and the packaging scripts waits for another
+/// apt's lock: through `accel_apt_get` (packaging/scripts/apt.sh) or apt's own option.
+#[test]
+fn every_apt_get_waits_for_the_lock() {
+    let mut files = vec![".ci/run".to_owned()];
+    for dir in ["packaging", "packaging/scripts", "packaging/container"] {
+        for e in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "sh") {
+                files.push(p.strip_prefix(repo()).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut calls = 0;
+    for f in &files {
+        for line in logical_lines(&read(f)) {
+            let code = line.split('#').next().unwrap();
+            if !code.contains("apt-get ") || code.trim_start().starts_with("echo") {
+                continue;
+            }
+            calls += 1;
+            assert!(
+                code.contains("DPkg::Lock::Timeout="),
+                "{f}: apt-get without the lock wait (use accel_apt_get): {line}"
+            );
+        }
+        if read(f).contains("accel_apt_get ") {
+            calls += 1;
+        }
+    }
+    assert!(
+        calls >= 3,
+        "found {calls} apt-get calls: the scan is broken"
+    );
+}
+
+/// `accel_apt_get` tries an update again while another apt holds the lists lock (apt's
+/// option does not cover that lock), and returns any other failure at once. The apt-get here
+/// is a stand-in on PATH that records its arguments; the real lock wait was tried by hand.
+#[test]
+fn accel_apt_get_retries_only_a_held_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let stub = bin.join("apt-get");
+    std::fs::write(
+        &stub,
+        r#"#!/bin/sh
+echo "$*" >> "$CALLS"
+n=$(wc -l < "$CALLS")
+if [ "$MODE" = lock ] && [ "$n" -lt 3 ]; then
+    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1 (apt-get)" >&2
+    exit 100
+fi
+if [ "$MODE" = broken ]; then echo "E: The repository is not signed." >&2; exit 100; fi
+exit 0
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |mode: &str| {
+        let calls = dir.path().join(format!("calls-{mode}"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                ". {}/packaging/scripts/apt.sh && accel_apt_get update -q",
+                repo().display()
+            ))
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("CALLS", &calls)
+            .env("MODE", mode)
+            .env("ACCEL_APT_RETRY_SECONDS", "0")
+            .output()
+            .unwrap();
+        let calls = std::fs::read_to_string(&calls).unwrap();
+        (out.status.code(), calls)
+    };
+    let (code, calls) = run("lock");
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        calls,
+        "-o DPkg::Lock::Timeout=600 update -q\n".repeat(3),
+        "tried until the lock was free"
+    );
+    let (code, calls) = run("broken");
+    assert_eq!(code, Some(100));
+    assert_eq!(calls.lines().count(), 1, "no retry of another failure");
+}

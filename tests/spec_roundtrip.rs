@@ -230,7 +230,7 @@ fn docker_gpu_hook_is_removed_and_nothing_else() {
     // docker appends `NVIDIA_VISIBLE_DEVICES=all` after the user's `-e`; runc applies the
     // entries in order, so the container sees `all`.
     assert_eq!(doc.env("NVIDIA_VISIBLE_DEVICES"), Some("all"));
-    assert!(doc.remove_docker_gpu_hook());
+    assert!(doc.remove_docker_gpu_hook().unwrap());
     let edited: Value = serde_json::from_slice(&doc.to_bytes()).unwrap();
     assert_eq!(edited["hooks"], serde_json::json!({}));
     let mut expected = input.clone();
@@ -242,7 +242,7 @@ fn docker_gpu_hook_is_removed_and_nothing_else() {
 
     let plain = fixture("docker-20.10-run.json");
     let mut doc = spec::Document::parse(&plain).unwrap();
-    assert!(!doc.remove_docker_gpu_hook());
+    assert!(!doc.remove_docker_gpu_hook().unwrap());
     assert_eq!(
         doc.to_bytes(),
         plain,

@@ -64,7 +64,8 @@ install_runtime() {
     done
 
     before="$(checksum "$node_config")"
-    set -- runtime configure --runtime containerd --config "$node_config" \
+    # containerd's standard path: /etc/containerd may not exist on a node running its defaults.
+    set -- runtime configure --runtime containerd --config "$node_config" --create-parents \
         --runtime-name "$RUNTIME_NAME" --runtime-path "$INSTALL_DIR/accel-container-runtime"
     if [ "$SET_AS_DEFAULT" = true ]; then
         set -- "$@" --set-as-default

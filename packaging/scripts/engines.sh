@@ -45,7 +45,8 @@ accel_configure_engines() {
             echo "accel-container-runtime: unknown engine '$_e' (docker, containerd, crio)" >&2
             continue
         }
-        "$_ctk" runtime configure --runtime "$_e" --config "$_cfg" \
+        # The engine's own standard path: its directory may not exist yet (crio.conf.d).
+        "$_ctk" runtime configure --runtime "$_e" --config "$_cfg" --create-parents \
             --runtime-name "$ACCEL_RUNTIME_NAME" \
             --runtime-path "$_bin/accel-container-runtime" "$@" ||
             echo "accel-container-runtime: could not register with $_e ($_cfg); see above" >&2

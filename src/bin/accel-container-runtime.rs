@@ -71,14 +71,19 @@ fn shim(args: Vec<OsString>) -> libc::c_int {
     match run(&args, &inv) {
         Ok(never) => match never {},
         Err(msg) => {
-            let msg = one_line(&msg);
+            let msg = accel_container_runtime::quote::line(&one_line(&msg));
             eprintln!("accel-container-runtime: {msg}");
             logging::engine_error(
                 inv.log.as_deref(),
                 inv.log_json,
                 &format!("accel-container-runtime: {msg}"),
             );
-            log::error!("{msg}");
+            // Named like the info line of a create, so both are found by the container's id.
+            log::error!(
+                "{} {}: {msg}",
+                inv.command.as_deref().unwrap_or("?"),
+                inv.id.as_deref().unwrap_or("?")
+            );
             1
         }
     }
@@ -143,10 +148,21 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
             }
         }
     } else {
-        config::Config::low_level_runtime().map_err(|e| err_chain(&e))?
+        pass_through_runtime()
     };
     let runtime = exec::resolve(&low_level_runtime).map_err(|e| e.to_string())?;
     Err(err_chain(&exec::exec(&runtime, args)))
+}
+
+/// The low-level runtime of a command that only passes through: never an error (issue 14,
+/// class 12): a broken config.toml is a warning in the log and a documented fallback.
+fn pass_through_runtime() -> String {
+    let (runtime, warning) = config::pass_through_runtime();
+    if let Some((msg, log_file)) = warning {
+        logging::init(&log_file, log::LevelFilter::Warn);
+        log::warn!("{msg}");
+    }
+    runtime
 }
 
 /// The `create`/`run` edit, with its one log line.

@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("accel-ctk: {e:#}");
+            eprintln!("accel-ctk: {}", ctk::error_chain(&e));
             ExitCode::from(2)
         }
     }

@@ -29,6 +29,72 @@ pub enum CdiError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Apply(#[from] ApplyError),
+    #[error("{origin}: CDI device {name} is of a kind this node does not let it reach: {msg}")]
+    KindNotAllowed {
+        origin: String,
+        name: String,
+        msg: String,
+    },
+}
+
+/// The kind (`vendor/class`) of a fully-qualified CDI name.
+fn kind_of(name: &str) -> &str {
+    name.split_once('=').map_or(name, |(kind, _)| kind)
+}
+
+/// A vendor variable names CDI devices of its own profile's `cdi-kind` only, or of a kind the
+/// operator listed in the profile's `cdi-extra-kinds`: a container's variable must not reach
+/// another vendor's spec, or a spec that mounts host files, on its own.
+pub fn check_variable_kinds(
+    var: &str,
+    names: &[String],
+    profile: &crate::profile::Profile,
+) -> Result<(), CdiError> {
+    for name in names {
+        let kind = kind_of(name);
+        if profile.cdi_kind.as_deref() == Some(kind)
+            || profile.cdi_extra_kinds.iter().any(|k| k == kind)
+        {
+            continue;
+        }
+        return Err(CdiError::KindNotAllowed {
+            origin: var.to_string(),
+            name: crate::quote::quote(name),
+            msg: format!(
+                "{var} may name devices of {} only; list {} in cdi-extra-kinds of [profiles.{}] in config.toml to allow it",
+                profile.cdi_kind.as_deref().map_or("no CDI kind".into(), crate::quote::quote),
+                crate::quote::quote(kind),
+                profile.name
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `cdi.k8s.io/*` annotations reach the kinds of the node's profiles (their `cdi-kind` and
+/// `cdi-extra-kinds`) only: CRI-O passes a pod's own annotations into the spec, so any other
+/// spec in the CDI directories (host-file mounts, another tool's devices) stays out of reach.
+pub fn check_annotation_kinds(
+    requests: &[(String, String)],
+    profiles: &[crate::profile::Profile],
+) -> Result<(), CdiError> {
+    let known = profiles
+        .iter()
+        .flat_map(|p| p.cdi_kind.iter().chain(&p.cdi_extra_kinds));
+    for (key, name) in requests {
+        let kind = kind_of(name);
+        if !known.clone().any(|k| k == kind) {
+            return Err(CdiError::KindNotAllowed {
+                origin: format!("annotation {}", crate::quote::quote(key)),
+                name: crate::quote::quote(name),
+                msg: format!(
+                    "annotations may name devices of the profiles' CDI kinds only; list {} in a profile's cdi-extra-kinds in config.toml to allow it",
+                    crate::quote::quote(kind)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// CDI device names requested by `cdi.k8s.io/*` annotations, each with its annotation key.
@@ -42,7 +108,7 @@ pub fn annotation_requests(
         }
         for name in value.split(',') {
             model::parse_qualified(name).map_err(|msg| CdiError::Annotation {
-                key: key.to_string(),
+                key: crate::quote::quote(key),
                 msg,
             })?;
             out.push((key.to_string(), name.to_string()));
@@ -84,7 +150,7 @@ mod tests {
                 .unwrap();
         let e = annotation_requests(&bad).unwrap_err().to_string();
         assert!(
-            e.starts_with("annotation cdi.k8s.io/p: \"/dev/sda\" is not a fully-qualified"),
+            e.starts_with("annotation \"cdi.k8s.io/p\": \"/dev/sda\" is not a fully-qualified"),
             "{e}"
         );
     }

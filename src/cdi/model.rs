@@ -242,7 +242,12 @@ fn check_device_name(s: &str) -> Result<(), String> {
 /// Splits a fully-qualified device name `vendor.com/class=name`, checking each part with CDI's
 /// grammar. The result is only ever used as a key, never as a path.
 pub fn parse_qualified(name: &str) -> Result<(&str, &str, &str), String> {
-    let bad = |why: String| format!("{name:?} is not a fully-qualified CDI device name ({why})");
+    let bad = |why: String| {
+        format!(
+            "{} is not a fully-qualified CDI device name ({why})",
+            crate::quote::quote(name)
+        )
+    };
     let (kind, dev) = name
         .split_once('=')
         .ok_or_else(|| bad("no '=': expected vendor.com/class=name".into()))?;

@@ -4,12 +4,13 @@
 //! each directory is a spec; a later directory has priority over an earlier one for the same
 //! fully-qualified device name; the same name defined by two files of one directory is a
 //! conflict and that name resolves to nothing. A file that does not parse or validate is left
-//! out (and named in the error when a request then finds nothing), so one broken file does not
-//! break every other vendor's devices.
+//! out with a warning in the log (and named in the error when a request then finds nothing), so
+//! one broken file does not break every other vendor's devices. So is a file that is not root's
+//! alone to write (src/trust.rs).
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::model::{self, ContainerEdits, Spec};
@@ -90,7 +91,10 @@ impl Registry {
                         priority,
                         spec,
                     }),
-                    Err(msg) => reg.invalid.push((path, msg)),
+                    Err(msg) => {
+                        log::warn!("CDI spec {} skipped: {msg}", path.display());
+                        reg.invalid.push((path, msg));
+                    }
                 }
             }
         }
@@ -200,11 +204,9 @@ pub fn read_spec(path: &Path) -> Result<Spec, String> {
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
-    // A spec names host files to mount into containers; one any user can rewrite is not a
-    // host administrator's statement.
-    if meta.mode() & 0o002 != 0 {
-        return Err("writable by every user; refused".into());
-    }
+    // A spec names host files to mount into containers: only one root alone could have
+    // written (the file and its directories, src/trust.rs) is a host administrator's statement.
+    crate::trust::check_file(path)?;
     if meta.len() > MAX_SPEC_SIZE {
         return Err(format!(
             "{} bytes, over the {MAX_SPEC_SIZE} byte limit",
@@ -268,7 +270,8 @@ mod tests {
         assert!(reg
             .invalid
             .iter()
-            .any(|(p, why)| p.ends_with("writable.yaml") && why.contains("every user")));
+            .any(|(p, why)| p.ends_with("writable.yaml")
+                && why.contains("writable by group and others")));
         let e = from(&reg, "v.com/gpu=9").unwrap_err().to_string();
         assert!(
             e.starts_with("V: unknown CDI device \"v.com/gpu=9\" (searched ")

@@ -55,10 +55,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load().context("loading the runtime's config")?;
-    for w in &cfg.warnings {
-        eprintln!("accel-ctk: warning: {w}");
-    }
+    let cfg = super::load_config()?;
     match cmd {
         Cmd::Generate(args) => generate_cmd(&cfg, &args),
         Cmd::List => list(&cfg),
@@ -224,8 +221,18 @@ fn list(cfg: &Config) -> anyhow::Result<ExitCode> {
             b.display()
         );
     }
+    let names = reg.names();
+    if names.is_empty() {
+        let dirs: Vec<String> = cfg
+            .cdi_spec_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        // stderr: stdout stays a list of names (none) for scripts.
+        eprintln!("accel-ctk: no CDI specs in {}", dirs.join(", "));
+    }
     let mut stdout = std::io::stdout().lock();
-    for name in reg.names() {
+    for name in names {
         writeln!(stdout, "{name}").context("writing to stdout")?;
     }
     Ok(ExitCode::SUCCESS)

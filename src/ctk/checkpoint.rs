@@ -14,7 +14,6 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 
 use crate::checkpoint::{self, compare, expected_ids, move_aside, Checkpoint, Verdict};
-use crate::config::Config;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Cmd {
@@ -30,8 +29,10 @@ pub struct CheckArgs {
     /// After a fix, run `systemctl restart kubelet`.
     #[arg(long, requires = "fix")]
     pub restart_kubelet: bool,
-    #[arg(long, default_value = checkpoint::DEFAULT_PATH)]
-    pub checkpoint: PathBuf,
+    /// The checkpoint file [default: kubelet's, which may be absent on a node without pods
+    /// using devices; a file named here must exist].
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint: Option<PathBuf>,
     /// Only these resources (default: every profile's `resource-name`).
     #[arg(long = "resource", value_name = "NAME")]
     pub resources: Vec<String>,
@@ -57,8 +58,15 @@ fn log(level: &str, step: &str, msg: &str, fields: Value) {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let config = Config::load()?;
-    let path = &args.checkpoint;
+    let config = super::load_config()?;
+    let named = args.checkpoint.is_some();
+    let path = &args
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(checkpoint::DEFAULT_PATH));
+    if named && !path.exists() {
+        anyhow::bail!("--checkpoint {}: no such file", path.display());
+    }
     if !path.exists() {
         log(
             "info",

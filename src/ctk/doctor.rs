@@ -26,6 +26,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.root.is_absolute() {
         anyhow::bail!("--root {} must be an absolute path", args.root.display());
     }
+    // A report over a tree that is not there would read as "nothing installed".
+    match std::fs::metadata(&args.root) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => anyhow::bail!("--root {}: not a directory", args.root.display()),
+        Err(e) => anyhow::bail!("--root {}: {e}", args.root.display()),
+    }
     let mut ctx = Ctx::host(args.root);
     ctx.runc = args.runc;
     let findings = run_all(&ctx);
@@ -40,8 +46,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Status::Fail => "FAIL",
             };
             println!("[{tag}] {}: {}", f.check, f.message);
-            if let (Some(fix), Status::Warn | Status::Fail) = (&f.fix, f.status) {
-                println!("       fix: {fix}");
+            match (&f.fix, f.status) {
+                (Some(fix), Status::Warn | Status::Fail) => println!("       fix: {fix}"),
+                (Some(cmd), Status::Info) => println!("       to change: {cmd}"),
+                _ => {}
             }
         }
         let count = |s| findings.iter().filter(|f| f.status == s).count();

@@ -176,7 +176,7 @@ pub fn table(listing: &Listing) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = Config::load()?;
+    let config = super::load_config()?;
     let listing = collect(&config);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing)?);

@@ -7,3 +7,66 @@ pub mod doctor;
 pub mod list;
 pub mod runtime;
 pub mod system;
+
+use anyhow::Context as _;
+
+use crate::config::Config;
+
+/// The runtime's config, as the runtime loads it, with its warnings (unknown keys with the
+/// nearest known one, an unlistable profiles-dir) printed on stderr: a typo'd key must not be
+/// silent just because this command ran instead of a container.
+pub fn load_config() -> anyhow::Result<Config> {
+    let cfg = Config::load().context("loading the runtime's config")?;
+    for w in &cfg.warnings {
+        eprintln!("accel-ctk: warning: {w}");
+    }
+    Ok(cfg)
+}
+
+/// For a command that works without the config (`runtime configure`): its warnings, or why
+/// it does not load (every container start would fail), on stderr; never an error.
+pub fn warn_config() {
+    if let Err(e) = load_config() {
+        eprintln!(
+            "accel-ctk: warning: {} (containers started through the runtime fail until it is corrected)",
+            error_chain(&e)
+        );
+    }
+}
+
+/// The error and its causes as one `a: b: c` line, each cause once: many errors here already
+/// print their source in their own message (`{path}: {source}`), and anyhow's `{:#}` would
+/// repeat it.
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.contains(text.trim()) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading x: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn error_chain_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, "bad byte");
+        let e = anyhow::Error::new(Repeats(io)).context("loading the config");
+        assert_eq!(
+            super::error_chain(&e),
+            "loading the config: reading x: bad byte"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::error_chain(&plain), "outer: inner");
+    }
+}

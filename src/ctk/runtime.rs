@@ -47,9 +47,14 @@ pub struct Target {
     #[arg(long, value_enum)]
     pub runtime: Engine,
     /// The file to edit [default: /etc/docker/daemon.json, /etc/containerd/config.toml,
-    /// /etc/crio/crio.conf.d/99-<runtime-name>.conf].
+    /// /etc/crio/crio.conf.d/99-<runtime-name>.conf]. The directory of a file named here must
+    /// exist (a typo is an error, not a new tree) unless --create-parents; the directory of a
+    /// default path is created when missing.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Create the missing directories of --config's path.
+    #[arg(long)]
+    pub create_parents: bool,
     /// The name the engine knows the runtime by (`docker run --runtime <name>`, the
     /// Kubernetes RuntimeClass handler).
     #[arg(long, value_name = "NAME", default_value = "accel")]
@@ -60,10 +65,22 @@ pub struct Target {
 }
 
 impl Target {
-    fn path(&self) -> PathBuf {
-        self.config
-            .clone()
-            .unwrap_or_else(|| Kind::from(self.runtime).default_config(&self.runtime_name))
+    /// The file to edit; a named one whose directory is missing is an error unless
+    /// `--create-parents`.
+    fn path(&self) -> anyhow::Result<PathBuf> {
+        let Some(path) = &self.config else {
+            return Ok(Kind::from(self.runtime).default_config(&self.runtime_name));
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !self.create_parents && !dir.is_dir() {
+                anyhow::bail!(
+                    "--config {}: directory {} does not exist (pass --create-parents to create it)",
+                    path.display(),
+                    dir.display()
+                );
+            }
+        }
+        Ok(path.clone())
     }
 }
 
@@ -92,6 +109,7 @@ pub struct UnconfigureArgs {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
+    super::warn_config();
     match cmd {
         Cmd::Configure(args) => configure(&args),
         Cmd::Unconfigure(args) => unconfigure(&args),
@@ -129,7 +147,7 @@ fn configure(args: &ConfigureArgs) -> anyhow::Result<ExitCode> {
         path: runtime_path(args)?,
         set_as_default: args.set_as_default,
     };
-    let out = engine::configure(kind, &t.path(), &reg, &host(kind), t.dry_run)?;
+    let out = engine::configure(kind, &t.path()?, &reg, &host(kind), t.dry_run)?;
     report(
         kind,
         &out,
@@ -141,7 +159,7 @@ fn configure(args: &ConfigureArgs) -> anyhow::Result<ExitCode> {
 fn unconfigure(args: &UnconfigureArgs) -> anyhow::Result<ExitCode> {
     let t = &args.target;
     let kind = Kind::from(t.runtime);
-    let out = engine::unconfigure(kind, &t.path(), &t.runtime_name, &host(kind), t.dry_run)?;
+    let out = engine::unconfigure(kind, &t.path()?, &t.runtime_name, &host(kind), t.dry_run)?;
     report(kind, &out, &format!("runtime `{}`", t.runtime_name));
     Ok(ExitCode::SUCCESS)
 }

@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::config::Config;
 use crate::devchar::{self, Action, LinkState};
 
 #[derive(Debug, clap::Subcommand)]
@@ -29,10 +28,7 @@ pub struct Args {
 
 pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
     let Cmd::CreateDevCharSymlinks(args) = cmd;
-    let config = Config::load()?;
-    for w in &config.warnings {
-        eprintln!("accel-ctk: warning: {w}");
-    }
+    let config = super::load_config()?;
     let dev_dir = args.dev_dir.unwrap_or_else(|| config.host_dev_dir.clone());
     let mut failed = false;
     for profile in &config.profiles {

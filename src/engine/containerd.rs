@@ -389,6 +389,63 @@ pub fn default_runtime(current: &str) -> Result<Option<String>, EditError> {
     }
 }
 
+/// One CRI runtime as the file defines it (read-only, for `accel-ctk doctor`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CriRuntime {
+    pub name: String,
+    /// `options.BinaryName`: the binary the runc shim execs instead of `runc`.
+    pub binary: Option<String>,
+    /// `options.SystemdCgroup` (`None`: not set; containerd then uses cgroupfs).
+    pub systemd_cgroup: Option<bool>,
+}
+
+/// The CRI runtimes of a file and where they live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CriRuntimes {
+    /// `None`: the file has not chosen a schema (no `version`, no `plugins`).
+    pub schema: Option<Schema>,
+    /// The table holding `runtimes`, as a TOML key path (`plugins."io.containerd.grpc.v1.cri".containerd`).
+    pub table: String,
+    /// `default_runtime_name`, or containerd's own default, `runc`.
+    pub default: String,
+    pub runtimes: Vec<CriRuntime>,
+}
+
+/// What `current` defines under its schema's CRI table.
+pub fn cri_runtimes(current: &str, host: &Host) -> Result<CriRuntimes, EditError> {
+    let doc = parse(current)?;
+    let schema = schema_of(&doc)?;
+    let cri = schema
+        .unwrap_or(Schema::for_major(host.containerd_major))
+        .cri_path();
+    let table = table_at(doc.as_table(), &cri)?;
+    let default = table
+        .and_then(|t| t.get("default_runtime_name"))
+        .and_then(Item::as_str)
+        .unwrap_or("runc")
+        .to_owned();
+    let mut runtimes = Vec::new();
+    if schema.is_some() {
+        if let Some(rts) = table_at(doc.as_table(), &[cri[0], cri[1], cri[2], "runtimes"])? {
+            for (name, item) in rts.iter() {
+                let opts = item.as_table_like().and_then(|t| t.get("options"));
+                let opt = |k: &str| opts.and_then(|o| o.as_table_like()).and_then(|o| o.get(k));
+                runtimes.push(CriRuntime {
+                    name: name.to_owned(),
+                    binary: opt("BinaryName").and_then(Item::as_str).map(str::to_owned),
+                    systemd_cgroup: opt("SystemdCgroup").and_then(Item::as_bool),
+                });
+            }
+        }
+    }
+    Ok(CriRuntimes {
+        schema,
+        table: dotted(&cri),
+        default,
+        runtimes,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,6 +464,23 @@ mod tests {
 [metrics]
   address = "127.0.0.1:1338"
 "#;
+
+    #[test]
+    fn cri_runtimes_for_doctor() {
+        let out = configure(Some(V2), &reg(false), &Host::default()).unwrap();
+        let c = cri_runtimes(&out, &Host::default()).unwrap();
+        assert_eq!(c.schema, Some(Schema::V2));
+        assert_eq!(c.table, "plugins.\"io.containerd.grpc.v1.cri\".containerd");
+        assert_eq!(c.default, "runc");
+        let accel = c.runtimes.iter().find(|r| r.name == "accel").unwrap();
+        assert_eq!(
+            accel.binary.as_deref(),
+            Some("/usr/bin/accel-container-runtime")
+        );
+        assert_eq!(accel.systemd_cgroup, Some(true));
+        let empty = cri_runtimes("", &Host::default()).unwrap();
+        assert!(empty.schema.is_none() && empty.runtimes.is_empty());
+    }
 
     #[test]
     fn version_lines() {

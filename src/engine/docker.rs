@@ -160,6 +160,37 @@ pub fn default_runtime(current: &str) -> Result<Option<String>, EditError> {
         .map(str::to_owned))
 }
 
+/// Every `runtimes.<name>` with a `path`, in the file's order: read-only, for `accel-ctk doctor`.
+pub fn runtimes(current: &str) -> Result<Vec<(String, String)>, EditError> {
+    let root = parse(current)?;
+    Ok(runtimes_of(&root)?
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, rt)| Some((name.clone(), rt.get("path")?.as_str()?.to_owned())))
+        .collect())
+}
+
+/// The cgroup driver `exec-opts` sets (`native.cgroupdriver=systemd`), as dockerd reads it:
+/// the last such option wins; `None` when the file sets none (dockerd then picks its default).
+///
+/// Ref: <https://docs.docker.com/engine/daemon/#configure-cgroup-driver>
+pub fn cgroup_driver(current: &str) -> Result<Option<String>, EditError> {
+    let root = parse(current)?;
+    let opts = match root.get("exec-opts") {
+        None => return Ok(None),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(EditError::Layout("\"exec-opts\" is not an array".into())),
+    };
+    Ok(opts
+        .iter()
+        .filter_map(Value::as_str)
+        .filter_map(|o| {
+            let (k, v) = o.split_once('=')?;
+            (k.trim() == "native.cgroupdriver").then(|| v.trim().to_owned())
+        })
+        .next_back())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +247,15 @@ mod tests {
         let r = registered(&text, "accel").unwrap();
         assert!(r.is_default);
         assert_eq!(r.path.as_deref(), Some("/usr/bin/accel-container-runtime"));
+    }
+
+    #[test]
+    fn readers_for_doctor() {
+        let text = r#"{"runtimes":{"a":{"path":"/x/a"},"b":{"runtimeArgs":[]}},"exec-opts":["native.cgroupdriver=cgroupfs","native.cgroupdriver = systemd"]}"#;
+        assert_eq!(runtimes(text).unwrap(), [("a".into(), "/x/a".into())]);
+        assert_eq!(cgroup_driver(text).unwrap().as_deref(), Some("systemd"));
+        assert_eq!(cgroup_driver("{}").unwrap(), None);
+        assert!(cgroup_driver(r#"{"exec-opts":"x"}"#).is_err());
     }
 
     #[test]

@@ -398,46 +398,83 @@ impl<'a> Document<'a> {
         }
     }
 
+    /// The spec's mounts as JSON values (an entry that does not decode is left out: it then
+    /// counts for nothing), for the device-list mounts (`request::device_list_from_mounts`).
+    pub fn mounts(&self) -> Vec<Value> {
+        let raw = |raw: &str| -> Vec<Value> {
+            checked::elements(raw)
+                .filter_map(|m| serde_json::from_str(m).ok())
+                .collect()
+        };
+        match self.find(&["mounts"]) {
+            Some(Found::Edited(v)) => v.as_array().cloned().unwrap_or_default(),
+            Some(Found::Raw(r)) => raw(r),
+            Some(Found::Appended(r, added)) => {
+                let mut all = r.map(raw).unwrap_or_default();
+                all.extend(added.iter().filter_map(|e| e.to_value().ok()));
+                all
+            }
+            None => Vec::new(),
+        }
+    }
+
     /// The string-valued annotations (the last of a repeated key).
     pub fn annotations(&self) -> &[(Cow<'a, str>, Cow<'a, str>)] {
         &self.annotations
     }
 
-    /// Whether `hooks.prestart` has docker's `--gpus` hook (a path named [`DOCKER_GPU_HOOK`]).
-    fn has_docker_gpu_hook(&self) -> bool {
+    /// Whether `hooks.prestart` has docker's `--gpus` hook (a path named [`DOCKER_GPU_HOOK`]):
+    /// `None` when an entry does not decode, so it may be the hook.
+    fn has_docker_gpu_hook(&self) -> Option<bool> {
         let is_gpu_hook = |path: Option<&str>| {
             Path::new(path.unwrap_or_default())
                 .file_name()
                 .is_some_and(|n| n == DOCKER_GPU_HOOK)
         };
         match self.find(&["hooks", "prestart"]) {
-            Some(Found::Edited(v)) => v.as_array().is_some_and(|hooks| {
+            Some(Found::Edited(v)) => Some(v.as_array().is_some_and(|hooks| {
                 hooks
                     .iter()
                     .any(|h| is_gpu_hook(h.get("path").and_then(Value::as_str)))
-            }),
-            Some(Found::Raw(raw)) => checked::elements(raw).any(|h| {
-                let path = members(h)
-                    .ok()
-                    .flatten()
-                    .and_then(|m| string(last(&m, "path")?));
-                is_gpu_hook(path.as_deref())
-            }),
-            Some(Found::Appended(..)) | None => false,
+            })),
+            Some(Found::Raw(raw)) => {
+                let mut found = Some(false);
+                for h in checked::elements(raw) {
+                    let Ok(Some(m)) = members(h) else {
+                        found = None;
+                        continue;
+                    };
+                    match last(&m, "path").map(|p| string(p).ok_or(())) {
+                        Some(Ok(p)) if is_gpu_hook(Some(&p)) => return Some(true),
+                        Some(Err(())) => found = None,
+                        _ => {}
+                    }
+                }
+                found
+            }
+            Some(Found::Appended(..)) | None => Some(false),
         }
     }
 
-    /// Removes docker's `--gpus` prestart hook; true when one was there.
-    pub fn remove_docker_gpu_hook(&mut self) -> bool {
-        if !self.has_docker_gpu_hook() {
-            return false;
+    /// Removes docker's `--gpus` prestart hook; true when one was there. An error when the
+    /// hooks cannot be read well enough to be sure it is gone (issue 14, class 8): the hook
+    /// would give the container devices past this runtime's checks, so it is never left in
+    /// place because another field of the section did not decode.
+    pub fn remove_docker_gpu_hook(&mut self) -> Result<bool, String> {
+        let sure = self.has_docker_gpu_hook();
+        if sure == Some(false) {
+            return Ok(false);
         }
-        let Ok(Value::Object(hooks)) = self.section_mut(&["hooks"], || Value::Object(Map::new()))
-        else {
-            return false;
+        let cannot = |why: String| {
+            format!("hooks.prestart: cannot remove docker's --gpus hook ({DOCKER_GPU_HOOK}): {why}")
+        };
+        let hooks = match self.section_mut(&["hooks"], || Value::Object(Map::new())) {
+            Ok(Value::Object(hooks)) => hooks,
+            Ok(_) => return Err(cannot("`hooks` is not an object".into())),
+            Err(e) => return Err(cannot(e)),
         };
         let Some(prestart) = hooks.get_mut("prestart").and_then(Value::as_array_mut) else {
-            return false;
+            return Err(cannot("`prestart` is not an array".into()));
         };
         let before = prestart.len();
         prestart.retain(|h| {
@@ -450,7 +487,7 @@ impl<'a> Document<'a> {
         if prestart.is_empty() && removed {
             hooks.remove("prestart");
         }
-        removed
+        Ok(removed)
     }
 
     /// The container's rootfs on the host: `root.path`, relative to the bundle when relative.

@@ -1,0 +1,148 @@
+//! Whether a file on disk may be believed: config.toml, the profiles and the CDI specs each
+//! say which host files go into containers, so each must be something only root could have
+//! written, as sudo (`sudoers`) and sshd (`StrictModes`) require of their files.
+//!
+//! A file is trusted when it is a regular file owned by root and not writable by group or
+//! others, and every directory above it is owned by root and not writable by group or others.
+//! A symlink is judged by its target (and the target's directories) and by the directories
+//! holding the link itself. One exception, as for /tmp: a root-owned directory with the
+//! sticky bit may be writable by others, since they can add entries to it but cannot rename
+//! or remove root's, so a root-owned file below it stays root's.
+//!
+//! Ref: sudo's `sudo_secure_path`, OpenSSH's `safe_path` (auth.c).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+const STICKY: u32 = 0o1000;
+
+/// `Ok` when `path` may be trusted; else what is wrong with it, naming the file or the
+/// directory at fault (the caller prefixes the file it was reading).
+pub fn check_file(path: &Path) -> Result<(), String> {
+    let target = std::fs::canonicalize(path).map_err(|e| format!("cannot resolve: {e}"))?;
+    let meta = std::fs::metadata(&target).map_err(|e| format!("cannot stat: {e}"))?;
+    let shown = if target == path {
+        String::new()
+    } else {
+        format!(" (symlink target {})", target.display())
+    };
+    if !meta.is_file() {
+        return Err(format!("not a regular file{shown}; refused"));
+    }
+    owner_and_mode(&meta).map_err(|why| format!("{why}{shown}; refused"))?;
+    // The directories of the target, then those of the link (when it is one).
+    let mut dirs: Vec<std::path::PathBuf> = target.ancestors().skip(1).map(Into::into).collect();
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Ok(parent) = std::fs::canonicalize(parent) {
+            dirs.extend(parent.ancestors().map(Into::into));
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs.iter().rev() {
+        check_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn check_dir(dir: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| format!("cannot stat directory {}: {e}", dir.display()))?;
+    if meta.uid() != 0 {
+        return Err(format!(
+            "directory {} is owned by uid {}, not root; refused",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 && mode & STICKY == 0 {
+        return Err(format!(
+            "directory {} is writable by {} (mode {mode:04o}); refused",
+            dir.display(),
+            who(mode)
+        ));
+    }
+    Ok(())
+}
+
+fn owner_and_mode(meta: &std::fs::Metadata) -> Result<(), String> {
+    if meta.uid() != 0 {
+        return Err(format!("owned by uid {}, not root", meta.uid()));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!("writable by {} (mode {mode:04o})", who(mode)));
+    }
+    Ok(())
+}
+
+fn who(mode: u32) -> &'static str {
+    match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => "group and others",
+        (true, false) => "group",
+        _ => "others",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Needs root (files made here must be root's); CI runs as root.
+    #[test]
+    fn owner_mode_and_directories() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("etc");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o755);
+        let f = dir.join("config.toml");
+        std::fs::write(&f, "").unwrap();
+        chmod(&f, 0o644);
+        check_file(&f).unwrap();
+
+        chmod(&f, 0o664);
+        let e = check_file(&f).unwrap_err();
+        assert!(e.contains("writable by group (mode 0664)"), "{e}");
+        chmod(&f, 0o646);
+        assert!(check_file(&f).unwrap_err().contains("by others"));
+        chmod(&f, 0o644);
+
+        std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+        assert!(check_file(&f).unwrap_err().contains("owned by uid 65534"));
+        std::os::unix::fs::chown(&f, Some(0), None).unwrap();
+
+        chmod(&dir, 0o775);
+        let e = check_file(&f).unwrap_err();
+        assert!(e.contains(&format!("directory {}", dir.display())), "{e}");
+        // Sticky and root's, as /tmp: others cannot replace root's entries.
+        chmod(&dir, 0o1777);
+        check_file(&f).unwrap();
+        chmod(&dir, 0o755);
+
+        // A symlink: judged by its target and the target's directories.
+        let other = t.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        chmod(&other, 0o777);
+        let target = other.join("real.toml");
+        std::fs::write(&target, "").unwrap();
+        chmod(&target, 0o644);
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = check_file(&link).unwrap_err();
+        assert!(
+            e.contains(&format!("directory {}", other.display())) && !e.contains("symlink"),
+            "{e}"
+        );
+        chmod(&other, 0o755);
+        check_file(&link).unwrap();
+        chmod(&target, 0o666);
+        let e = check_file(&link).unwrap_err();
+        assert!(e.contains("symlink target"), "{e}");
+    }
+}
