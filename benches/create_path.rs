@@ -161,6 +161,43 @@ fn bench_ldcache(c: &mut Criterion) {
     g.finish();
 }
 
+/// A create's loader-cache step (src/loader.rs) on an image whose cache is this host's (a
+/// Debian 12 with ~550 entries): read it through the rootfs fd, merge 12 driver libraries,
+/// sort as ldconfig, write a temp file and rename it; and the second create of the same
+/// bundle, which finds the same bytes and writes nothing.
+fn bench_loader_cache(c: &mut Criterion) {
+    use accel_container_runtime::{ldcache::Record, loader};
+    use criterion::BatchSize;
+    let mut g = c.benchmark_group("loader_cache");
+    let host = std::fs::read("/etc/ld.so.cache").expect("/etc/ld.so.cache on a glibc host");
+    let root = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(root.path().join("etc")).expect("etc");
+    let cache = root.path().join("etc/ld.so.cache");
+    let vendors = [loader::VendorLibs {
+        records: (0..12)
+            .map(|i| {
+                Record::native(
+                    &format!("libnvidia-x{i}.so.1"),
+                    &format!("/usr/lib/x86_64-linux-gnu/libnvidia-x{i}.so.1"),
+                )
+            })
+            .collect(),
+        ..loader::VendorLibs::default()
+    }];
+    let image = loader::Image::open(Some(root.path()));
+    g.bench_function("merge_12_into_host_cache_and_write", |b| {
+        b.iter_batched(
+            || std::fs::write(&cache, &host).expect("reset"),
+            |()| loader::update_cache(&image, &vendors).expect("written"),
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("second_create_unchanged", |b| {
+        b.iter(|| loader::update_cache(&image, &vendors).expect("unchanged"))
+    });
+    g.finish();
+}
+
 /// docker's config.json padded to about `size` bytes with what makes real specs big: env
 /// entries, bind mounts and annotations (a third each).
 pub fn padded_spec(size: usize) -> Vec<u8> {
@@ -283,7 +320,7 @@ fn bench_json_check(c: &mut Criterion) {
 criterion_group! {
     name = pieces;
     config = quick();
-    targets = bench_argv, bench_config, bench_discovery, bench_ldcache, bench_json_check, bench_spec_edit
+    targets = bench_argv, bench_config, bench_discovery, bench_ldcache, bench_loader_cache, bench_json_check, bench_spec_edit
 }
 /// `criterion_main!`, plus one thing: CI runs `cargo test --all-targets -- --test-threads=2`,
 /// which hands libtest's `--test-threads` to every target, and criterion's argument parser

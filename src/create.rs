@@ -12,6 +12,7 @@ use crate::cdi::{self, CdiError};
 use crate::config::{Config, Quick};
 use crate::discovery::{self, Device, DiscoveryError};
 use crate::ldcache;
+use crate::loader;
 use crate::plan::{self, Plan, PlanError};
 use crate::profile::Profile;
 use crate::request::{self, Request, RequestError};
@@ -35,6 +36,8 @@ pub enum CreateError {
     },
     #[error(transparent)]
     Cdi(#[from] CdiError),
+    #[error(transparent)]
+    Require(#[from] crate::require::RequireError),
     #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
     LdCache {
         root: PathBuf,
@@ -96,6 +99,9 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     };
     let privileged = spec.is_privileged();
     let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
+    // The image side (loader cache, dev links, compat, requirements): src/loader.rs.
+    let mut image: Option<loader::Image> = None;
+    let mut vendor_libs: Vec<loader::VendorLibs> = Vec::new();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
     let mut cdi_requests = cdi::annotation_requests(&spec)?;
     cdi::check_annotation_kinds(&cdi_requests, &cfg.profiles)?;
@@ -159,8 +165,16 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
         })?;
         let dir = lib_dir
             .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle.dir).as_deref()));
-        out.plan
-            .extend(plan::driver_edits(profile, &caps, &cache, dir)?);
+        let driver = plan::driver_edits(profile, &caps, &cache, dir)?;
+        let image =
+            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(&bundle.dir).as_deref()));
+        let libs = loader::prepare(profile, image, &spec.env_entries(), &driver, dir)?;
+        out.plan.extend(driver);
+        out.plan.extend(Plan {
+            mounts: libs.dev_links.clone(),
+            ..Plan::default()
+        });
+        vendor_libs.push(libs);
         out.requests.push(format!("{var}={value}"));
     }
 
@@ -176,6 +190,9 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
         msg,
     })?;
     cdi::apply::apply(&mut spec, &out.cdi).map_err(CdiError::from)?;
+    if let Some(image) = &image {
+        loader::update_cache_or_warn(image, &vendor_libs);
+    }
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite the same bytes (two fsyncs on a disk-backed bundle). CDI edits replace
     // entries in place, so only the result tells: an unchanged document splices back to

@@ -13,6 +13,9 @@ use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+mod write;
+pub use write::{hwcaps_names, libcmp, records, write, Record};
+
 const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
 const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
 const OLD_ENTRY: usize = 12;
@@ -24,6 +27,9 @@ const FLAG_TYPE_MASK: i32 = 0x00ff;
 const FLAG_REQUIRED_MASK: i32 = 0xff00;
 const FLAG_X8664_LIB64: i32 = 0x0300;
 const FLAG_AARCH64_LIB64: i32 = 0x0a00;
+/// An entry's `hwcap` names a glibc-hwcaps subdirectory (its low 32 bits index the
+/// extension's list of names) instead of legacy hwcap bits. Ref: `dl-cache.h`.
+pub const HWCAP_EXTENSION: u64 = 1 << 62;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum LdCacheError {
@@ -40,6 +46,10 @@ pub struct Entry<'a> {
     /// Where it lives, as recorded (relative to the root ldconfig ran for).
     pub path: &'a Path,
     pub flags: i32,
+    /// Minimum kernel version (ELF ABI note), 0 for none.
+    pub osversion: u32,
+    /// Legacy hwcap bits, or a glibc-hwcaps subdirectory index with [`HWCAP_EXTENSION`] set.
+    pub hwcap: u64,
 }
 
 /// A cache image read from disk, checked once, with where each entry's strings are.
@@ -53,6 +63,8 @@ pub struct Cache {
 #[derive(Debug, Clone)]
 struct Slot {
     flags: i32,
+    osversion: u32,
+    hwcap: u64,
     name: Range<usize>,
     path: Range<usize>,
 }
@@ -68,6 +80,8 @@ impl Slot {
             name: unsafe { std::str::from_utf8_unchecked(name) },
             path: Path::new(OsStr::from_bytes(&data[self.path.clone()])),
             flags: self.flags,
+            osversion: self.osversion,
+            hwcap: self.hwcap,
         }
     }
 }
@@ -108,10 +122,11 @@ pub fn parse(data: &[u8]) -> Result<Vec<Entry<'_>>, LdCacheError> {
     Ok(slots(data)?.iter().map(|s| s.entry(data)).collect())
 }
 
-/// The entries of an image as offsets, every string checked.
-fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
-    let start = if data.starts_with(NEW_MAGIC) {
-        0
+/// Where the new-format table starts: at 0, or after an old-format table; `None` for an
+/// old-format-only cache.
+fn new_table_start(data: &[u8]) -> Result<Option<usize>, LdCacheError> {
+    if data.starts_with(NEW_MAGIC) {
+        Ok(Some(0))
     } else if data.starts_with(OLD_MAGIC) {
         // Old header: magic (11 bytes, padded to 12) + nlibs u32, then nlibs entries.
         let n = read_u32(data, 12).ok_or(LdCacheError::Truncated("old header"))? as usize;
@@ -127,15 +142,22 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
             .get(aligned..)
             .is_some_and(|d| d.starts_with(NEW_MAGIC))
         {
-            aligned
+            Ok(Some(aligned))
         } else if data.get(end..).is_some_and(|d| d.starts_with(NEW_MAGIC)) {
-            end
+            Ok(Some(end))
         } else {
-            // An old-format-only cache has no soname table we trust; treat as empty.
-            return Ok(Vec::new());
+            Ok(None)
         }
     } else {
-        return Err(LdCacheError::BadMagic);
+        Err(LdCacheError::BadMagic)
+    }
+}
+
+/// The entries of an image as offsets, every string checked.
+fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
+    let Some(start) = new_table_start(data)? else {
+        // An old-format-only cache has no soname table we trust; treat as empty.
+        return Ok(Vec::new());
     };
     let new = &data[start..];
     let cstr = |off: usize| -> Option<Range<usize>> {
@@ -157,6 +179,12 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
         let flags = read_u32(new, off).ok_or(LdCacheError::Truncated("entry"))? as i32;
         let key = read_u32(new, off + 4).ok_or(LdCacheError::Truncated("entry"))? as usize;
         let value = read_u32(new, off + 8).ok_or(LdCacheError::Truncated("entry"))? as usize;
+        let osversion = read_u32(new, off + 12).ok_or(LdCacheError::Truncated("entry"))?;
+        let hwcap = new
+            .get(off + 16..off + 24)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes)
+            .ok_or(LdCacheError::Truncated("entry"))?;
         let (Some(name), Some(path)) = (cstr(key), cstr(value)) else {
             return Err(LdCacheError::Truncated("string table"));
         };
@@ -165,7 +193,13 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
         {
             return Err(LdCacheError::Truncated("string table"));
         }
-        out.push(Slot { flags, name, path });
+        out.push(Slot {
+            flags,
+            osversion,
+            hwcap,
+            name,
+            path,
+        });
     }
     Ok(out)
 }

@@ -3,10 +3,12 @@
 //!
 //! Floors, lowest first (a module only uses those below it):
 //! `arena`, `argv`, `atomic`, `keys` (known config keys), `read`, `quote` (container text in
-//! messages), `trust` (files only root can write) → `ldcache` → `profile` → `config` →
+//! messages), `trust` (files only root can write) → `ldcache`, `rootfs` (paths inside a
+//! container's root, openat2), `require` (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` →
 //! `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `devchar` (host /dev/char links) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
+//! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache, dev
+//! links, compat libraries, requirements) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
 //! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands)
 //! → binaries.
 
@@ -26,12 +28,15 @@ pub mod exec;
 pub mod keys;
 pub mod ldcache;
 pub mod libraries;
+pub mod loader;
 pub mod logging;
 pub mod plan;
 pub mod profile;
 pub mod quote;
 pub mod read;
 pub mod request;
+pub mod require;
+pub mod rootfs;
 pub mod spec;
 pub mod topology;
 pub mod trust;

@@ -258,6 +258,46 @@ pub struct Profile {
     pub default_capabilities: Vec<String>,
     #[serde(default)]
     pub capabilities: BTreeMap<String, Capability>,
+    /// Development names (`libcuda.so`) and the soname each stands for (`libcuda.so.1`):
+    /// mounted from the same host file when that soname is mounted (src/loader.rs).
+    #[serde(default)]
+    pub dev_links: BTreeMap<String, String>,
+    /// Newer driver libraries an image may carry (CUDA forward compatibility).
+    #[serde(default)]
+    pub compat: Option<Compat>,
+    /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/require.rs).
+    #[serde(default)]
+    pub requirements: Option<Requirements>,
+}
+
+/// Where an image carries forward-compatibility driver libraries (src/loader.rs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Compat {
+    /// Directory in the image (`/usr/local/cuda/compat`).
+    pub dir: PathBuf,
+    /// Stem whose `<stem>.so.<version>` file gives the libraries' driver version (`libcuda`).
+    pub version_library: String,
+    /// Stems of the libraries that take precedence when the image's are newer.
+    pub libraries: Vec<String>,
+}
+
+/// The variables an image states its requirements in, and the driver -> CUDA table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Requirements {
+    /// Every variable with this prefix is a requirement (`NVIDIA_REQUIRE_`).
+    pub env_prefix: String,
+    /// A variable that, true, skips the checks (`NVIDIA_DISABLE_REQUIRE`).
+    #[serde(default)]
+    pub disable_env: Option<String>,
+    /// A variable holding the image's CUDA version, checked as `cuda>=X.Y` when the image
+    /// states no `<prefix>CUDA` (`CUDA_VERSION`).
+    #[serde(default)]
+    pub legacy_cuda_env: Option<String>,
+    /// Minimum driver version (key) of each CUDA version (value).
+    #[serde(default)]
+    pub cuda_by_driver: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -376,6 +416,9 @@ impl Profile {
             "capabilities-env" => capabilities_env,
             "default-capabilities" => default_capabilities,
             "capabilities" => capabilities,
+            "dev-links" => dev_links,
+            "compat" => compat,
+            "requirements" => requirements,
         }
     }
 
@@ -484,6 +527,30 @@ impl Profile {
                 return invalid(format!(
                     "library/binary name {name:?} must be a plain file name"
                 ));
+            }
+        }
+        let plain = |n: &str| !n.is_empty() && !n.contains('/') && n != "." && n != "..";
+        for (dev, soname) in &self.dev_links {
+            if !plain(dev) || !plain(soname) {
+                return invalid(format!(
+                    "dev-links {dev:?} = {soname:?}: both must be plain file names"
+                ));
+            }
+        }
+        if let Some(c) = &self.compat {
+            if !c.dir.is_absolute() || has_dotdot(&c.dir) {
+                return invalid(format!(
+                    "compat.dir {} must be absolute without '..'",
+                    c.dir.display()
+                ));
+            }
+            if let Some(n) = c
+                .libraries
+                .iter()
+                .chain([&c.version_library])
+                .find(|n| !plain(n))
+            {
+                return invalid(format!("compat library {n:?} must be a plain file name"));
             }
         }
         for (cap, c) in &self.capabilities {
@@ -619,10 +686,17 @@ mod tests {
             binary-search-dirs = ["/x"]
             capabilities-env = "X"
             default-capabilities = ["x"]
+            dev-links = { "libx.so" = "libx.so.1" }
             [discovery]
             method = "device-nodes"
             node-templates = ["/dev/x{index}"]
             [capabilities.x]
+            [compat]
+            dir = "/x"
+            version-library = "libx"
+            libraries = ["libx"]
+            [requirements]
+            env-prefix = "X_REQUIRE_"
         "#;
         let other = Profile::from_table(toml::from_str(text).unwrap(), "x")
             .unwrap()

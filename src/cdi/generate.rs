@@ -82,7 +82,10 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         root: profile.driver_root.clone(),
         source,
     })?;
-    let shared = plan::driver_edits(profile, &caps, &cache, &opts.library_dir)?;
+    let mut shared = plan::driver_edits(profile, &caps, &cache, &opts.library_dir)?;
+    // Development names (`libcuda.so`), as the variable path mounts them.
+    let links = crate::loader::dev_links(profile, &shared, &opts.library_dir);
+    shared.mounts.extend(links);
 
     let mut spec = Spec {
         cdi_version: String::new(),

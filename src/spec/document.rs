@@ -358,6 +358,32 @@ impl<'a> Document<'a> {
         }
     }
 
+    /// Every `NAME=value` entry of `process.env` in order (a name may repeat: the last counts),
+    /// for checks that look at a family of names (`NVIDIA_REQUIRE_*`).
+    pub fn env_entries(&self) -> Vec<(&str, &str)> {
+        fn split(e: &str) -> Option<(&str, &str)> {
+            e.split_once('=')
+        }
+        match self.find(&["process", "env"]) {
+            Some(Found::Edited(v)) => v
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .filter_map(split)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Some(Found::Appended(..)) => Vec::new(),
+            _ => self
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| split(e.as_ref()))
+                .collect(),
+        }
+    }
+
     /// Docker sets `CAP_SYS_ADMIN` in the bounding set only for `--privileged` (and NVIDIA's
     /// toolkit uses the same test).
     pub fn is_privileged(&self) -> bool {

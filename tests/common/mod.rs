@@ -143,7 +143,7 @@ pub fn output(cmd: &mut Command) -> Out {
 }
 
 #[track_caller]
-fn sh_ok(cmd: &mut Command) -> Out {
+pub fn sh_ok(cmd: &mut Command) -> Out {
     let out = output(cmd);
     assert_eq!(out.code, 0, "{cmd:?} failed: {out:#?}");
     out

@@ -1,0 +1,296 @@
+//! Reading and writing inside a container's root filesystem from the host, without ever
+//! following a link the image planted to a host path.
+//!
+//! Every path is resolved by the kernel with `openat2(2)` from a directory fd of the rootfs
+//! and `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`: `..` and absolute symlinks stop at the
+//! rootfs, as they would inside the container, and `/proc/self/...`-style links are refused.
+//! Where a symlink is not wanted at all (the loader cache the runtime replaces), the lookup adds
+//! `RESOLVE_NO_SYMLINKS` and the last component is checked with `AT_SYMLINK_NOFOLLOW`.
+//! This is the class of CVE-2024-0132 and CVE-2025-23267 (a hook that followed a link in the
+//! image to a host file) kept impossible by construction.
+//! Ref: openat2(2); NVIDIA security bulletins for CVE-2024-0132 and CVE-2025-23267.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// Resolution every lookup uses.
+const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+/// Resolution for files the runtime replaces: no symlink anywhere on the path.
+const STRICT: ResolveFlags = IN_ROOT.union(ResolveFlags::NO_SYMLINKS);
+
+/// A container's rootfs, opened once.
+#[derive(Debug)]
+pub struct Rootfs {
+    dir: OwnedFd,
+    path: PathBuf,
+}
+
+/// What a directory entry is (from `readdir`, checked with `statx` when the fs does not say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Symlink,
+    Other,
+}
+
+impl Rootfs {
+    /// Opens the rootfs directory (`root.path` of the spec, a host path the engine made).
+    pub fn open(path: &Path) -> std::io::Result<Rootfs> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Rootfs {
+            dir,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The host path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn resolve(&self, rel: &Path, flags: OFlags, how: ResolveFlags) -> Result<OwnedFd, Errno> {
+        let rel = rel.strip_prefix("/").unwrap_or(rel);
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        loop {
+            match rustix::fs::openat2(&self.dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
+                // The kernel asks for a retry when a rename raced the lookup.
+                Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// The entries of directory `rel` (resolved in the root; symlinks inside the image are
+    /// followed as the container would follow them). `None` when it does not exist.
+    pub fn list_dir(&self, rel: &Path) -> std::io::Result<Option<Vec<(String, Kind)>>> {
+        let fd = match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, IN_ROOT) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) | Err(Errno::NOTDIR) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let dir = rustix::fs::Dir::new(fd)?;
+        let mut out = Vec::new();
+        for entry in dir {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                rustix::fs::FileType::RegularFile => Kind::File,
+                rustix::fs::FileType::Symlink => Kind::Symlink,
+                _ => Kind::Other,
+            };
+            out.push((name.to_string(), kind));
+        }
+        out.sort();
+        Ok(Some(out))
+    }
+
+    /// Opens directory `rel` with no symlink on its path, creating the last component (mode
+    /// 0755) when missing and `create` is set.
+    fn strict_dir(&self, rel: &Path, create: bool) -> std::io::Result<OwnedFd> {
+        match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, STRICT) {
+            Err(Errno::NOENT) if create => {
+                let parent = rel.parent().unwrap_or(Path::new("/"));
+                let name = rel.file_name().ok_or(Errno::INVAL)?;
+                let pfd = self.resolve(parent, OFlags::RDONLY | OFlags::DIRECTORY, STRICT)?;
+                match rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, STRICT)?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// Reads regular file `dir/name` (no symlink on the path or at the end), at most `limit`
+    /// bytes. `Ok(None)` when it does not exist; a symlink, a non-regular file or a larger
+    /// file is an error.
+    pub fn read_strict(
+        &self,
+        dir: &Path,
+        name: &str,
+        limit: u64,
+    ) -> std::io::Result<Option<Vec<u8>>> {
+        let dfd = match self.strict_dir(dir, false) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let fd = match rustix::fs::openat(
+            &dfd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::LOOP) => return Err(other(format!("{name} is a symlink"))),
+            Err(e) => return Err(e.into()),
+        };
+        let st = rustix::fs::fstat(&fd)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(other(format!("{name} is not a regular file")));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size > limit {
+            return Err(other(format!(
+                "{name} is {size} bytes, over the {limit} byte limit"
+            )));
+        }
+        crate::read::whole(&File::from(fd), size, limit).map(Some)
+    }
+
+    /// Replaces regular file `dir/name` with `data` atomically (a temp file in the same
+    /// directory, `rename`), creating `dir`'s last component when missing. Not synced: the
+    /// files written here serve one container, whose every create (a restart after a host
+    /// crash included) writes them again, and two fsyncs would cost each create milliseconds
+    /// on a disk. No symlink
+    /// may be on the path; an existing `name` that is not a regular file is refused. The new
+    /// file gets `mode` and the owner of the file it replaces, or of `dir` when new.
+    pub fn replace_strict(
+        &self,
+        dir: &Path,
+        name: &str,
+        data: &[u8],
+        mode: u32,
+    ) -> std::io::Result<()> {
+        let dfd = self.strict_dir(dir, true)?;
+        let owner = match rustix::fs::statat(&dfd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    != rustix::fs::FileType::RegularFile
+                {
+                    return Err(other(format!("{name} exists and is not a regular file")));
+                }
+                (st.st_uid, st.st_gid)
+            }
+            Err(Errno::NOENT) => {
+                let st = rustix::fs::fstat(&dfd)?;
+                (st.st_uid, st.st_gid)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let tmp = format!(".{name}.accel-{}", std::process::id());
+        let fd = rustix::fs::openat(
+            &dfd,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?;
+        let result = (|| -> std::io::Result<()> {
+            let mut f = File::from(fd);
+            f.write_all(data)?;
+            rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(mode))?;
+            rustix::fs::fchown(
+                f.as_fd(),
+                Some(rustix::fs::Uid::from_raw(owner.0)),
+                Some(rustix::fs::Gid::from_raw(owner.1)),
+            )?;
+            rustix::fs::renameat(&dfd, tmp.as_str(), &dfd, name)?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(&dfd, tmp.as_str(), rustix::fs::AtFlags::empty());
+        }
+        result
+    }
+}
+
+fn other(msg: String) -> std::io::Error {
+    std::io::Error::other(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn links_in_the_image_stay_in_the_image() {
+        let host = tempfile::tempdir().unwrap();
+        let secret = host.path().join("secret");
+        std::fs::write(&secret, "host").unwrap();
+        let root = host.path().join("rootfs");
+        std::fs::create_dir_all(root.join("usr/local/cuda-12/compat")).unwrap();
+        std::fs::write(root.join("usr/local/cuda-12/compat/libcuda.so.570.1"), "").unwrap();
+        symlink("cuda-12", root.join("usr/local/cuda")).unwrap();
+        // Absolute links resolve inside the root, as in the container.
+        symlink("/usr/local/cuda-12", root.join("usr/local/abs")).unwrap();
+        symlink(host.path(), root.join("escape")).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        let list = r.list_dir(Path::new("/usr/local/cuda/compat")).unwrap();
+        assert_eq!(
+            list.unwrap(),
+            [("libcuda.so.570.1".to_string(), Kind::File)]
+        );
+        assert!(r
+            .list_dir(Path::new("/usr/local/abs/compat"))
+            .unwrap()
+            .is_some());
+        // An absolute link to a host directory resolves inside the rootfs, where it is missing.
+        assert_eq!(r.list_dir(Path::new("/escape")).unwrap(), None);
+        assert_eq!(
+            r.list_dir(Path::new("/../../..")).unwrap().unwrap().len(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_cache_is_replaced_only_through_real_directories() {
+        let host = tempfile::tempdir().unwrap();
+        let outside = host.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        let root = host.path().join("rootfs");
+        std::fs::create_dir(&root).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        // No /etc: made, file created.
+        assert_eq!(r.read_strict(Path::new("/etc"), "c", 10).unwrap(), None);
+        r.replace_strict(Path::new("/etc"), "c", b"one", 0o644)
+            .unwrap();
+        assert_eq!(std::fs::read(root.join("etc/c")).unwrap(), b"one");
+        assert_eq!(
+            r.read_strict(Path::new("/etc"), "c", 10).unwrap().unwrap(),
+            b"one"
+        );
+        assert!(r.read_strict(Path::new("/etc"), "c", 2).is_err());
+        // A symlinked file or directory is refused, and nothing is written outside.
+        std::fs::remove_file(root.join("etc/c")).unwrap();
+        symlink(outside.join("c"), root.join("etc/c")).unwrap();
+        assert!(r
+            .replace_strict(Path::new("/etc"), "c", b"two", 0o644)
+            .is_err());
+        assert!(r.read_strict(Path::new("/etc"), "c", 10).is_err());
+        std::fs::remove_file(root.join("etc/c")).unwrap();
+        std::fs::remove_dir(root.join("etc")).unwrap();
+        symlink(&outside, root.join("etc")).unwrap();
+        assert!(r
+            .replace_strict(Path::new("/etc"), "c", b"two", 0o644)
+            .is_err());
+        assert!(r.read_strict(Path::new("/etc"), "c", 10).is_err());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // A directory where the file should be is refused too.
+        std::fs::remove_file(root.join("etc")).unwrap();
+        std::fs::create_dir_all(root.join("etc/c")).unwrap();
+        assert!(r
+            .replace_strict(Path::new("/etc"), "c", b"two", 0o644)
+            .is_err());
+    }
+}
