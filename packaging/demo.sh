@@ -48,6 +48,8 @@ else
   echo "== no accelerator here: simulating 2 NVIDIA GPUs and 4 Enflame GCUs under $work/root"
   r=$work/root
   driver_root=$r
+  # The simulated nodes' /dev/char links stay in the scratch dir, out of the host's /dev.
+  host_dev_dir=$work/dev
   mkdir -p "$r/dev" "$r/etc" "$r/usr/bin" "$r/usr/lib/x86_64-linux-gnu" "$r/sys/module/enflame" "$r/proc/driver/nvidia/gpus"
   i=0
   for gpu in "0000:3b:00.0 3 GPU-8f6b1c2e-0d7a-4f52-9c1e-3b0000000003" "0000:af:00.0 1 GPU-1d2e3f40-5a6b-4c7d-8e9f-af0000000001"; do
@@ -81,6 +83,7 @@ fi
 cat > "$work/config.toml" <<TOML
 low-level-runtime = "runc"
 log-file = "$work/shim.log"
+${host_dev_dir:+host-dev-dir = "$host_dev_dir"}
 [profiles.nvidia]
 driver-root = "$driver_root"
 [profiles.enflame]

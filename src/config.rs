@@ -55,6 +55,8 @@ struct File {
     accept_envvar_unprivileged: bool,
     #[serde(default)]
     accept_container_devices_as_mounts: bool,
+    #[serde(default = "d_host_dev_dir")]
+    host_dev_dir: PathBuf,
     #[serde(default)]
     profiles: toml::Table,
 }
@@ -197,6 +199,9 @@ fn d_cdi_dirs() -> Vec<PathBuf> {
 fn d_lib_dir() -> String {
     "auto".into()
 }
+fn d_host_dev_dir() -> PathBuf {
+    PathBuf::from("/dev")
+}
 fn d_true() -> bool {
     true
 }
@@ -214,6 +219,9 @@ pub struct Config {
     pub container_library_dir: Option<PathBuf>,
     pub accept_envvar_unprivileged: bool,
     pub accept_container_devices_as_mounts: bool,
+    /// The host's /dev, under which every injected node gets its `char/MAJOR:MINOR` link
+    /// (src/devchar.rs).
+    pub host_dev_dir: PathBuf,
     pub profiles: Vec<Profile>,
     /// Unknown keys and other things worth a log line.
     pub warnings: Vec<String>,
@@ -286,6 +294,12 @@ impl Config {
                 )))
             }
         };
+        if !file.host_dev_dir.is_absolute() || profile::has_dotdot(&file.host_dev_dir) {
+            return Err(invalid(format!(
+                "host-dev-dir {:?} must be an absolute path without '..'",
+                file.host_dev_dir
+            )));
+        }
 
         let files = match files {
             Some(files) => files,
@@ -302,6 +316,7 @@ impl Config {
             container_library_dir,
             accept_envvar_unprivileged: file.accept_envvar_unprivileged,
             accept_container_devices_as_mounts: file.accept_container_devices_as_mounts,
+            host_dev_dir: file.host_dev_dir,
             profiles,
             warnings,
         })
@@ -625,6 +640,7 @@ mod tests {
             shipped.accept_container_devices_as_mounts,
             defaults.accept_container_devices_as_mounts
         );
+        assert_eq!(shipped.host_dev_dir, defaults.host_dev_dir);
         assert_eq!(shipped.profiles, defaults.profiles);
     }
 

@@ -196,6 +196,13 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     if doc != before {
         spec::write_bytes(&path, &spec::to_bytes(&doc))?;
     }
+    crate::devchar::ensure_logged(
+        &cfg.host_dev_dir,
+        out.plan
+            .nodes
+            .iter()
+            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+    );
     Ok(Some(out))
 }
 

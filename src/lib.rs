@@ -7,10 +7,11 @@
 //! `ldcache`, `rootfs` (paths inside a container's root, openat2), `require`
 //! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
-//! device checkpoint) → `loader` (the image's loader cache, dev links, compat libraries,
-//! requirements) → `spec`, `engine` (engine config files) → `doctor` (node checks) → `cdi` (CDI specs: generate, resolve,
-//! apply) → `create` (the `create` command's straight line) → `ctk` (accel-ctk's subcommands),
-//! `plugin` (accel-device-plugin; its gRPC half only with the `plugin` feature) → binaries.
+//! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
+//! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
+//! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
+//! `create` command's straight line) → `ctk` (accel-ctk's subcommands), `plugin`
+//! (accel-device-plugin; its gRPC half only with the `plugin` feature) → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -19,6 +20,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod create;
 pub mod ctk;
+pub mod devchar;
 pub mod discovery;
 pub mod doctor;
 pub mod edits;

@@ -155,8 +155,9 @@ fn node() -> Node {
     std::fs::write(
         &config,
         format!(
-            "low-level-runtime = \"/bin/true\"\nlog-file = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n[profiles.nvidia]\ndriver-root = {:?}\n[profiles.enflame]\ndriver-root = {:?}\n",
+            "low-level-runtime = \"/bin/true\"\nlog-file = {:?}\nhost-dev-dir = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n[profiles.nvidia]\ndriver-root = {:?}\n[profiles.enflame]\ndriver-root = {:?}\n",
             dir.join("shim.log"),
+            dir.join("dev"),
             cdi_dirs[0],
             cdi_dirs[1],
             root,

@@ -58,9 +58,10 @@ impl Bundle {
         std::fs::write(
             dir.path().join("config.toml"),
             format!(
-                "low-level-runtime = {runtime:?}\nlog-file = {:?}\nprofiles-dir = {:?}\n[profiles.nvidia]\ndriver-root = {root:?}\n",
+                "low-level-runtime = {runtime:?}\nlog-file = {:?}\nprofiles-dir = {:?}\nhost-dev-dir = {:?}\n[profiles.nvidia]\ndriver-root = {root:?}\n",
                 dir.path().join("shim.log"),
                 dir.path().join("profiles.d"),
+                dir.path().join("dev"),
             ),
         )
         .unwrap();

@@ -51,7 +51,7 @@ impl Node {
         let n = Node { dir };
         std::fs::create_dir_all(n.root().join("sys/bus/pci/devices")).unwrap();
         let cfg = format!(
-            "profiles-dir = \"{r}/etc/accel-container-runtime/profiles.d\"\n\
+            "profiles-dir = \"{r}/etc/accel-container-runtime/profiles.d\"\nhost-dev-dir = \"{r}/dev\"\n\
              [profiles.nvidia]\ndriver-root = \"{r}\"\n\
              [profiles.enflame]\ndriver-root = \"{r}\"\n",
             r = n.root().display()
@@ -648,6 +648,67 @@ fn packaging_unit_and_daemonset() {
         .find(|v| v["name"] == "unit")
         .unwrap();
     assert_eq!(cm_vol["configMap"]["name"], cm["metadata"]["name"]);
+}
+
+/// Issue 13: `accel-ctk system create-dev-char-symlinks` links every node of every profile
+/// (device nodes of each GPU and GCU, the control nodes present), says what it did, is
+/// idempotent, and never replaces an entry that resolves to another device (exit 1).
+#[test]
+fn system_create_dev_char_symlinks_links_every_node_once() {
+    let n = Node::standard([
+        "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+        "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+    ]);
+    mknod(&n.root().join("dev/nvidiactl"), 195, 255);
+    let dev = n.root().join("hostdev");
+    let dev_s = dev.to_str().unwrap();
+
+    let dry = n.ctk(&[
+        "system",
+        "create-dev-char-symlinks",
+        "--dev-dir",
+        dev_s,
+        "--dry-run",
+    ]);
+    assert_eq!(dry.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&dry.stdout).into_owned();
+    assert!(text.contains("dev/nvidia0: missing"), "{text}");
+    assert!(!dev.exists(), "--dry-run made {}", dev.display());
+
+    let out = n.ctk(&["system", "create-dev-char-symlinks", "--dev-dir", dev_s]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for (link, node) in [
+        ("char/195:0", "dev/nvidia0"),
+        ("char/195:1", "dev/nvidia1"),
+        ("char/195:255", "dev/nvidiactl"),
+        ("char/240:0", "dev/gcu0"),
+    ] {
+        assert_eq!(
+            std::fs::read_link(dev.join(link)).unwrap(),
+            n.root().join(node),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{node}: created")), "{text}");
+    }
+
+    let again = n.ctk(&["system", "create-dev-char-symlinks", "--dev-dir", dev_s]);
+    assert_eq!(again.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&again.stdout).contains("created"));
+
+    std::fs::remove_file(dev.join("char/195:1")).unwrap();
+    symlink("/dev/null", dev.join("char/195:1")).unwrap();
+    let wrong = n.ctk(&["system", "create-dev-char-symlinks", "--dev-dir", dev_s]);
+    assert_eq!(wrong.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&wrong.stdout).into_owned();
+    assert!(
+        text.contains("dev/nvidia1: ERROR: ") && text.contains("is a link to /dev/null"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_link(dev.join("char/195:1")).unwrap(),
+        std::path::Path::new("/dev/null")
+    );
 }
 
 /// Writes `text` at the host path `host` under `root`, with `mode`.

@@ -621,6 +621,90 @@ fn version_keeps_runcs_stdout() {
     assert!(ours.stdout.starts_with("runc version "), "{ours:#?}");
 }
 
+/// Issue 13: every injected node gets its `char/MAJOR:MINOR` link (under the config's
+/// `host-dev-dir`, here a scratch dir: the host's real /dev never gets a link to a temporary
+/// node) before runc runs; an entry that resolves to another device is left alone, with a
+/// warning, and the container still starts.
+#[test]
+fn dev_char_links_for_every_injected_node_never_replacing_another_device() {
+    use std::os::unix::fs::MetadataExt;
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let dev = runc.scratch().join("dev");
+    // nvidiactl (c 195:255) already has an entry, to another device.
+    std::fs::create_dir_all(dev.join("char")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", dev.join("char/195:255")).unwrap();
+
+    let mut b = Bundle::busybox();
+    b.env("NVIDIA_VISIBLE_DEVICES=1").sh("true");
+    let id = runc.id("devchar");
+    runc.run(&b, &id).ok();
+
+    let spec = b.read_spec();
+    let devices = spec["linux"]["devices"].as_array().unwrap();
+    assert!(!devices.is_empty());
+    for d in devices {
+        let (major, minor) = (d["major"].as_u64().unwrap(), d["minor"].as_u64().unwrap());
+        let link = dev.join(format!("char/{major}:{minor}"));
+        if (major, minor) == (195, 255) {
+            assert_eq!(
+                std::fs::read_link(&link).unwrap(),
+                std::path::Path::new("/dev/null")
+            );
+            continue;
+        }
+        let target = std::fs::read_link(&link)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", link.display(), runc.shim_log()));
+        assert!(target.starts_with(sim.path()), "{}", target.display());
+        let rdev = std::fs::metadata(&link).unwrap().rdev();
+        assert_eq!(rdev, nix::sys::stat::makedev(major, minor));
+    }
+    let log = runc.shim_log();
+    assert!(
+        log.contains("created ") && log.contains("/char/195:1 -> "),
+        "{log}"
+    );
+    assert!(
+        log.contains("char/195:255 is a link to /dev/null (c 1:3), not a link to"),
+        "{log}"
+    );
+    // Nothing but the links themselves (no temporary names left).
+    let names: Vec<String> = std::fs::read_dir(dev.join("char"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), devices.len(), "{names:?}");
+}
+
+/// Concurrent creates of containers asking for the same GPU all start, and leave one link.
+#[test]
+fn dev_char_links_concurrent_creates_all_succeed() {
+    require_root();
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let ids: Vec<String> = (0..6)
+        .map(|i| runc.id(&format!("devchar-par{i}")))
+        .collect();
+    std::thread::scope(|s| {
+        for id in &ids {
+            let runc = &runc;
+            s.spawn(move || {
+                let mut b = Bundle::busybox();
+                b.env("NVIDIA_VISIBLE_DEVICES=0").sh("true");
+                runc.run(&b, id).ok();
+            });
+        }
+    });
+    let link = runc.scratch().join("dev/char/195:3");
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        sim.path().join("dev/nvidia3")
+    );
+    let created = runc.shim_log().matches("/char/195:3 -> ").count();
+    assert_eq!(created, 1, "{}", runc.shim_log());
+}
+
 /// Issue 14, class 12: a container started with a good config keeps answering `state`,
 /// `kill` and `delete` through the shim after config.toml is broken (an unquoted value) and a
 /// profile in profiles-dir stops parsing: the engine can still stop and remove it.

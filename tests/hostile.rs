@@ -92,10 +92,11 @@ impl Env {
         std::fs::write(
             self.path("config.toml"),
             format!(
-                "low-level-runtime = {:?}\nlog-file = {:?}\nprofiles-dir = {:?}\n{top}\n[profiles.nvidia]\ndriver-root = {:?}\n{tables}\n",
+                "low-level-runtime = {:?}\nlog-file = {:?}\nprofiles-dir = {:?}\nhost-dev-dir = {:?}\n{top}\n[profiles.nvidia]\ndriver-root = {:?}\n{tables}\n",
                 self.path("runtime"),
                 self.path("shim.log"),
                 self.path("profiles.d"),
+                self.path("dev"),
                 self.root(),
             ),
         )

@@ -38,6 +38,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ctk::checkpoint::Cmd,
     },
+    /// Node setup: the /dev/char links systemd needs for every device node.
+    System {
+        #[command(subcommand)]
+        cmd: ctk::system::Cmd,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Doctor(args) => ctk::doctor::run(args),
         Cmd::Cdi { cmd } => ctk::cdi::run(cmd),
         Cmd::Checkpoint { cmd } => ctk::checkpoint::run(cmd),
+        Cmd::System { cmd } => ctk::system::run(cmd),
     };
     match result {
         Ok(code) => code,

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod doctor;
 pub mod list;
 pub mod runtime;
+pub mod system;
 
 use anyhow::Context as _;
 

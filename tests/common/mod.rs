@@ -618,11 +618,13 @@ impl Runc {
         .unwrap();
         let root = sim.path().display();
         let text = format!(
-            "low-level-runtime = \"runc\"\nlog-file = {log:?}\nlog-level = \"debug\"\nprofiles-dir = {profiles:?}\n{extra}\n\
+            "low-level-runtime = \"runc\"\nlog-file = {log:?}\nlog-level = \"debug\"\nprofiles-dir = {profiles:?}\nhost-dev-dir = {dev:?}\n{extra}\n\
              [profiles.nvidia]\ndriver-root = \"{root}\"\n\
              [profiles.enflame]\ndriver-root = \"{root}\"\n\
              [profiles.ascend]\ndriver-root = \"{root}\"\n",
             log = dir.path().join("shim.log"),
+            // The /dev/char links of the simulated nodes go here, never to the host's /dev.
+            dev = dir.path().join("dev"),
         );
         std::fs::write(dir.path().join("config.toml"), text).unwrap();
         Runc {
