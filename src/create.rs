@@ -181,11 +181,12 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
         return Ok(None);
     }
     // A second create of an already edited bundle changes nothing: leave the file alone rather
-    // than rewrite it (two fsyncs on a disk-backed bundle). CDI edits replace entries in
-    // place, so only the result tells.
-    let before = doc.clone();
-    spec::remove_docker_gpu_hook(&mut doc);
-    spec::apply(&mut doc, &out.plan).map_err(|msg| CreateError::Edit {
+    // than rewrite it (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
+    // whether they did; CDI edits replace entries in place, so only for those does a copy of
+    // the document tell (a whole-document clone and compare: most of a create's JSON work).
+    let before = (!out.cdi.is_empty()).then(|| doc.clone());
+    let removed_hook = spec::remove_docker_gpu_hook(&mut doc);
+    let added = spec::apply(&mut doc, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
     })?;
@@ -193,7 +194,11 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     if let Some(image) = &image {
         loader::update_cache_or_warn(image, &vendor_libs);
     }
-    if doc != before {
+    let changed = match &before {
+        Some(before) => doc != *before,
+        None => removed_hook || added,
+    };
+    if changed {
         spec::write_bytes(&path, &spec::to_bytes(&doc))?;
     }
     crate::devchar::ensure_logged(

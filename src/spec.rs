@@ -427,8 +427,11 @@ fn shape_error(path: &[&str]) -> String {
 
 /// Writes the plan into the spec. Entries already present are respected: nodes by path,
 /// cgroup rules by value, mounts by destination, gids by value. An empty plan touches
-/// nothing (no section is created).
-pub fn apply(doc: &mut Value, plan: &Plan) -> Result<(), String> {
+/// nothing (no section is created). True when the document changed: a section is only ever
+/// created to hold an entry added to it, so "added something" is "changed", and the create
+/// needs no copy of the whole document to compare against.
+pub fn apply(doc: &mut Value, plan: &Plan) -> Result<bool, String> {
+    let mut changed = false;
     if !plan.nodes.is_empty() {
         let devices = array_mut(doc, &["linux", "devices"])?;
         for n in &plan.nodes {
@@ -438,6 +441,7 @@ pub fn apply(doc: &mut Value, plan: &Plan) -> Result<(), String> {
                 .any(|d| d.get("path").and_then(Value::as_str) == Some(path))
             {
                 devices.push(device_entry(n)?);
+                changed = true;
             }
         }
         let rules = array_mut(doc, &["linux", "resources", "devices"])?;
@@ -445,6 +449,7 @@ pub fn apply(doc: &mut Value, plan: &Plan) -> Result<(), String> {
             let rule = rule_entry(n, "rwm")?;
             if !rules.contains(&rule) {
                 rules.push(rule);
+                changed = true;
             }
         }
     }
@@ -458,17 +463,18 @@ pub fn apply(doc: &mut Value, plan: &Plan) -> Result<(), String> {
                 .any(|x| x.get("destination").and_then(Value::as_str) == Some(dest))
             {
                 mounts.push(mount_entry(m, Some("bind"), &options)?);
+                changed = true;
             }
         }
     }
-    add_gids(doc, &plan.additional_gids)
+    Ok(add_gids(doc, &plan.additional_gids)? || changed)
 }
 
 /// Adds groups to `process.user.additionalGids` (creating the sections; a new `user` is
-/// root's, as runc's default), each once.
-pub fn add_gids(doc: &mut Value, add: &[u32]) -> Result<(), String> {
+/// root's, as runc's default), each once. True when one was added.
+pub fn add_gids(doc: &mut Value, add: &[u32]) -> Result<bool, String> {
     if add.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let process = doc
         .as_object_mut()
@@ -487,12 +493,14 @@ pub fn add_gids(doc: &mut Value, add: &[u32]) -> Result<(), String> {
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
         .ok_or("`process.user.additionalGids` must be an array")?;
+    let mut changed = false;
     for g in add {
         if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
             gids.push(Value::from(*g));
+            changed = true;
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// The bytes written for a document (compact JSON, as engines write it).
@@ -603,8 +611,10 @@ mod tests {
             assert_eq!(applied(&once), once, "{input}");
             let mut d = doc(input);
             let before = d.clone();
-            apply(&mut d, &Plan::default()).unwrap();
+            assert!(!apply(&mut d, &Plan::default()).unwrap(), "{input}");
             assert_eq!(d, before, "{input}");
+            assert!(apply(&mut d, &plan()).unwrap(), "{input}: first apply adds");
+            assert!(!apply(&mut d, &plan()).unwrap(), "{input}: second apply adds nothing");
         }
     }
 

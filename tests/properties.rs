@@ -191,7 +191,9 @@ fn check_preserved(old: &Value, new: &Value, at: &str) -> Result<(), String> {
 fn edit(input: &[u8], plan: &Plan) -> Vec<u8> {
     let (mut doc, _) = spec::parse(input).unwrap();
     let before = doc.clone();
-    spec::apply(&mut doc, plan).unwrap();
+    let changed = spec::apply(&mut doc, plan).unwrap();
+    // The create writes only when apply says it changed something: never wrongly "no".
+    assert_eq!(changed, doc != before, "apply's answer on {plan:?}");
     if doc == before {
         input.to_vec()
     } else {
