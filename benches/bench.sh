@@ -8,7 +8,7 @@
 #   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # before/after
 #
 # What ships is what is measured: the build the packages ship (packaging/target.sh: `cargo
-# build --release --target <triple>`, nothing else), with the shipped config.toml and the four
+# build --release --target <triple>` with its one flag, static glibc), with the shipped config.toml and the four
 # profile files the packages install in profiles-dir, bundles on a tmpfs as engines keep them.
 # What is compared, every command given the argv `state ctr` / `create --bundle B ctr`:
 #   noop               a static C program that exits 0: the "low-level runtime" here
@@ -51,8 +51,9 @@ mount -t tmpfs -o size=256m,mode=0755 accel-bench "$work"
 trap 'umount "$work"; rm -rf "$work" "$disk"' EXIT
 
 triple=$(bash packaging/target.sh)
-echo "== building the shipped build: cargo build --release --target $triple" >&2
-cargo build --release --quiet --locked --bin accel-container-runtime --target "$triple"
+rustflags=$(bash packaging/target.sh --rustflags)
+echo "== building the shipped build: RUSTFLAGS='$rustflags' cargo build --release --target $triple" >&2
+RUSTFLAGS="$rustflags" cargo build --release --quiet --locked --bin accel-container-runtime --target "$triple"
 shim=$repo/target/$triple/release/accel-container-runtime
 
 cat >"$work/noop.c" <<'EOF'

@@ -36,22 +36,22 @@ for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
     }
 done
 
-# The shipped binaries: `cargo build --release --target <triple>` and nothing else (musl,
-# static, where Rust has it: packaging/target.sh). Both packagers map Cargo.toml's
-# target/release/ assets to target/<triple>/release/. install.sh and benches/bench.sh build
-# the same way.
+# The shipped binaries: `cargo build --release --target <triple>` with one flag, glibc linked
+# statically (packaging/target.sh says why). Both packagers map Cargo.toml's target/release/
+# assets to target/<triple>/release/. install.sh and benches/bench.sh build the same way.
 triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
-    cargo build --release --locked --bins --target "$triple"
+    rustflags="$(bash packaging/target.sh --rustflags)"
+    RUSTFLAGS="$rustflags" cargo build --release --locked --bins --target "$triple"
     # The device plugin alone carries the gRPC stack (feature `plugin`); building only its
     # binary with the feature leaves the runtime and accel-ctk above untouched.
-    cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
 fi
 for b in accel-container-runtime accel-ctk accel-device-plugin; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
-    # A musl build is static: it has no program interpreter (PT_INTERP).
-    if [ "${triple%-musl}" != "$triple" ] && LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+    # The shipped build is static: it has no program interpreter (PT_INTERP).
+    if LC_ALL=C readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
         echo "build-packages.sh: $bin is dynamically linked" >&2
         exit 1
     fi
@@ -113,7 +113,7 @@ dpkg-deb -x "$deb" "$unpacked/deb"
 rpm_abs="$(cd "$(dirname "$rpm")" && pwd)/$(basename "$rpm")"
 (cd "$unpacked/rpm" && rpm2cpio "$rpm_abs" | cpio -idm --quiet)
 for f in "$unpacked"/deb/usr/bin/accel-* "$unpacked"/rpm/usr/bin/accel-*; do
-    if [ "${triple%-musl}" != "$triple" ] && LC_ALL=C readelf -l "$f" | grep -q 'Requesting program interpreter'; then
+    if LC_ALL=C readelf -l "$f" | grep -q 'Requesting program interpreter'; then
         bad "${f#"$unpacked"/}: dynamically linked"
     fi
 done

@@ -9,7 +9,7 @@
 # What it does:
 #   - builds both binaries (static, as the packages ship them) unless --no-build; --bin-dir
 #     names where built binaries are (default: cargo's target/<triple>/release, the triple
-#     packaging/target.sh prints: musl where Rust has it);
+#     packaging/target.sh prints: static glibc);
 #   - installs accel-container-runtime and accel-ctk to PREFIX/bin (default /usr/bin);
 #   - installs config/config.toml as /etc/accel-container-runtime/config.toml, and the
 #     profiles that are not compiled in (all of config/profiles/ but nvidia and enflame) into
@@ -138,10 +138,11 @@ if [ "$build" = 1 ]; then
         echo "install.sh: cargo not found: install Rust (https://rustup.rs) or pass --no-build --bin-dir" >&2
         exit 1
     }
-    # The packages' build (build-packages.sh, packaging/target.sh): plain cargo build for
-    # the shipped target (musl, static, where Rust has it).
+    # The packages' build (build-packages.sh, packaging/target.sh): cargo build for the
+    # shipped target with its one flag (glibc, static).
     triple="$(bash "$src/packaging/target.sh")"
-    (cd "$src" && cargo build --release --locked --bins --target "$triple")
+    rustflags="$(bash "$src/packaging/target.sh" --rustflags)"
+    (cd "$src" && RUSTFLAGS="$rustflags" cargo build --release --locked --bins --target "$triple")
     : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi
 : "${bin_dir:=$src/target/release}"

@@ -614,7 +614,10 @@ mod tests {
             assert!(!apply(&mut d, &Plan::default()).unwrap(), "{input}");
             assert_eq!(d, before, "{input}");
             assert!(apply(&mut d, &plan()).unwrap(), "{input}: first apply adds");
-            assert!(!apply(&mut d, &plan()).unwrap(), "{input}: second apply adds nothing");
+            assert!(
+                !apply(&mut d, &plan()).unwrap(),
+                "{input}: second apply adds nothing"
+            );
         }
     }
 
