@@ -13,6 +13,8 @@
 //! which string wins, never which strings are there, so they cannot hide a request.
 //! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
 
+use memchr::memmem;
+
 use crate::spec::DOCKER_GPU_HOOK;
 
 /// The prefix of CDI's annotation keys (`cdi.k8s.io/<plugin>`).
@@ -35,8 +37,10 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     {
         return Screen::Maybe;
     }
+    let (basic, literal) = (memmem::Finder::new("\"\"\""), memmem::Finder::new("'''"));
     if texts.clone().into_iter().any(|t| {
-        memchr::memchr(b'\\', t.as_bytes()).is_some() || t.contains("\"\"\"") || t.contains("'''")
+        let t = t.as_bytes();
+        memchr::memchr(b'\\', t).is_some() || basic.find(t).is_some() || literal.find(t).is_some()
     }) {
         return Screen::Maybe;
     }
@@ -45,11 +49,15 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
             continue;
         };
         let name = &data[quote + 1..eq];
-        if !name.is_empty()
-            && texts
-                .clone()
-                .into_iter()
-                .any(|t| quotes(t.as_bytes(), name))
+        if name.is_empty() {
+            continue;
+        }
+        // One searcher per name for all the texts: building it costs more than a search.
+        let finder = memmem::Finder::new(name);
+        if texts
+            .clone()
+            .into_iter()
+            .any(|t| quotes(t.as_bytes(), &finder))
         {
             return Screen::Maybe;
         }
@@ -62,11 +70,12 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     }
 }
 
-/// Whether `text` holds `name` between a pair of the same quotes.
-fn quotes(text: &[u8], name: &[u8]) -> bool {
-    memchr::memmem::find_iter(text, name).any(|at| {
+/// Whether `text` holds the name `name` searches for between a pair of the same quotes.
+fn quotes(text: &[u8], name: &memmem::Finder) -> bool {
+    let len = name.needle().len();
+    name.find_iter(text).any(|at| {
         let before = at.checked_sub(1).and_then(|i| text.get(i));
-        matches!(before, Some(b'"' | b'\'')) && text.get(at + name.len()) == before
+        matches!(before, Some(b'"' | b'\'')) && text.get(at + len) == before
     })
 }
 
