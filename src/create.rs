@@ -186,7 +186,7 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite it (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
     // whether they did; CDI edits replace entries in place, so only for those does a copy of
-    // the document tell (a whole-document clone and compare: most of a create's JSON work).
+    // the whole document, compared afterwards, tell.
     let before = (!out.cdi.is_empty()).then(|| doc.clone());
     let removed_hook = spec::remove_docker_gpu_hook(&mut doc);
     let added = spec::apply(&mut doc, &out.plan).map_err(|msg| CreateError::Edit {
