@@ -40,16 +40,25 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     }) {
         return Screen::Maybe;
     }
+    // Linear in the spec, whatever it holds (issue 14, class 5: a pod's environment of a
+    // million entries, or a string of a million `=`, must not make the screen quadratic): the
+    // last quote is carried from one `=` to the next, and the texts' quoted names are
+    // gathered once.
+    let mut quoted: Option<Quoted> = None;
+    let (mut scanned, mut quote) = (0, None);
     for eq in memchr::memchr_iter(b'=', data) {
-        let Some(quote) = memchr::memrchr(b'"', &data[..eq]) else {
+        if let Some(q) = memchr::memrchr(b'"', &data[scanned..eq]) {
+            quote = Some(scanned + q);
+        }
+        scanned = eq;
+        let Some(quote) = quote else {
             continue;
         };
         let name = &data[quote + 1..eq];
         if !name.is_empty()
-            && texts
-                .clone()
-                .into_iter()
-                .any(|t| quotes(t.as_bytes(), name))
+            && quoted
+                .get_or_insert_with(|| Quoted::of(texts.clone()))
+                .holds(name)
         {
             return Screen::Maybe;
         }
@@ -59,6 +68,36 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     match serde_json::from_slice::<serde::de::IgnoredAny>(data) {
         Ok(_) => Screen::Nothing,
         Err(_) => Screen::Maybe,
+    }
+}
+
+/// Every run of bytes between two consecutive `"` or two consecutive `'` of the texts: a
+/// name without `'` is between a pair of the same quotes in a text exactly when it is one of
+/// them (a name never holds `"`: it starts after the last one).
+struct Quoted<'t> {
+    runs: std::collections::HashSet<&'t [u8]>,
+    texts: Vec<&'t str>,
+}
+
+impl<'t> Quoted<'t> {
+    fn of(texts: impl IntoIterator<Item = &'t str>) -> Self {
+        let texts: Vec<&str> = texts.into_iter().collect();
+        let mut runs = std::collections::HashSet::new();
+        for t in &texts {
+            let t = t.as_bytes();
+            for q in [b'"', b'\''] {
+                let at: Vec<usize> = memchr::memchr_iter(q, t).collect();
+                runs.extend(at.windows(2).map(|w| &t[w[0] + 1..w[1]]));
+            }
+        }
+        Quoted { runs, texts }
+    }
+
+    fn holds(&self, name: &[u8]) -> bool {
+        if memchr::memchr(b'\'', name).is_some() {
+            return self.texts.iter().any(|t| quotes(t.as_bytes(), name));
+        }
+        self.runs.contains(name)
     }
 }
 
