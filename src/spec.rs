@@ -14,6 +14,7 @@
 //! `/mounts`; missing sections are created empty, never from a typed default.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
 
+pub mod golang;
 pub mod screen;
 
 use std::io::Read;
@@ -130,6 +131,15 @@ pub fn parse_file(path: &Path, data: &[u8]) -> Result<(Value, View), SpecError> 
             path: path.into(),
             msg,
         },
+    })
+}
+
+/// For a spec the shim is about to edit: refuses keys runc's Go decoder would read otherwise
+/// than the shim did, and lists over their limits ([`golang::check`]).
+pub fn check_read_as_runc(path: &Path, data: &[u8]) -> Result<(), SpecError> {
+    golang::check(data).map_err(|msg| SpecError::Shape {
+        path: path.into(),
+        msg,
     })
 }
 
