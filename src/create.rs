@@ -48,7 +48,10 @@ pub enum CreateError {
     Edit { path: PathBuf, msg: String },
 }
 
-const UNPRIVILEGED_REFUSED: &str = "device requests through the environment or annotations are refused for unprivileged containers on this node (accept-envvar-unprivileged = false); use the device plugin's volume-mount list";
+/// CUDA base images set `NVIDIA_VISIBLE_DEVICES=all`, so on a node that takes device lists
+/// only from the device plugin, an unprivileged pod that asked kubelet for no device still
+/// carries the variable: it must start, with no device (as NVIDIA's toolkit does), not fail.
+const UNPRIVILEGED_IGNORED: &str = "ignored: device requests through the environment or annotations are not accepted from unprivileged containers on this node (accept-envvar-unprivileged = false); the container gets no device from it (use the device plugin's volume-mount list)";
 
 /// What a create did, for the one log line.
 #[derive(Debug, Default)]
@@ -116,11 +119,11 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     // annotations through), so the node's policy on unprivileged requests covers them too.
     if let Some((key, name)) = cdi_requests.first() {
         if !privileged && !cfg.accept_envvar_unprivileged {
-            return Err(CreateError::Refused {
-                var: key.clone(),
-                value: name.clone(),
-                msg: UNPRIVILEGED_REFUSED.into(),
-            });
+            log::warn!(
+                "{key}={}: {UNPRIVILEGED_IGNORED}",
+                crate::quote::quote(name)
+            );
+            cdi_requests.clear();
         }
     }
 
@@ -247,11 +250,11 @@ fn vendor_request(
     };
     let request = request::parse(var, value)?;
     if request != Request::Nothing && !privileged && !cfg.accept_envvar_unprivileged {
-        return Err(CreateError::Refused {
-            var: var.clone(),
-            value: crate::quote::quote(value),
-            msg: UNPRIVILEGED_REFUSED.into(),
-        });
+        log::warn!(
+            "{var}={}: {UNPRIVILEGED_IGNORED}",
+            crate::quote::quote(value)
+        );
+        return Ok(None);
     }
     Ok(Some((var.clone(), value.to_string(), request)))
 }

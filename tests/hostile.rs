@@ -738,13 +738,29 @@ fn set_privileged(e: &Env, privileged: bool) {
     e.write_spec(&serde_json::to_vec(&spec).unwrap());
 }
 
+/// On such a node the variable gives an unprivileged container nothing, and does not stop
+/// it: CUDA images carry `NVIDIA_VISIBLE_DEVICES=all` whether the pod asked kubelet for a
+/// device or not (issue 17: "gets none under the Kubernetes defaults").
 #[test]
-fn unprivileged_variable_refused_when_configured() {
+fn unprivileged_variable_ignored_when_configured() {
     let e = Env::new();
     e.config("accept-envvar-unprivileged = false");
-    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
-    set_privileged(&e, false);
-    e.refused(&["NVIDIA_VISIBLE_DEVICES", "unprivileged"]);
+    for value in ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=all"] {
+        e.set_env(&[value]);
+        set_privileged(&e, false);
+        let before = std::fs::read(e.config_json()).unwrap();
+        e.accepted();
+        assert_eq!(
+            std::fs::read(e.config_json()).unwrap(),
+            before,
+            "{value}: config.json was rewritten for an ignored request"
+        );
+        assert!(
+            e.log().contains("NVIDIA_VISIBLE_DEVICES") && e.log().contains("ignored"),
+            "{value}: no warning in the log: {}",
+            e.log()
+        );
+    }
     // Nothing requested is not a refusal.
     e.set_env(&["NVIDIA_VISIBLE_DEVICES=void"]);
     set_privileged(&e, false);

@@ -670,6 +670,30 @@ fn image_entrypoint_installs_on_the_node_and_uninstalls() {
     );
     let etc = host.join("etc/accel-container-runtime");
     assert!(etc.join("config.toml").is_file());
+    // Kubernetes defaults (issue 17): device lists only from the plugin's mounts, the
+    // variable of an unprivileged container ignored; every other line as shipped.
+    let written = std::fs::read_to_string(etc.join("config.toml")).unwrap();
+    let shipped = read("config/config.toml");
+    let changed: Vec<(&str, &str)> = shipped
+        .lines()
+        .zip(written.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            (
+                "accept-envvar-unprivileged = true",
+                "accept-envvar-unprivileged = false"
+            ),
+            (
+                "accept-container-devices-as-mounts = false",
+                "accept-container-devices-as-mounts = true"
+            )
+        ],
+        "{written}"
+    );
+    assert_eq!(shipped.lines().count(), written.lines().count());
     assert!(etc.join("profiles.d/ascend.toml").is_file());
     assert!(!etc.join("profiles.d/nvidia.toml").exists());
 
@@ -694,7 +718,7 @@ fn packaging_scripts_take_help_and_reject_unknown_options() {
         .filter(|p| p.extension().is_some_and(|x| x == "sh"))
         .collect();
     scripts.sort();
-    assert!(scripts.len() >= 5, "{scripts:?}");
+    assert!(scripts.len() >= 4, "{scripts:?}");
     for script in scripts {
         let name = script.file_name().unwrap().to_str().unwrap().to_owned();
         let run = |arg: &str| {

@@ -13,6 +13,11 @@
 #   SET_AS_DEFAULT [false]  also make it containerd's default runtime
 #   RESTART_CONTAINERD [true]  `systemctl restart containerd` on the node (needs hostPID)
 #   ACCEL_IMAGE_DIR [/opt/accel-container-runtime]  the image's bin/ and etc/ (tests set it)
+#   DEVICE_LISTS_FROM_PLUGIN_ONLY [true]  a config.toml written here takes device lists only
+#              from the device plugin's mounts (accept-container-devices-as-mounts = true) and
+#              ignores the variable of unprivileged containers (accept-envvar-unprivileged =
+#              false): CUDA images set NVIDIA_VISIBLE_DEVICES=all, so a pod that asked kubelet
+#              for no GPU must not get every GPU through it. An existing file is never changed.
 set -eu
 
 HOST_ROOT="${HOST_ROOT:-/host}"
@@ -55,7 +60,18 @@ install_runtime() {
 
     etc="$HOST_ROOT/etc/accel-container-runtime"
     mkdir -p "$etc/profiles.d"
-    [ -e "$etc/config.toml" ] || cp "$image_etc/config.toml" "$etc/config.toml"
+    if [ ! -e "$etc/config.toml" ]; then
+        if [ "${DEVICE_LISTS_FROM_PLUGIN_ONLY:-true}" = true ]; then
+            sed -e 's/^accept-envvar-unprivileged = true$/accept-envvar-unprivileged = false/' \
+                -e 's/^accept-container-devices-as-mounts = false$/accept-container-devices-as-mounts = true/' \
+                "$image_etc/config.toml" > "$etc/.config.toml.new"
+            grep -qx 'accept-envvar-unprivileged = false' "$etc/.config.toml.new"
+            grep -qx 'accept-container-devices-as-mounts = true' "$etc/.config.toml.new"
+            mv -f "$etc/.config.toml.new" "$etc/config.toml"
+        else
+            cp "$image_etc/config.toml" "$etc/config.toml"
+        fi
+    fi
     for p in "$image_etc"/profiles/*.toml; do
         case "$(basename "$p")" in
             nvidia.toml|enflame.toml) ;; # compiled in
