@@ -8,8 +8,10 @@
 //! (tests/spec_roundtrip.rs shows it).
 //!
 //! Everything the shim decides from the spec is read in one place, [`View::of`]: the
-//! environment, privilege, annotations, root, hooks and existing mounts. The entries the shim
-//! adds are typed structs ([`DeviceEntry`], [`RuleEntry`], [`MountEntry`]) converted with
+//! environment, privilege, annotations, root, hooks and existing mounts. Before a spec is
+//! edited on that reading, [`golang::check`] makes sure runc's Go decoder reads those keys
+//! the same way (no case variants, no repeats) and that their lists are bounded. The
+//! entries the shim adds are typed structs ([`DeviceEntry`], [`RuleEntry`], [`MountEntry`]) converted with
 //! `serde_json::to_value` and appended to `/linux/devices`, `/linux/resources/devices` and
 //! `/mounts`; missing sections are created empty, never from a typed default.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
