@@ -29,6 +29,33 @@ pub fn is_temp_of(candidate: &str, target: &str) -> bool {
         .is_some_and(|r| r.len() == TEMP_RANDOM && r.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
+/// Removes what a killed [`replace`] of `path` left in its directory: the entries whose name
+/// [`is_temp_of`] matches, and nothing else (a symlink is unlinked, never followed). Returns
+/// how many were removed. Engines never create one bundle twice at once, so no other
+/// rewrite's temp file is in flight; were one, its rename would fail and leave `path` as it was.
+pub fn remove_leftovers(path: &Path) -> std::io::Result<usize> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Some(target) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|n| is_temp_of(n, target)) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// The variable a `failpoints` build reads: the name of the step at which it SIGKILLs itself.
 pub const FAILPOINT_ENV: &str = "ACCEL_FAILPOINT";
 
@@ -138,6 +165,37 @@ mod tests {
         ] {
             assert!(!is_temp_of(other, "config.json"), "{other}");
         }
+    }
+
+    #[test]
+    fn leftovers_of_a_killed_rewrite_are_removed_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("config.json");
+        std::fs::write(&p, b"{}").unwrap();
+        let ours = [
+            ".config.json.accel-AbCdEf0123456789.tmp",
+            ".config.json.accel-zzzzzzzzzzzzzzzz.tmp",
+        ];
+        let others = [
+            ".config.json.accel-AbCdEf012345678.tmp",
+            ".config.json.tmp",
+            ".daemon.json.accel-AbCdEf0123456789.tmp",
+            "rootfs",
+        ];
+        for n in ours.iter().chain(&others) {
+            std::fs::write(d.path().join(n), b"x").unwrap();
+        }
+        assert_eq!(remove_leftovers(&p).unwrap(), 2);
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut want: Vec<&str> = others.to_vec();
+        want.push("config.json");
+        want.sort();
+        assert_eq!(left, want);
+        assert_eq!(remove_leftovers(&p).unwrap(), 0);
     }
 
     #[test]

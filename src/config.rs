@@ -359,9 +359,13 @@ fn config_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
 }
 
-/// The file's text; `None` when it does not exist (the defaults apply).
+/// config.toml and each profile are a few KiB; a larger one is refused, read no further.
+pub const MAX_FILE_SIZE: u64 = 1 << 20;
+
+/// The file's text (at most [`MAX_FILE_SIZE`] bytes, enforced while reading); `None` when it
+/// does not exist (the defaults apply).
 fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
-    match std::fs::read_to_string(path) {
+    match crate::bounded::read_text(path, MAX_FILE_SIZE) {
         Ok(text) => {
             trusted(path)?;
             Ok(Some(text))

@@ -89,6 +89,18 @@ impl Bundle {
 pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
     let path = bundle.config_json;
     let original = bundle.data?;
+    // A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.
+    match crate::atomic::remove_leftovers(&path) {
+        Ok(0) => {}
+        Ok(n) => log::info!(
+            "{}: removed {n} temp file(s) of a killed rewrite",
+            path.display()
+        ),
+        Err(e) => log::warn!(
+            "{}: cannot remove temp files of a killed rewrite: {e}",
+            path.display()
+        ),
+    }
     let (mut doc, spec) = spec::parse_file(&path, &original)?;
 
     let mut out = Outcome {
@@ -183,6 +195,8 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
     if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
         return Ok(None);
     }
+    // Everything above was decided from the shim's reading of the spec; runc must read it alike.
+    spec::check_read_as_runc(&path, &original)?;
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite it (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
     // whether they did; CDI edits replace entries in place, so only for those does a copy of

@@ -244,15 +244,25 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
     }
 }
 
+/// A GPU's `information` is under 1 KiB.
+const MAX_PROC_FILE: u64 = 1 << 20;
+
 /// The file at `path` under the directory `dir`, read whole into `buf` (reused across files).
 /// Procfs files report a size of 0, so there is no size to read up to: `fs::read_to_string`
 /// reads those in growing probes from 32 bytes (five reads and a stat for one GPU's
-/// `information`).
+/// `information`). A file that does not end within [`MAX_PROC_FILE`] is refused (class 5:
+/// a procfs file's size is not known before it is read).
 fn read_proc<'b>(dir: &OwnedFd, path: &str, buf: &'b mut Vec<u8>) -> std::io::Result<&'b str> {
     let file = rustix::fs::openat(dir, path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
     buf.clear();
     buf.reserve(4096);
     loop {
+        if buf.len() as u64 > MAX_PROC_FILE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("over the {MAX_PROC_FILE} byte limit"),
+            ));
+        }
         if buf.len() == buf.capacity() {
             buf.reserve(buf.capacity());
         }
@@ -400,7 +410,7 @@ fn is_device_node(p: &Path) -> bool {
 /// The driver version: the first dotted number in the profile's `version-file`.
 pub fn driver_version(profile: &Profile) -> Option<String> {
     let path = Profile::under(&profile.driver_root, profile.version_file.as_deref()?);
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::bounded::read_text(&path, MAX_PROC_FILE).ok()?;
     text.split_whitespace()
         .find(|t| {
             t.contains('.')

@@ -204,10 +204,14 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
     Ok(out)
 }
 
-/// Reads and parses `<root>/etc/ld.so.cache`; a missing file is an empty cache.
+/// Larger than any real cache (a full distribution's is a few hundred KiB).
+pub const MAX_SIZE: u64 = 64 << 20;
+
+/// Reads and parses `<root>/etc/ld.so.cache` (at most [`MAX_SIZE`] bytes, enforced while
+/// reading); a missing file is an empty cache.
 pub fn load(root: &Path) -> std::io::Result<Cache> {
     let path = root.join("etc/ld.so.cache");
-    match std::fs::read(&path) {
+    match crate::bounded::read_file(&path, MAX_SIZE) {
         Ok(data) => Cache::parse(data).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,

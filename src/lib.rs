@@ -2,8 +2,8 @@
 //! bundle's `config.json` and then hands the untouched argv to the low-level runtime.
 //!
 //! Floors, lowest first (a module only uses those below it):
-//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `keys` (known
-//! config keys), `quote` (container text in messages), `trust` (files only root can write) →
+//! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `bounded`
+//! (whole-file reads with a limit), `keys` (known config keys), `quote` (container text in messages), `trust` (files only root can write) →
 //! `ldcache`, `rootfs` (paths inside a container's root, openat2), `require`
 //! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
@@ -15,6 +15,7 @@
 
 pub mod argv;
 pub mod atomic;
+pub mod bounded;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;

@@ -8,12 +8,15 @@
 //! (tests/spec_roundtrip.rs shows it).
 //!
 //! Everything the shim decides from the spec is read in one place, [`View::of`]: the
-//! environment, privilege, annotations, root, hooks and existing mounts. The entries the shim
-//! adds are typed structs ([`DeviceEntry`], [`RuleEntry`], [`MountEntry`]) converted with
+//! environment, privilege, annotations, root, hooks and existing mounts. Before a spec is
+//! edited on that reading, [`golang::check`] makes sure runc's Go decoder reads those keys
+//! the same way (no case variants, no repeats) and that their lists are bounded. The
+//! entries the shim adds are typed structs ([`DeviceEntry`], [`RuleEntry`], [`MountEntry`]) converted with
 //! `serde_json::to_value` and appended to `/linux/devices`, `/linux/resources/devices` and
 //! `/mounts`; missing sections are created empty, never from a typed default.
 //! Ref: OCI runtime spec, config.md and config-linux.md (devices, resources.devices, mounts).
 
+pub mod golang;
 pub mod screen;
 
 use std::io::Read;
@@ -130,6 +133,15 @@ pub fn parse_file(path: &Path, data: &[u8]) -> Result<(Value, View), SpecError> 
             path: path.into(),
             msg,
         },
+    })
+}
+
+/// For a spec the shim is about to edit: refuses keys runc's Go decoder would read otherwise
+/// than the shim did, and lists over their limits ([`golang::check`]).
+pub fn check_read_as_runc(path: &Path, data: &[u8]) -> Result<(), SpecError> {
+    golang::check(data).map_err(|msg| SpecError::Shape {
+        path: path.into(),
+        msg,
     })
 }
 

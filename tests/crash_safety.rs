@@ -6,10 +6,10 @@
 //! Run with `cargo test --features failpoints --test crash_safety` (needs root: mknod).
 //!
 //! Temp files: a kill after the temp file exists and before the rename leaves one hidden
-//! `.config.json.<random>.tmp` in the bundle. It is left there by design: the engine removes
-//! the bundle directory of a create that failed (the shim was killed, so runc never ran), and
-//! a shim deleting other temp files could race another writer of the same bundle. The tests
-//! below pin that at most one such file is left and that it never disturbs a later create.
+//! `.config.json.accel-<random>.tmp` in the bundle (nothing can run at a SIGKILL). The next
+//! create of the bundle removes it (issue 14, class 10: only names `atomic::is_temp_of`
+//! matches). The tests below pin that at most one such file is left, that it never disturbs
+//! the next create, and that the next create leaves none.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -183,6 +183,11 @@ fn sigkill_at_every_step_of_the_rewrite() {
         // The next create (the engine retrying) ends with the edited spec, whatever was left.
         assert!(b.create(None).success(), "create after a crash at {fp}");
         assert_eq!(b.state(), "edited", "create after a crash at {fp}");
+        assert_eq!(
+            b.temp_files(),
+            Vec::<String>::new(),
+            "after the create after {fp}"
+        );
         report.push(format!("{fp}: {state}, temp files left: {}", temps.len()));
     }
     eprintln!("{}", report.join("\n"));

@@ -1534,3 +1534,226 @@ fn pass_through_commands_survive_a_broken_config() {
     run(&["delete", "ctr"]);
     assert_eq!(took("runtime-called").trim_end(), "delete ctr");
 }
+
+// ---- issue 14, classes 4, 5 and 10 -------------------------------------------------------
+
+/// The spec as compact JSON, with `from` replaced by `to` once (the key tricks below cannot
+/// be written through a `Value`, which keeps one of each key).
+fn spec_text_with(e: &Env, from: &str, to: &str) -> String {
+    let text = serde_json::to_string(&e.spec()).unwrap();
+    assert!(text.contains(from), "{from} not in {text}");
+    text.replacen(from, to, 1)
+}
+
+#[test]
+fn spec_keys_are_read_as_runc_reads_them_or_refused() {
+    let e = Env::new();
+    e.config("accept-envvar-unprivileged = false");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    set_privileged(&e, false);
+    let plain = serde_json::to_string(&e.spec()).unwrap();
+    // Privileged to an exact-key reader; to runc's Go decoder the second key is the same
+    // field and replaces the first: CAP_KILL only.
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"bounding\":[",
+            "\"bounding\":[\"CAP_SYS_ADMIN\"],\"Bounding\":[",
+        )
+        .as_bytes(),
+    );
+    e.refused(&["\"Bounding\"", "process.capabilities", "`bounding` to runc"]);
+    // The environment runc sets is the later, case-variant key's: no request to runc.
+    e.config("");
+    e.write_spec(plain.as_bytes());
+    e.write_spec(spec_text_with(&e, "\"cwd\":", "\"ENV\":[],\"cwd\":").as_bytes());
+    e.refused(&["\"ENV\"", "`process`", "`env` to runc"]);
+    // The other way round, the shim sees no request: nothing is given (runc's environment
+    // has the variable, but no device is in the spec).
+    e.write_spec(plain.as_bytes());
+    e.write_spec(spec_text_with(&e, "\"env\":[", "\"env\":[],\"ENV\":[").as_bytes());
+    assert_eq!(device_paths(&e.accepted()), Vec::<String>::new());
+    // Unicode simple folding: U+017F (long s) is `s` to Go.
+    e.write_spec(plain.as_bytes());
+    e.write_spec(spec_text_with(&e, "\"mounts\":[", "\"mount\u{17f}\":[],\"mounts\":[").as_bytes());
+    e.refused(&["mount\u{17f}", "`mounts` to runc"]);
+    // ... and U+212A (Kelvin sign) is `k`: a hook runc would run, hidden from an exact reader.
+    e.write_spec(plain.as_bytes());
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"process\":{",
+            "\"hoo\u{212a}s\":{\"prestart\":[]},\"process\":{",
+        )
+        .as_bytes(),
+    );
+    e.refused(&["hoo\u{212a}s", "`hooks` to runc"]);
+    // A repeated object: runc merges it into the first, serde_json keeps the last.
+    e.write_spec(plain.as_bytes());
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"process\":{",
+            "\"linux\":{\"devices\":[]},\"process\":{",
+        )
+        .as_bytes(),
+    );
+    e.refused(&["`linux` repeated", "top level"]);
+    // A repeated annotation.
+    e.write_spec(plain.as_bytes());
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"process\":{",
+            "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
+        )
+        .as_bytes(),
+    );
+    e.refused(&["\"a\" repeated", "`annotations`"]);
+    // Keys that name no field runc reads are ignored by both, whatever their case.
+    e.write_spec(plain.as_bytes());
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"process\":{",
+            "\"Mountz\":1,\"X\":1,\"x\":2,\"process\":{",
+        )
+        .as_bytes(),
+    );
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+    // A spec that asks for nothing is runc's to judge: passed through untouched.
+    e.set_env(&[]);
+    let text = spec_text_with(
+        &e,
+        "\"bounding\":[",
+        "\"bounding\":[\"CAP_SYS_ADMIN\"],\"Bounding\":[",
+    );
+    e.write_spec(text.as_bytes());
+    e.accepted();
+    assert_eq!(std::fs::read_to_string(e.config_json()).unwrap(), text);
+}
+
+/// `n` copies of `item`, as a JSON list's inside.
+fn repeated(item: &str, n: usize) -> String {
+    let mut s = String::with_capacity((item.len() + 1) * n);
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(item);
+    }
+    s
+}
+
+#[test]
+fn every_input_is_bounded_while_read() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    let plain = serde_json::to_string(&e.spec()).unwrap();
+    // Item counts of the lists the shim reads (limits in src/spec/golang.rs).
+    let env = format!("\"env\":[{},", repeated("\"A=1\"", (1 << 20) + 1));
+    e.write_spec(spec_text_with(&e, "\"env\":[", &env).as_bytes());
+    e.refused(&["`process.env` has more than 1048576 entries"]);
+    e.write_spec(plain.as_bytes());
+    let mounts = format!("\"mounts\":[{},", repeated("{}", (1 << 16) + 1));
+    e.write_spec(spec_text_with(&e, "\"mounts\":[", &mounts).as_bytes());
+    e.refused(&["`mounts` has more than 65536 entries"]);
+    e.write_spec(plain.as_bytes());
+    let annotations: Vec<String> = (0..=(1 << 16)).map(|i| format!("\"a{i}\":\"\"")).collect();
+    e.write_spec(
+        spec_text_with(
+            &e,
+            "\"process\":{",
+            &format!(
+                "\"annotations\":{{{}}},\"process\":{{",
+                annotations.join(",")
+            ),
+        )
+        .as_bytes(),
+    );
+    e.refused(&["`annotations` has more than 65536 entries"]);
+    e.write_spec(plain.as_bytes());
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+
+    // File sizes, enforced on what is read. config.toml: a valid file made large by a comment.
+    let config = std::fs::read_to_string(e.path("config.toml")).unwrap();
+    let padding = format!("# {}\n", "x".repeat(2 << 20));
+    std::fs::write(e.path("config.toml"), format!("{padding}{config}")).unwrap();
+    e.refused(&["config.toml", "over the 1048576 byte limit"]);
+    // A profile, the same.
+    std::fs::write(e.path("config.toml"), &config).unwrap();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    let ascend = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/ascend.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        e.path("profiles.d/ascend.toml"),
+        format!("{padding}{ascend}"),
+    )
+    .unwrap();
+    e.refused(&["ascend.toml", "over the 1048576 byte limit"]);
+    std::fs::remove_file(e.path("profiles.d/ascend.toml")).unwrap();
+    // The driver's /proc information: a GPU's is under 1 KiB.
+    let info = e
+        .root()
+        .join("proc/driver/nvidia/gpus/0000:18:00.0/information");
+    let text = std::fs::read_to_string(&info).unwrap();
+    std::fs::write(&info, format!("{text}{}", "Note: x\n".repeat(1 << 18))).unwrap();
+    e.refused(&["information", "over the 1048576 byte limit"]);
+    std::fs::write(&info, &text).unwrap();
+    // The driver's ld.so.cache: a sparse file over 64 MiB (no disk, all zeros).
+    std::fs::create_dir_all(e.root().join("etc")).unwrap();
+    let cache = std::fs::File::create(e.root().join("etc/ld.so.cache")).unwrap();
+    cache.set_len((64 << 20) + 1).unwrap();
+    e.refused(&["ld.so.cache", "over the 67108864 byte limit"]);
+    std::fs::remove_file(e.root().join("etc/ld.so.cache")).unwrap();
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+    // Nesting depth: regression_20000_nested_arrays_in_resources_devices_is_one_line_not_a_signal.
+}
+
+#[test]
+fn temp_files_of_a_killed_rewrite_are_removed_by_the_next_create() {
+    let e = Env::new();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    let ours = [
+        ".config.json.accel-AbCdEf0123456789.tmp",
+        ".config.json.accel-0000000000000000.tmp",
+    ];
+    // Names only an engine or another tool would write: never touched.
+    let others = [
+        ".config.json.accel-AbCdEf012345678.tmp",
+        ".config.json.accel-AbCdEf0123456789.tmp.keep",
+        "config.json.accel-AbCdEf0123456789.tmp",
+        ".config.json.tmp",
+        ".config.json.AbCdEf0123456789.tmp",
+    ];
+    for n in ours.iter().chain(&others) {
+        std::fs::write(e.bundle().join(n), b"{\"half\":").unwrap();
+    }
+    // One of ours as a symlink: unlinked, its target untouched.
+    let target = e.path("outside");
+    std::fs::write(&target, b"keep").unwrap();
+    let link = ".config.json.accel-LinkLinkLinkLink.tmp";
+    std::os::unix::fs::symlink(&target, e.bundle().join(link)).unwrap();
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+    let mut left: Vec<String> = e.snapshot().into_keys().collect();
+    left.sort();
+    let mut want: Vec<String> = others.iter().map(|s| s.to_string()).collect();
+    want.push("config.json".into());
+    want.sort();
+    assert_eq!(left, want);
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+}

@@ -9,7 +9,6 @@
 //! alone to write (src/trust.rs).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -195,7 +194,7 @@ impl Registry {
 /// Reads and validates one spec file (regular file, at most [`MAX_SPEC_SIZE`]).
 pub fn read_spec(path: &Path) -> Result<Spec, String> {
     // O_NONBLOCK: a FIFO named *.json cannot hang a create.
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
@@ -213,8 +212,8 @@ pub fn read_spec(path: &Path) -> Result<Spec, String> {
             meta.len()
         ));
     }
-    let mut data = Vec::new();
-    f.read_to_end(&mut data).map_err(|e| e.to_string())?;
+    // The limit holds while reading too: a file that grew past it is refused.
+    let data = crate::bounded::read(f, MAX_SPEC_SIZE).map_err(|e| e.to_string())?;
     let spec = model::parse(path, &data)?;
     spec.validate()?;
     Ok(spec)

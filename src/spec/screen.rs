@@ -13,8 +13,6 @@
 //! which string wins, never which strings are there, so they cannot hide a request.
 //! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
 
-use memchr::memmem;
-
 use crate::spec::DOCKER_GPU_HOOK;
 
 /// The prefix of CDI's annotation keys (`cdi.k8s.io/<plugin>`).
@@ -37,27 +35,30 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     {
         return Screen::Maybe;
     }
-    let (basic, literal) = (memmem::Finder::new("\"\"\""), memmem::Finder::new("'''"));
     if texts.clone().into_iter().any(|t| {
-        let t = t.as_bytes();
-        memchr::memchr(b'\\', t).is_some() || basic.find(t).is_some() || literal.find(t).is_some()
+        memchr::memchr(b'\\', t.as_bytes()).is_some() || t.contains("\"\"\"") || t.contains("'''")
     }) {
         return Screen::Maybe;
     }
+    // Linear in the spec, whatever it holds (issue 14, class 5: a pod's environment of a
+    // million entries, or a string of a million `=`, must not make the screen quadratic): the
+    // last quote is carried from one `=` to the next, and the texts' quoted names are
+    // gathered once.
+    let mut quoted: Option<Quoted> = None;
+    let (mut scanned, mut quote) = (0, None);
     for eq in memchr::memchr_iter(b'=', data) {
-        let Some(quote) = memchr::memrchr(b'"', &data[..eq]) else {
+        if let Some(q) = memchr::memrchr(b'"', &data[scanned..eq]) {
+            quote = Some(scanned + q);
+        }
+        scanned = eq;
+        let Some(quote) = quote else {
             continue;
         };
         let name = &data[quote + 1..eq];
-        if name.is_empty() {
-            continue;
-        }
-        // One searcher per name for all the texts: building it costs more than a search.
-        let finder = memmem::Finder::new(name);
-        if texts
-            .clone()
-            .into_iter()
-            .any(|t| quotes(t.as_bytes(), &finder))
+        if !name.is_empty()
+            && quoted
+                .get_or_insert_with(|| Quoted::of(texts.clone()))
+                .holds(name)
         {
             return Screen::Maybe;
         }
@@ -70,12 +71,41 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     }
 }
 
-/// Whether `text` holds the name `name` searches for between a pair of the same quotes.
-fn quotes(text: &[u8], name: &memmem::Finder) -> bool {
-    let len = name.needle().len();
-    name.find_iter(text).any(|at| {
+/// Every run of bytes between two consecutive `"` or two consecutive `'` of the texts: a
+/// name without `'` is between a pair of the same quotes in a text exactly when it is one of
+/// them (a name never holds `"`: it starts after the last one).
+struct Quoted<'t> {
+    runs: std::collections::HashSet<&'t [u8]>,
+    texts: Vec<&'t str>,
+}
+
+impl<'t> Quoted<'t> {
+    fn of(texts: impl IntoIterator<Item = &'t str>) -> Self {
+        let texts: Vec<&str> = texts.into_iter().collect();
+        let mut runs = std::collections::HashSet::new();
+        for t in &texts {
+            let t = t.as_bytes();
+            for q in [b'"', b'\''] {
+                let at: Vec<usize> = memchr::memchr_iter(q, t).collect();
+                runs.extend(at.windows(2).map(|w| &t[w[0] + 1..w[1]]));
+            }
+        }
+        Quoted { runs, texts }
+    }
+
+    fn holds(&self, name: &[u8]) -> bool {
+        if memchr::memchr(b'\'', name).is_some() {
+            return self.texts.iter().any(|t| quotes(t.as_bytes(), name));
+        }
+        self.runs.contains(name)
+    }
+}
+
+/// Whether `text` holds `name` between a pair of the same quotes.
+fn quotes(text: &[u8], name: &[u8]) -> bool {
+    memchr::memmem::find_iter(text, name).any(|at| {
         let before = at.checked_sub(1).and_then(|i| text.get(i));
-        matches!(before, Some(b'"' | b'\'')) && text.get(at + len) == before
+        matches!(before, Some(b'"' | b'\'')) && text.get(at + name.len()) == before
     })
 }
 

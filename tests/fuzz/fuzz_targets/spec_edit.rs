@@ -2,7 +2,9 @@
 //! its `View`), `spec::apply` of a fixed plan, `spec::to_bytes`. Never a panic; the output is
 //! valid JSON that keeps every input field (the arrays the editor owns only grow at their
 //! end), a second apply changes nothing, an empty plan changes nothing, and the screen never
-//! says "nothing asked for" about a spec whose view asks for the plan's variable.
+//! says "nothing asked for" about a spec whose view asks for the plan's variable. The check
+//! of keys as runc's Go decoder reads them (`spec::golang::check`) never panics, and a spec
+//! it accepts is still accepted once edited.
 #![no_main]
 
 use accel_container_runtime::plan::{BindMount, DeviceNode, NodeKind, Plan};
@@ -69,6 +71,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let out = spec::to_bytes(&doc);
+    if spec::golang::check(data).is_ok() {
+        assert_eq!(spec::golang::check(&out), Ok(()), "the edit made an ambiguous key");
+    }
     let back: Value = serde_json::from_slice(&out).expect("output is valid JSON");
     assert!(kept(&input, &back, ""), "an input field was lost or changed");
     let (mut again, _) = spec::parse(&out).expect("output passes the shape check");
