@@ -340,9 +340,9 @@ pub fn backup_path(path: &Path, now: SystemTime) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Moves the checkpoint to a timestamped backup beside it: one rename, so the original is
-/// gone and the backup holds its exact bytes, or nothing changed. Never overwrites a backup.
-pub fn move_aside(path: &Path, now: SystemTime) -> Result<PathBuf, CheckpointError> {
+/// The timestamped backup name beside `path`, with `.N` added until nothing has that name:
+/// a backup is never overwritten.
+fn unused_backup_path(path: &Path, now: SystemTime) -> PathBuf {
     let first = backup_path(path, now);
     let mut backup = first.clone();
     let mut n = 1;
@@ -352,6 +352,13 @@ pub fn move_aside(path: &Path, now: SystemTime) -> Result<PathBuf, CheckpointErr
         backup = first.with_file_name(name);
         n += 1;
     }
+    backup
+}
+
+/// Moves the checkpoint to a timestamped backup beside it: one rename, so the original is
+/// gone and the backup holds its exact bytes, or nothing changed. Never overwrites a backup.
+pub fn move_aside(path: &Path, now: SystemTime) -> Result<PathBuf, CheckpointError> {
+    let backup = unused_backup_path(path, now);
     std::fs::rename(path, &backup).map_err(|source| CheckpointError::Backup {
         path: path.into(),
         backup: backup.clone(),
@@ -583,15 +590,7 @@ pub fn write_repaired(
     repaired: &Repaired,
     now: SystemTime,
 ) -> Result<PathBuf, CheckpointError> {
-    let first = backup_path(path, now);
-    let mut backup = first.clone();
-    let mut n = 1;
-    while backup.symlink_metadata().is_ok() {
-        let mut name = first.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".{n}"));
-        backup = first.with_file_name(name);
-        n += 1;
-    }
+    let backup = unused_backup_path(path, now);
     std::fs::hard_link(path, &backup).map_err(|source| CheckpointError::Backup {
         path: path.into(),
         backup: backup.clone(),
