@@ -13,7 +13,7 @@ pub const MAX_BYTES: usize = 256;
 /// How much of one message line is kept.
 pub const MAX_LINE_BYTES: usize = 4096;
 
-/// `value` in double quotes, escaped, cut after [`MAX_BYTES`] of input with
+/// `value` in double quotes, escaped, cut at [`MAX_BYTES`] of escaped text with
 /// `...(N more bytes)` after the closing quote.
 pub fn quote(value: &str) -> String {
     let mut out = String::with_capacity(value.len().min(MAX_BYTES) + 2);
@@ -42,25 +42,30 @@ pub fn line(msg: &str) -> String {
     out
 }
 
-/// Appends `s` escaped, up to `max` bytes of `s`; returns how many bytes of `s` were left out.
+/// Appends `s` escaped, up to `max` bytes of output (escapes count at their escaped length, so
+/// a value of NULs cannot grow sixfold); returns how many bytes of `s` were left out.
 fn escape_into(out: &mut String, s: &str, max: usize, quotes: bool) -> usize {
+    let start = out.len();
+    let mut buf = String::new();
     for (i, c) in s.char_indices() {
-        if i + c.len_utf8() > max {
-            return s.len() - i;
-        }
+        buf.clear();
         match c {
             '"' | '\\' if quotes => {
-                out.push('\\');
-                out.push(c);
+                buf.push('\\');
+                buf.push(c);
             }
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
+            '\n' => buf.push_str("\\n"),
+            '\r' => buf.push_str("\\r"),
+            '\t' => buf.push_str("\\t"),
             c if needs_escape(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+                let _ = write!(buf, "\\u{{{:x}}}", c as u32);
             }
-            c => out.push(c),
+            c => buf.push(c),
         }
+        if out.len() - start + buf.len() > max {
+            return s.len() - i;
+        }
+        out.push_str(&buf);
     }
     0
 }
@@ -108,5 +113,18 @@ mod tests {
         assert_eq!(line("a \"b\"\nc\x07"), "a \"b\"\\nc\\u{7}");
         let long = "y".repeat(MAX_LINE_BYTES + 10);
         assert!(line(&long).ends_with("...(10 more bytes)"));
+    }
+
+    /// Found by the request_parse fuzz target: 256 NULs escaped to 1,280 bytes, so one quoted
+    /// value made a 2.5 KB error line.
+    #[test]
+    fn escapes_count_toward_the_cut() {
+        let q = quote(&"\0".repeat(1000));
+        assert!(
+            q.len() <= MAX_BYTES + 2 + "...(1000 more bytes)".len(),
+            "{}",
+            q.len()
+        );
+        assert_eq!(q, format!("\"{}\"...(949 more bytes)", "\\u{0}".repeat(51)));
     }
 }
