@@ -10,7 +10,15 @@ use std::path::Path;
 /// The bytes of `reader` until its end, or an `InvalidData` error when there are more than
 /// `limit`.
 pub fn read(reader: impl Read, limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut data = Vec::new();
+    read_hinted(reader, limit, 0)
+}
+
+/// [`read`] into a buffer sized for `size_hint` bytes first (a regular file's `fstat` size):
+/// one `read` call instead of one per doubling of the buffer. The hint only sizes the
+/// buffer; the limit is still enforced on what is read.
+pub fn read_hinted(reader: impl Read, limit: u64, size_hint: u64) -> std::io::Result<Vec<u8>> {
+    let cap = size_hint.min(limit).saturating_add(1);
+    let mut data = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
     reader
         .take(limit.saturating_add(1))
         .read_to_end(&mut data)?;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::profile::{self, Builtin, Profile, ProfileError};
+use crate::trust::{self, OpenError};
 
 pub const DEFAULT_PATH: &str = "/etc/accel-container-runtime/config.toml";
 pub const ENV_VAR: &str = "ACCEL_CONTAINER_RUNTIME_CONFIG";
@@ -105,7 +106,8 @@ impl Quick {
     }
 
     pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
-        let (path, text) = match read_text(path)? {
+        let mut checked = trust::Checked::default();
+        let (path, text) = match read_text(path, &mut checked)? {
             Some(text) => (Some(path.to_path_buf()), text),
             None => (None, String::new()),
         };
@@ -132,7 +134,7 @@ impl Quick {
             }
         };
         let mut listing = Vec::new();
-        let profiles = read_profile_files(&profiles_dir, &mut listing)?;
+        let profiles = read_profile_files(&profiles_dir, &mut listing, &mut checked)?;
         let low_level_runtime = check_runtime(&low_level_runtime, &shown)?;
         Ok(Quick {
             low_level_runtime,
@@ -172,10 +174,14 @@ impl Quick {
 type ProfileFiles = Vec<(PathBuf, Option<String>)>;
 
 /// Lists and reads the profile files of `dir` (missing dir: none).
-fn read_profile_files(dir: &Path, warnings: &mut Vec<String>) -> Result<ProfileFiles, ConfigError> {
+fn read_profile_files(
+    dir: &Path,
+    warnings: &mut Vec<String>,
+    checked: &mut trust::Checked,
+) -> Result<ProfileFiles, ConfigError> {
     let mut files = Vec::new();
     for path in profile_files(dir, warnings) {
-        let text = read_text(&path)?;
+        let text = read_text(&path, checked)?;
         files.push((path, text));
     }
     Ok(files)
@@ -246,7 +252,7 @@ impl Config {
     }
 
     pub fn low_level_runtime_from(path: &Path) -> Result<String, ConfigError> {
-        let Some(text) = read_text(path)? else {
+        let Some(text) = read_text(path, &mut trust::Checked::default())? else {
             return Ok(d_runtime());
         };
         let parsed: RuntimeOnly = toml::from_str(&text).map_err(|source| ConfigError::Parse {
@@ -303,7 +309,11 @@ impl Config {
 
         let files = match files {
             Some(files) => files,
-            None => read_profile_files(&file.profiles_dir, &mut warnings)?,
+            None => read_profile_files(
+                &file.profiles_dir,
+                &mut warnings,
+                &mut trust::Checked::default(),
+            )?,
         };
         let profiles = load_profiles(files, file.profiles, &shown, &mut warnings)?;
         Ok(Config {
@@ -362,27 +372,31 @@ fn config_path() -> PathBuf {
 /// config.toml and each profile are a few KiB; a larger one is refused, read no further.
 pub const MAX_FILE_SIZE: u64 = 1 << 20;
 
-/// The file's text (at most [`MAX_FILE_SIZE`] bytes, enforced while reading); `None` when it
-/// does not exist (the defaults apply).
-fn read_text(path: &Path) -> Result<Option<String>, ConfigError> {
-    match crate::bounded::read_text(path, MAX_FILE_SIZE) {
-        Ok(text) => {
-            trusted(path)?;
-            Ok(Some(text))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ConfigError::Read {
-            path: path.into(),
-            source,
-        }),
-    }
-}
-
-/// config.toml and every profile file must be root's alone (src/trust.rs).
-fn trusted(path: &Path) -> Result<(), ConfigError> {
-    crate::trust::check_file(path).map_err(|msg| ConfigError::Untrusted {
+/// The file's text (at most [`MAX_FILE_SIZE`] bytes, enforced while reading), if it is root's
+/// alone to write (src/trust.rs: config.toml and every profile file are); `None` when it does
+/// not exist (the defaults apply). `checked`: the directories already judged.
+fn read_text(path: &Path, checked: &mut trust::Checked) -> Result<Option<String>, ConfigError> {
+    let read_err = |source| ConfigError::Read {
         path: path.into(),
-        msg,
+        source,
+    };
+    let (file, meta) = match trust::open_file(path, checked) {
+        Ok(opened) => opened,
+        Err(OpenError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(OpenError::Io(source)) => return Err(read_err(source)),
+        Err(OpenError::Untrusted(msg)) => {
+            return Err(ConfigError::Untrusted {
+                path: path.into(),
+                msg,
+            })
+        }
+    };
+    let data = crate::bounded::read_hinted(file, MAX_FILE_SIZE, meta.len()).map_err(read_err)?;
+    String::from_utf8(data).map(Some).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
     })
 }
 

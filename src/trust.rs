@@ -11,10 +11,77 @@
 //!
 //! Ref: sudo's `sudo_secure_path`, OpenSSH's `safe_path` (auth.c).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 const STICKY: u32 = 0o1000;
+
+/// Directories found trustworthy so far, by the path they were named by: the files of one
+/// directory (config.toml's profiles-dir) cost one check of its chain, not one per file.
+#[derive(Debug, Default)]
+pub struct Checked(Vec<PathBuf>);
+
+/// Why [`open_file`] gave no file.
+#[derive(Debug)]
+pub enum OpenError {
+    /// It could not be opened (`NotFound` included).
+    Io(std::io::Error),
+    /// It may not be believed: what is wrong, as [`check_file`] says it.
+    Untrusted(String),
+}
+
+/// Opens `path` for reading when it may be trusted (the rules of [`check_file`]). The file is
+/// judged by `fstat` of the descriptor that is then read, so what is read is what was
+/// checked; a symlink is opened through and judged by [`check_file`]. O_NONBLOCK: a FIFO
+/// put in a profile's place is refused as not a regular file instead of hanging the create.
+pub fn open_file(
+    path: &Path,
+    checked: &mut Checked,
+) -> Result<(File, std::fs::Metadata), OpenError> {
+    let open = |flags| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    let file = match open(libc::O_NOFOLLOW | libc::O_NONBLOCK) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            let file = open(libc::O_NONBLOCK).map_err(OpenError::Io)?;
+            check_file(path).map_err(OpenError::Untrusted)?;
+            // The target may have been swapped since check_file looked: the open one is
+            // judged again.
+            let meta = file.metadata().map_err(OpenError::Io)?;
+            regular_root_file(&meta).map_err(OpenError::Untrusted)?;
+            return Ok((file, meta));
+        }
+        Err(e) => return Err(OpenError::Io(e)),
+    };
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    regular_root_file(&meta).map_err(OpenError::Untrusted)?;
+    // Not a symlink: its directories are those of its parent, resolved.
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !checked.0.iter().any(|d| d == parent) {
+        let real = std::fs::canonicalize(parent)
+            .map_err(|e| OpenError::Untrusted(format!("cannot resolve: {e}")))?;
+        for dir in real.ancestors() {
+            check_dir(dir).map_err(OpenError::Untrusted)?;
+        }
+        checked.0.push(parent.to_path_buf());
+    }
+    Ok((file, meta))
+}
+
+fn regular_root_file(meta: &std::fs::Metadata) -> Result<(), String> {
+    if !meta.is_file() {
+        return Err("not a regular file; refused".into());
+    }
+    owner_and_mode(meta).map_err(|why| format!("{why}; refused"))
+}
 
 /// `Ok` when `path` may be trusted; else what is wrong with it, naming the file or the
 /// directory at fault (the caller prefixes the file it was reading).
