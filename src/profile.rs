@@ -387,6 +387,38 @@ impl Profile {
     }
 }
 
+/// Whether a profile or config.toml text may give one of the strings `is_name` accepts as a
+/// TOML string (a variable a profile claims, a profile's name): `false` only when certain.
+///
+/// Without a backslash and a multi-line string (`"""`, `'''`), a TOML string is a basic
+/// string that holds no `"` or a literal one that holds no `'`, so its text is the run of
+/// bytes between two consecutive `"` or two consecutive `'` of the file (comments and the
+/// runs between strings only add runs that are not strings). Every such run is offered to
+/// `is_name`; any backslash or triple quote makes the answer `true`. Linear in the text.
+/// Used by the create's screen (src/spec/screen.rs) and to skip parsing the profiles a
+/// create cannot involve (src/config.rs).
+pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) -> bool {
+    if memchr::memchr(b'\\', text).is_some() {
+        return true;
+    }
+    for q in [b'"', b'\''] {
+        // The last two quotes seen: `"""` is three in a row.
+        let (mut before, mut last): (Option<usize>, Option<usize>) = (None, None);
+        for at in memchr::memchr_iter(q, text) {
+            if let Some(last) = last {
+                if at == last + 1 && before.map(|b| b + 1) == Some(last) {
+                    return true;
+                }
+                if is_name(&text[last + 1..at]) {
+                    return true;
+                }
+            }
+            (before, last) = (last, Some(at));
+        }
+    }
+    false
+}
+
 /// True when a path has a `..` component: profile paths are joined under host roots.
 pub fn has_dotdot(p: &Path) -> bool {
     // What `components()` calls ParentDir, without building the components (every path of
@@ -412,6 +444,27 @@ pub fn merge_tables(base: &mut toml::Table, over: toml::Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn may_quote_is_sure_only_of_plain_strings() {
+        let names = |text: &str, wanted: &[&str]| {
+            may_quote(text.as_bytes(), |run| {
+                wanted.iter().any(|w| w.as_bytes() == run)
+            })
+        };
+        let text = "# PATH and \"it's\"\nname = 'x'\nvisible-devices-env = [\"A_B\", 'C']\n";
+        assert!(names(text, &["A_B"]) && names(text, &["C"]) && names(text, &["x"]));
+        assert!(!names(text, &["PATH", "A", "B", "name"]));
+        // A name with a quote of the other kind is still a run.
+        assert!(names("v = [\"A'B\"]", &["A'B"]));
+        // Escapes and multi-line strings: never sure.
+        assert!(names("v = [\"A\\u005fB\"]", &[]));
+        assert!(names("v = \"\"\"\nA\"\"\"", &[]));
+        assert!(names("v = '''A'''", &[]));
+        // Two empty strings are no triple quote.
+        assert!(!names("\"\" = 1\nb = ''\n", &["x"]));
+        assert!(!names("", &[""]));
+    }
 
     fn builtin(name: &str) -> Profile {
         let text = BUILTIN.iter().find(|b| b.name == name).unwrap().text;

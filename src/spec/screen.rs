@@ -27,7 +27,7 @@ pub enum Screen {
 }
 
 /// Screens spec bytes against the texts that may name claimed variables.
-pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone) -> Screen {
+pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str>) -> Screen {
     if memchr::memchr(b'\\', data).is_some()
         || data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{')
         || memchr::memmem::find(data, DOCKER_GPU_HOOK.as_bytes()).is_some()
@@ -35,33 +35,45 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     {
         return Screen::Maybe;
     }
-    if texts.clone().into_iter().any(|t| {
-        memchr::memchr(b'\\', t.as_bytes()).is_some() || t.contains("\"\"\"") || t.contains("'''")
-    }) {
-        return Screen::Maybe;
-    }
     // Linear in the spec, whatever it holds (issue 14, class 5: a pod's environment of a
-    // million entries, or a string of a million `=`, must not make the screen quadratic): the
-    // last quote is carried from one `=` to the next, and the texts' quoted names are
-    // gathered once.
-    let mut quoted: Option<Quoted> = None;
-    let (mut scanned, mut quote) = (0, None);
-    for eq in memchr::memchr_iter(b'=', data) {
-        if let Some(q) = memchr::memrchr(b'"', &data[scanned..eq]) {
-            quote = Some(scanned + q);
-        }
-        scanned = eq;
-        let Some(quote) = quote else {
-            continue;
-        };
-        let name = &data[quote + 1..eq];
-        if !name.is_empty()
-            && quoted
-                .get_or_insert_with(|| Quoted::of(texts.clone()))
-                .holds(name)
-        {
+    // million entries, or a string of a million `=`, must not make the screen quadratic).
+    // Without an escape, an environment entry `NAME=...` shows as `"NAME=`, so a name is the
+    // run from the last `"` to an `=` (the last quote is carried from one `=` to the next).
+    // Names are compared with the texts' quoted runs by length first, and only runs and
+    // names of a length both sides have are hashed: a growing run of `=` after one quote
+    // makes names of a million lengths, of which only the few the texts have cost a hash.
+    let names = || {
+        let (mut scanned, mut quote) = (0, None);
+        memchr::memchr_iter(b'=', data).filter_map(move |eq| {
+            if let Some(q) = memchr::memrchr(b'"', &data[scanned..eq]) {
+                quote = Some(scanned + q);
+            }
+            scanned = eq;
+            quote
+                .map(|q| &data[q + 1..eq])
+                .filter(|name| !name.is_empty())
+        })
+    };
+    let mut name_lengths = Lengths::default();
+    names().for_each(|n| name_lengths.add(n.len(), false));
+    // Every text is looked at even when the spec has no name: a text the screen cannot read
+    // plainly (an escape, a multi-line string) leaves it unsure.
+    let mut runs = std::collections::HashSet::new();
+    let mut run_lengths = Lengths::default();
+    for t in texts {
+        let unsure = crate::profile::may_quote(t.as_bytes(), |run| {
+            if name_lengths.has(run.len()) {
+                runs.insert(run);
+                run_lengths.add(run.len(), true);
+            }
+            false
+        });
+        if unsure {
             return Screen::Maybe;
         }
+    }
+    if !runs.is_empty() && names().any(|n| run_lengths.has(n.len()) && runs.contains(n)) {
+        return Screen::Maybe;
     }
     // Checked last, as only a spec that asks for nothing needs it: the same grammar as the
     // full read, without building anything.
@@ -71,42 +83,34 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str> + Clone)
     }
 }
 
-/// Every run of bytes between two consecutive `"` or two consecutive `'` of the texts: a
-/// name without `'` is between a pair of the same quotes in a text exactly when it is one of
-/// them (a name never holds `"`: it starts after the last one).
-struct Quoted<'t> {
-    runs: std::collections::HashSet<&'t [u8]>,
-    texts: Vec<&'t str>,
+/// Lengths of names or runs: a bitmap below 256 bytes. Longer ones are rare (a comment
+/// between two strings, a hostile spec's names): of the runs every one is kept (few, as the
+/// texts are small); of the names only the longest, so a hostile spec costs no memory here.
+#[derive(Default)]
+struct Lengths {
+    short: [u64; 4],
+    long: std::collections::HashSet<usize>,
+    longest: usize,
 }
 
-impl<'t> Quoted<'t> {
-    fn of(texts: impl IntoIterator<Item = &'t str>) -> Self {
-        let texts: Vec<&str> = texts.into_iter().collect();
-        let mut runs = std::collections::HashSet::new();
-        for t in &texts {
-            let t = t.as_bytes();
-            for q in [b'"', b'\''] {
-                let at: Vec<usize> = memchr::memchr_iter(q, t).collect();
-                runs.extend(at.windows(2).map(|w| &t[w[0] + 1..w[1]]));
+impl Lengths {
+    fn add(&mut self, n: usize, keep_long: bool) {
+        match self.short.get_mut(n / 64) {
+            Some(bits) => *bits |= 1 << (n % 64),
+            None if keep_long => {
+                self.long.insert(n);
             }
+            None => self.longest = self.longest.max(n),
         }
-        Quoted { runs, texts }
     }
 
-    fn holds(&self, name: &[u8]) -> bool {
-        if memchr::memchr(b'\'', name).is_some() {
-            return self.texts.iter().any(|t| quotes(t.as_bytes(), name));
+    /// Whether `n` may be one of the lengths added (only the longest kept: any up to it).
+    fn has(&self, n: usize) -> bool {
+        match self.short.get(n / 64) {
+            Some(bits) => bits & (1 << (n % 64)) != 0,
+            None => n <= self.longest || self.long.contains(&n),
         }
-        self.runs.contains(name)
     }
-}
-
-/// Whether `text` holds `name` between a pair of the same quotes.
-fn quotes(text: &[u8], name: &[u8]) -> bool {
-    memchr::memmem::find_iter(text, name).any(|at| {
-        let before = at.checked_sub(1).and_then(|i| text.get(i));
-        matches!(before, Some(b'"' | b'\'')) && text.get(at + name.len()) == before
-    })
 }
 
 #[cfg(test)]
@@ -146,6 +150,17 @@ mod tests {
             Screen::Maybe
         );
         assert_eq!(screen(b"{}", ["x = '''\nA'''"]), Screen::Maybe);
+        // A claimed name with a quote in it, and a long one.
+        assert_eq!(
+            screen(br#"{"process":{"env":["A'B=1"]}}"#, ["v = [\"A'B\"]"]),
+            Screen::Maybe
+        );
+        let long = "L".repeat(300);
+        let spec = format!(r#"{{"process":{{"env":["{long}=1","{long}L=1"]}}}}"#);
+        let text = format!("v = ['{long}']");
+        assert_eq!(screen(spec.as_bytes(), [text.as_str()]), Screen::Maybe);
+        let text = format!("v = ['{long}LL']");
+        assert_eq!(screen(spec.as_bytes(), [text.as_str()]), Screen::Nothing);
     }
 
     /// A JSON string with some characters written as escapes (`\uXXXX`, `\/`).
