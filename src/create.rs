@@ -84,11 +84,68 @@ impl Bundle {
     }
 }
 
+/// A bundle whose config.json was parsed: what it can involve decides which profiles are
+/// built ([`Parsed::variables`]) before [`create_parsed`] edits it.
+#[derive(Debug)]
+pub struct Parsed {
+    dir: PathBuf,
+    path: PathBuf,
+    original: Vec<u8>,
+    doc: serde_json::Value,
+    pub spec: View,
+}
+
+impl Parsed {
+    pub fn read(bundle: Bundle) -> Result<Parsed, CreateError> {
+        let original = bundle.data?;
+        let (doc, spec) = spec::parse_file(&bundle.config_json, &original)?;
+        Ok(Parsed {
+            dir: bundle.dir,
+            path: bundle.config_json,
+            original,
+            doc,
+            spec,
+        })
+    }
+
+    /// The variables a profile must claim to be involved in this create (for
+    /// `config::Quick::into_config_for`); `None`: every profile may be (CDI annotations are
+    /// checked against every profile's kinds; device lists from mounts against every
+    /// profile's mount dir).
+    pub fn variables(&self, devices_as_mounts: bool) -> Option<Vec<&str>> {
+        let cdi = self
+            .spec
+            .annotations
+            .iter()
+            .any(|(k, _)| k.starts_with(cdi::model::ANNOTATION_PREFIX));
+        if cdi || devices_as_mounts {
+            return None;
+        }
+        Some(
+            self.spec
+                .env
+                .iter()
+                .filter_map(|e| e.split_once('=').map(|(name, _)| name))
+                .collect(),
+        )
+    }
+}
+
 /// Edits the bundle's config.json for `create`/`run`. `Ok(None)`: nothing asked for, the file
 /// was not written.
 pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
-    let path = bundle.config_json;
-    let original = bundle.data?;
+    create_parsed(Parsed::read(bundle)?, cfg)
+}
+
+/// [`create`] of a bundle already parsed.
+pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
+    let Parsed {
+        dir: bundle_dir,
+        path,
+        original,
+        mut doc,
+        spec,
+    } = parsed;
     // A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.
     match crate::atomic::remove_leftovers(&path) {
         Ok(0) => {}
@@ -101,7 +158,6 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
             path.display()
         ),
     }
-    let (mut doc, spec) = spec::parse_file(&path, &original)?;
 
     let mut out = Outcome {
         removed_docker_hook: spec.docker_gpu_hook,
@@ -174,10 +230,10 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
             source,
         })?;
         let dir = lib_dir
-            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle.dir).as_deref()));
+            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle_dir).as_deref()));
         let driver = plan::driver_edits(profile, &caps, &cache, dir)?;
         let image =
-            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(&bundle.dir).as_deref()));
+            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(&bundle_dir).as_deref()));
         let libs = loader::prepare(profile, image, &spec.env_entries(), &driver, dir)?;
         out.plan.extend(driver);
         out.plan.extend(Plan {

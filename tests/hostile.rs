@@ -533,7 +533,10 @@ fn unknown_config_and_profile_keys_are_logged() {
     ascend.insert_str(0, "driver-rot = \"/typo\"\n");
     std::fs::write(e.path("profiles.d/ascend.toml"), ascend).unwrap();
     e.config("lowlevel-runtime = \"crun\"\n[profiles.enflame]\ndriver-rot = \"/x\"");
-    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    // A create builds the profiles its variables can involve (and every one config.toml
+    // names): ascend.toml is read by this one because the spec sets its variable (`none`:
+    // no Ascend device, nothing injected).
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0", "ASCEND_VISIBLE_DEVICES=none"]);
     e.accepted();
     let log = e.log();
     for key in ["lowlevel-runtime", "driver-rot", "enflame", "ascend.toml"] {
@@ -576,7 +579,8 @@ fn config_wrong_types_are_refused() {
 #[test]
 fn profile_with_relative_driver_root_or_dotdot_node_is_refused() {
     let e = Env::new();
-    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    // A create builds the profiles its variables can involve: this one, Ascend's.
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0", "ASCEND_VISIBLE_DEVICES=0"]);
     std::fs::create_dir_all(e.path("profiles.d")).unwrap();
     let ascend = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -594,8 +598,10 @@ fn profile_with_relative_driver_root_or_dotdot_node_is_refused() {
         std::fs::write(e.path("profiles.d/ascend.toml"), t.to_string()).unwrap();
         e.refused(&["ascend.toml", what]);
     }
-    // The same through [profiles.<name>] in config.toml.
+    // The same through [profiles.<name>] in config.toml: every profile config.toml names is
+    // built, whatever the spec asks for.
     std::fs::remove_file(e.path("profiles.d/ascend.toml")).unwrap();
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
     e.config("[profiles.enflame]\ncontrol-nodes = [\"/dev/gcu/../../etc/shadow\"]");
     e.refused(&["config.toml", "enflame", ".."]);
 }

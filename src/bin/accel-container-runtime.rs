@@ -133,9 +133,14 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
         if nothing {
             quick.low_level_runtime
         } else {
-            // Built from what was read for the screen: config.toml is read and parsed once.
-            let cfg = quick.into_config().map_err(|e| err_chain(&e))?;
-            create(inv, bundle, &cfg).map_err(|e| err_chain(&e))?;
+            let parsed = create::Parsed::read(bundle).map_err(|e| err_chain(&e))?;
+            // Built from what was read for the screen (config.toml is read and parsed once),
+            // with only the profiles that may claim a variable the spec sets.
+            let variables = parsed.variables(quick.accept_container_devices_as_mounts);
+            let cfg = quick
+                .into_config_for(variables.as_deref())
+                .map_err(|e| err_chain(&e))?;
+            create(inv, parsed, &cfg).map_err(|e| err_chain(&e))?;
             cfg.low_level_runtime
         }
     } else {
@@ -159,14 +164,14 @@ fn pass_through_runtime() -> String {
 /// The `create`/`run` edit, with its one log line.
 fn create(
     inv: &argv::Invocation,
-    bundle: create::Bundle,
+    parsed: create::Parsed,
     cfg: &config::Config,
 ) -> Result<(), create::CreateError> {
     logging::init(&cfg.log_file, cfg.log_level);
     for w in &cfg.warnings {
         log::warn!("{w}");
     }
-    match create::create(bundle, cfg)? {
+    match create::create_parsed(parsed, cfg)? {
         Some(out) => log::info!(
             "create {}: {} nodes, {} mounts{}{}",
             inv.id.as_deref().unwrap_or("?"),
