@@ -4,7 +4,6 @@
 //! built-in's name replaces it), then `[profiles.<name>]` tables in config.toml merged key by
 //! key. Unknown keys are collected as warnings, never silently dropped.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -508,18 +507,19 @@ fn load_profiles(
     warnings: &mut Vec<String>,
     variables: Option<&[&str]>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    let wanted: Option<HashSet<&[u8]>> =
-        variables.map(|v| v.iter().map(|v| v.as_bytes()).collect());
-    // The names of the profiles to build: every source of one of these names is built too,
-    // as it may replace or be merged into the one that claims a variable.
-    let mut names: HashSet<String> = overrides.keys().cloned().collect();
+    // The variables, then the names of the profiles to build: every source of one of these
+    // names is built too, as it may replace or be merged into the one that claims a variable.
+    let mut names = profile::Names::default();
+    for v in variables.unwrap_or_default() {
+        names.insert(v.as_bytes());
+    }
+    for name in overrides.keys() {
+        names.insert(name.as_bytes());
+    }
     // Whether a text may name a wanted variable or profile (profile::may_quote: only `false`
     // is certain).
-    let may_claim = |text: &str, names: &HashSet<String>| match &wanted {
-        None => true,
-        Some(wanted) => profile::may_quote(text.as_bytes(), |run| {
-            wanted.contains(run) || std::str::from_utf8(run).is_ok_and(|r| names.contains(r))
-        }),
+    let may_claim = |text: &str, names: &profile::Names| {
+        variables.is_none() || profile::may_quote(text.as_bytes(), |run| names.contains(run))
     };
     let mut builtins = vec![false; profile::BUILTIN.len()];
     let mut tables: Vec<Option<(String, toml::Table)>> = files.iter().map(|_| None).collect();
@@ -528,9 +528,9 @@ fn load_profiles(
     loop {
         let mut more = false;
         for (used, b) in builtins.iter_mut().zip(profile::BUILTIN) {
-            if !*used && (names.contains(b.name) || may_claim(b.text, &names)) {
+            if !*used && (names.contains(b.name.as_bytes()) || may_claim(b.text, &names)) {
                 *used = true;
-                names.insert(b.name.to_string());
+                names.insert(b.name.as_bytes());
                 more = true;
             }
         }
@@ -555,12 +555,12 @@ fn load_profiles(
                     source,
                 })?;
             if let Some(name) = table.get("name").and_then(toml::Value::as_str) {
-                names.insert(name.to_string());
+                names.insert(name.as_bytes());
             }
             *slot = Some((origin, table));
             more = true;
         }
-        if !more || wanted.is_none() {
+        if !more || variables.is_none() {
             break;
         }
     }

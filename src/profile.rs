@@ -419,6 +419,38 @@ pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) 
     false
 }
 
+/// A set of names for [`may_quote`]'s runs: most runs of a text (the text between two
+/// strings, comments' words) are not of any name's length, and are rejected by it before
+/// any hashing.
+#[derive(Debug, Default)]
+pub struct Names {
+    set: std::collections::HashSet<Vec<u8>>,
+    /// Bit `n`: a name of `n` bytes (`n` < 256) is in `set`.
+    lengths: [u64; 4],
+    /// A name of 256 bytes or more is in `set`.
+    long: bool,
+}
+
+impl Names {
+    pub fn insert(&mut self, name: &[u8]) {
+        match self.lengths.get_mut(name.len() / 64) {
+            Some(bits) => *bits |= 1 << (name.len() % 64),
+            None => self.long = true,
+        }
+        if !self.set.contains(name) {
+            self.set.insert(name.to_vec());
+        }
+    }
+
+    pub fn contains(&self, run: &[u8]) -> bool {
+        let maybe = match self.lengths.get(run.len() / 64) {
+            Some(bits) => bits & (1 << (run.len() % 64)) != 0,
+            None => self.long,
+        };
+        maybe && self.set.contains(run)
+    }
+}
+
 /// True when a path has a `..` component: profile paths are joined under host roots.
 pub fn has_dotdot(p: &Path) -> bool {
     // What `components()` calls ParentDir, without building the components (every path of
