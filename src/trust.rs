@@ -17,10 +17,16 @@ use std::path::{Path, PathBuf};
 
 const STICKY: u32 = 0o1000;
 
-/// Directories found trustworthy so far, by the path they were named by: the files of one
-/// directory (config.toml's profiles-dir) cost one check of its chain, not one per file.
+/// Directories found trustworthy so far: the files of one directory (config.toml's
+/// profiles-dir) cost one check of its chain, not one per file, and a directory that two
+/// chains share (`/etc`, `/`) is looked at once.
 #[derive(Debug, Default)]
-pub struct Checked(Vec<PathBuf>);
+pub struct Checked {
+    /// Parents of files opened, as they were named.
+    named: Vec<PathBuf>,
+    /// Directories checked, resolved.
+    dirs: Vec<PathBuf>,
+}
 
 /// Why [`open_file`] gave no file.
 #[derive(Debug)]
@@ -65,13 +71,16 @@ pub fn open_file(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if !checked.0.iter().any(|d| d == parent) {
+    if !checked.named.iter().any(|d| d == parent) {
         let real = std::fs::canonicalize(parent)
             .map_err(|e| OpenError::Untrusted(format!("cannot resolve: {e}")))?;
         for dir in real.ancestors() {
-            check_dir(dir).map_err(OpenError::Untrusted)?;
+            if !checked.dirs.iter().any(|d| d == dir) {
+                check_dir(dir).map_err(OpenError::Untrusted)?;
+                checked.dirs.push(dir.to_path_buf());
+            }
         }
-        checked.0.push(parent.to_path_buf());
+        checked.named.push(parent.to_path_buf());
     }
     Ok((file, meta))
 }
@@ -211,5 +220,59 @@ mod tests {
         chmod(&target, 0o666);
         let e = check_file(&link).unwrap_err();
         assert!(e.contains("symlink target"), "{e}");
+    }
+
+    /// Needs root, as above. `open_file` gives the same verdicts as `check_file`, on the
+    /// descriptor it returns; a FIFO is refused without blocking.
+    #[test]
+    fn open_file_judges_what_it_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("etc");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o755);
+        let f = dir.join("a.toml");
+        std::fs::write(&f, "x").unwrap();
+        chmod(&f, 0o644);
+        let mut checked = Checked::default();
+        let (_, meta) = open_file(&f, &mut checked).unwrap();
+        assert_eq!(meta.len(), 1);
+        let untrusted = |p: &Path, checked: &mut Checked| match open_file(p, checked) {
+            Err(OpenError::Untrusted(msg)) => msg,
+            other => panic!("{other:?}"),
+        };
+        chmod(&f, 0o664);
+        let e = untrusted(&f, &mut checked);
+        assert!(e.contains("writable by group (mode 0664)"), "{e}");
+        assert_eq!(e, check_file(&f).unwrap_err());
+        chmod(&f, 0o644);
+        // A directory made writable after it was judged: a new Checked looks again.
+        chmod(&dir, 0o775);
+        assert!(open_file(&f, &mut checked).is_ok());
+        let e = untrusted(&f, &mut Checked::default());
+        assert_eq!(e, check_file(&f).unwrap_err());
+        chmod(&dir, 0o755);
+        let fifo = dir.join("fifo.toml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        assert!(untrusted(&fifo, &mut checked).contains("not a regular file"));
+        // A symlink: judged by its target's directories, as check_file does.
+        let other = t.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        chmod(&other, 0o777);
+        let target = other.join("real.toml");
+        std::fs::write(&target, "").unwrap();
+        chmod(&target, 0o644);
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(
+            untrusted(&link, &mut checked),
+            check_file(&link).unwrap_err()
+        );
+        chmod(&other, 0o755);
+        assert!(open_file(&link, &mut checked).is_ok());
+        let missing = dir.join("none.toml");
+        assert!(matches!(
+            open_file(&missing, &mut checked),
+            Err(OpenError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound
+        ));
     }
 }
