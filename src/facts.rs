@@ -160,3 +160,132 @@ fn at(host: PathBuf) -> Node {
     let stat = stat(&host).map_err(Arc::new);
     Node::At { host, stat }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Gathering without root: a driver tree in a temp dir holds no device nodes (mknod needs
+    //! root), so these pin what is recorded for absent, refused and present paths; the e2e
+    //! tests gather real nodes.
+
+    use super::*;
+
+    use crate::config::builtin_nvidia as nvidia;
+
+    fn profile(root: &Path) -> Profile {
+        let mut p = nvidia();
+        p.driver_root = root.to_path_buf();
+        p
+    }
+
+    fn gpu(index: u32) -> Device {
+        Device {
+            index,
+            nodes: vec![format!("/dev/nvidia{index}").into()],
+            uuid: None,
+            pci_bus_id: None,
+            minor: Some(index),
+            aliases: vec![],
+        }
+    }
+
+    #[test]
+    fn stat_follows_links_and_tells_devices_from_files() {
+        let s = stat(Path::new("/dev/null")).unwrap();
+        assert_eq!((s.kind, s.major, s.minor), (Some(NodeKind::Char), 1, 3));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(stat(&file).unwrap().kind, None);
+        let link = dir.path().join("null");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        assert_eq!(stat(&link).unwrap(), s);
+    }
+
+    #[test]
+    fn missing_device_node_is_looked_for_where_dev_root_has_it() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        let p = profile(root.path());
+        let (g0, g1) = (gpu(0), gpu(1));
+        let facts = device_nodes(&p, &[&g0, &g1, &g0]);
+        assert_eq!(facts.0.len(), 2, "{facts:?}");
+        match facts.get(Path::new("/dev/nvidia1")) {
+            Some(Node::At { host, stat: Err(e) }) => {
+                assert_eq!(*host, root.path().join("dev/nvidia1"));
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_where_a_node_should_be_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        std::fs::write(root.path().join("dev/nvidia0"), "").unwrap();
+        std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
+        let p = profile(root.path());
+        let g0 = gpu(0);
+        let facts = device_nodes(&p, &[&g0]);
+        match facts.get(Path::new("/dev/nvidia0")) {
+            Some(Node::Refused(e)) => {
+                assert!(e.to_string().ends_with("is not a character device"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let driver = driver(&p, &[], &ldcache::Cache::default());
+        assert!(matches!(
+            driver.nodes.get(Path::new("/dev/nvidiactl")),
+            Some(Node::Refused(_))
+        ));
+    }
+
+    #[test]
+    fn absent_control_nodes_are_recorded_without_a_stat() {
+        let root = tempfile::tempdir().unwrap();
+        let p = profile(root.path());
+        let d = driver(&p, &["compute".into()], &ldcache::Cache::default());
+        assert_eq!(d.nodes.0.len(), p.control_nodes.len());
+        for (path, n) in &d.nodes.0 {
+            assert!(matches!(n, Node::Absent), "{path:?}: {n:?}");
+        }
+        assert!(d.libraries.is_empty() && d.binaries.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn driver_files_are_found_inside_the_root_for_the_groups_asked() {
+        let root = tempfile::tempdir().unwrap();
+        let lib = root.path().join("usr/lib/x86_64-linux-gnu");
+        let bin = root.path().join("usr/bin");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(lib.join("libcuda.so.550.1"), "").unwrap();
+        std::os::unix::fs::symlink("libcuda.so.550.1", lib.join("libcuda.so.1")).unwrap();
+        std::fs::write(lib.join("libnvidia-ml.so.1"), "").unwrap();
+        std::fs::write(bin.join("nvidia-smi"), "").unwrap();
+        let p = profile(root.path());
+        let cache = ldcache::Cache::default();
+
+        let d = driver(&p, &["compute".into()], &cache);
+        let cuda = d
+            .libraries
+            .iter()
+            .find(|f| f.name == "libcuda.so.1")
+            .unwrap();
+        // The link resolved inside the root, to the file it names.
+        assert_eq!(cuda.host, lib.join("libcuda.so.550.1"));
+        assert!(d.libraries.iter().all(|f| f.name.starts_with("libcuda.")));
+        assert!(d.binaries.is_empty(), "{:?}", d.binaries);
+
+        let d = driver(&p, &["utility".into()], &cache);
+        let names: Vec<&str> = d.libraries.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["libnvidia-ml.so.1"]);
+        assert_eq!(
+            d.binaries,
+            [Found {
+                host: bin.join("nvidia-smi"),
+                name: "nvidia-smi".into(),
+            }]
+        );
+    }
+}
