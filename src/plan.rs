@@ -97,7 +97,8 @@ pub fn device_edits(
                     return Err(missing(host.clone(), e.clone()))
                 }
                 Some(facts::Node::Refused(e)) => return Err(PlanError::HostNode(e.clone())),
-                // Facts gathered for other devices: the node was not found where it belongs.
+                // No fact (gathered for other devices) is no node: a device's own node is
+                // required, so it is missing where dev-root would have it.
                 Some(facts::Node::Absent) | None => {
                     return Err(missing(
                         Profile::under(profile.dev_root(), path),
@@ -485,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn refused_node_keeps_discoverys_message() {
+    fn refused_node_keeps_the_discovery_message() {
         let p = profile();
         let refused = |msg: &str| {
             Node::Refused(Arc::new(DiscoveryError::Node {
