@@ -22,8 +22,14 @@ use serde_json::{json, Value};
 /// Specs compared per run.
 const SPECS: usize = 50_000;
 
-/// The Go program, built once per test run into the target directory.
+/// The Go program, built once per test run into the target directory (once for both tests:
+/// one `go build` must not replace the binary while the other test runs it).
 fn specread() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_specread).clone()
+}
+
+fn build_specread() -> PathBuf {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/specread");
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go");
     let bin = work.join("specread");
