@@ -8,8 +8,9 @@
 //! holds for the TOML texts that name the variables profiles claim (config.toml, the
 //! profile files, the built-ins): without a backslash or a multi-line string, a variable a
 //! profile claims is written `"NAME"` or `'NAME'` there. Anything else (an escape, a name a
-//! text quotes, docker's hook, a CDI annotation, bytes that are not a JSON object to
-//! serde_json) is `Maybe`, and the full read decides. Duplicate keys and odd spacing change
+//! text quotes, docker's hook, a CDI annotation, bytes that do not start as a JSON object)
+//! is `Maybe`, and the full read decides. Whether the bytes parse is runc's question: without
+//! an escape, no reader can decode a name that is not in them. Duplicate keys and odd spacing change
 //! which string wins, never which strings are there, so they cannot hide a request.
 //! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
 
@@ -75,12 +76,10 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str>) -> Scre
     if !runs.is_empty() && names().any(|n| run_lengths.has(n.len()) && runs.contains(n)) {
         return Screen::Maybe;
     }
-    // Checked last, as only a spec that asks for nothing needs it: the same grammar as the
-    // full read, without building anything.
-    match serde_json::from_slice::<serde::de::IgnoredAny>(data) {
-        Ok(_) => Screen::Nothing,
-        Err(_) => Screen::Maybe,
-    }
+    // No parse: what decides is which byte runs are there, and a grammar cannot add one. A
+    // spec serde_json refuses but Go reads (invalid UTF-8, nesting deeper than serde_json's
+    // limit) and that asks for nothing then reaches runc as it would without the shim.
+    Screen::Nothing
 }
 
 /// Lengths of names or runs: a bitmap below 256 bytes. Longer ones are rare (a comment
@@ -141,7 +140,15 @@ mod tests {
             s(r#"{"annotations":{"cdi.k8s.io/x":"a.com/b=c"}}"#),
             Screen::Maybe
         );
-        assert_eq!(s(r#"{"process":{"env":["PATH=/bin"]}"#), Screen::Maybe);
+        // Bytes that do not parse but ask for nothing are runc's to refuse, as without the
+        // shim; bytes that do not parse and may ask stay unsure.
+        assert_eq!(s(r#"{"process":{"env":["PATH=/bin"]}"#), Screen::Nothing);
+        assert_eq!(s(r#"{"process":{"env":["X_DEVS=1"]}"#), Screen::Maybe);
+        // Invalid UTF-8: serde_json refuses it, Go reads it.
+        assert_eq!(
+            screen(b"{\"process\":{\"env\":[\"PATH=/\xff\"]}}", [PROFILE]),
+            Screen::Nothing
+        );
         assert_eq!(s(r#"["PATH=/bin"]"#), Screen::Maybe);
         // A text the screen cannot read plainly makes it unsure of everything.
         let escaped = "visible-devices-env = [\"A\\u005fB\"]";
