@@ -48,35 +48,76 @@ const MAX_SYMLINKS: usize = 40;
 /// the end, and, for a device's own node (`device`) where the profile states
 /// `device-majors`, a major not in that list.
 pub fn host_node(profile: &Profile, node: &Path, device: bool) -> Result<PathBuf, DiscoveryError> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let refuse = |msg: String| DiscoveryError::Node {
-        vendor: profile.name.clone(),
-        path: node.to_path_buf(),
-        msg,
-    };
-    let host = resolve_beneath(profile.dev_root(), node).map_err(|e| match e {
-        Beneath::Io(path, source) => DiscoveryError::Read { path, source },
-        Beneath::Out(msg) => refuse(msg),
-    })?;
-    let meta = std::fs::symlink_metadata(&host).map_err(|source| DiscoveryError::Read {
-        path: host.clone(),
-        source,
-    })?;
-    if !meta.file_type().is_char_device() {
-        return Err(refuse(format!(
-            "{} is not a character device",
-            host.display()
-        )));
+    DevRoot::new(profile)
+        .host_node(node, device)
+        .map(|(host, _)| host)
+}
+
+/// A profile's dev-root, resolved once for all the nodes a create looks up (a create of eight
+/// GPUs looks up a dozen).
+pub struct DevRoot<'p> {
+    profile: &'p Profile,
+    /// `None` when it cannot be resolved: each lookup then reports why.
+    canonical: Option<PathBuf>,
+}
+
+impl<'p> DevRoot<'p> {
+    pub fn new(profile: &'p Profile) -> Self {
+        DevRoot {
+            profile,
+            canonical: std::fs::canonicalize(profile.dev_root()).ok(),
+        }
     }
-    let major = nix::sys::stat::major(meta.rdev());
-    if device && !profile.device_majors.is_empty() && !profile.device_majors.contains(&major) {
-        return Err(refuse(format!(
-            "{} has major {major}, not one of the profile's device-majors {:?}",
-            host.display(),
-            profile.device_majors
-        )));
+
+    /// [`host_node`], with what `lstat` said of the node (a character device, not a link).
+    pub fn host_node(
+        &self,
+        node: &Path,
+        device: bool,
+    ) -> Result<(PathBuf, std::fs::Metadata), DiscoveryError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let profile = self.profile;
+        let refuse = |msg: String| DiscoveryError::Node {
+            vendor: profile.name.clone(),
+            path: node.to_path_buf(),
+            msg,
+        };
+        let root = match &self.canonical {
+            Some(root) => root.clone(),
+            None => std::fs::canonicalize(profile.dev_root()).map_err(|source| {
+                DiscoveryError::Read {
+                    path: profile.dev_root().to_path_buf(),
+                    source,
+                }
+            })?,
+        };
+        let (host, meta) = resolve_beneath(root, node).map_err(|e| match e {
+            Beneath::Io(path, source) => DiscoveryError::Read { path, source },
+            Beneath::Out(msg) => refuse(msg),
+        })?;
+        let meta = match meta {
+            Some(meta) => meta,
+            None => std::fs::symlink_metadata(&host).map_err(|source| DiscoveryError::Read {
+                path: host.clone(),
+                source,
+            })?,
+        };
+        if !meta.file_type().is_char_device() {
+            return Err(refuse(format!(
+                "{} is not a character device",
+                host.display()
+            )));
+        }
+        let major = nix::sys::stat::major(meta.rdev());
+        if device && !profile.device_majors.is_empty() && !profile.device_majors.contains(&major) {
+            return Err(refuse(format!(
+                "{} has major {major}, not one of the profile's device-majors {:?}",
+                host.display(),
+                profile.device_majors
+            )));
+        }
+        Ok((host, meta))
     }
-    Ok(host)
 }
 
 enum Beneath {
@@ -84,12 +125,15 @@ enum Beneath {
     Out(String),
 }
 
-/// `path` (absolute, container-style) resolved under `root` following symlinks one component
-/// at a time, never leaving `root`.
-fn resolve_beneath(root: &Path, path: &Path) -> Result<PathBuf, Beneath> {
+/// `path` (absolute, container-style) resolved under `root` (canonical) following symlinks one
+/// component at a time, never leaving `root`; with the `lstat` of the last component, when
+/// one was looked at.
+fn resolve_beneath(
+    root: PathBuf,
+    path: &Path,
+) -> Result<(PathBuf, Option<std::fs::Metadata>), Beneath> {
     use std::collections::VecDeque;
     use std::path::Component;
-    let root = std::fs::canonicalize(root).map_err(|e| Beneath::Io(root.into(), e))?;
     let mut todo: VecDeque<std::ffi::OsString> = path
         .components()
         .filter_map(|c| match c {
@@ -100,7 +144,9 @@ fn resolve_beneath(root: &Path, path: &Path) -> Result<PathBuf, Beneath> {
         .collect();
     let mut out = root.clone();
     let mut links = 0;
+    let mut last = None;
     while let Some(c) = todo.pop_front() {
+        last = None;
         if c == ".." {
             if out == root {
                 return Err(Beneath::Out(format!(
@@ -115,6 +161,7 @@ fn resolve_beneath(root: &Path, path: &Path) -> Result<PathBuf, Beneath> {
         out.push(&c);
         let meta = std::fs::symlink_metadata(&out).map_err(|e| Beneath::Io(out.clone(), e))?;
         if !meta.file_type().is_symlink() {
+            last = Some(meta);
             continue;
         }
         links += 1;
@@ -154,7 +201,7 @@ fn resolve_beneath(root: &Path, path: &Path) -> Result<PathBuf, Beneath> {
             todo.insert(i, c);
         }
     }
-    Ok(out)
+    Ok((out, last))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,24 +34,29 @@ pub struct Stat {
 
 /// Stats a host node, following symlinks (udev makes `/dev/...` links).
 pub fn stat(host: &Path) -> std::io::Result<Stat> {
-    let m = std::fs::metadata(host)?;
-    let t = m.file_type();
-    let kind = if t.is_char_device() {
-        Some(NodeKind::Char)
-    } else if t.is_block_device() {
-        Some(NodeKind::Block)
-    } else {
-        None
-    };
-    let rdev = m.rdev();
-    Ok(Stat {
-        kind,
-        major: nix::sys::stat::major(rdev),
-        minor: nix::sys::stat::minor(rdev),
-        mode: m.mode() & 0o7777,
-        uid: m.uid(),
-        gid: m.gid(),
-    })
+    Ok(Stat::of(&std::fs::metadata(host)?))
+}
+
+impl Stat {
+    fn of(m: &std::fs::Metadata) -> Stat {
+        let t = m.file_type();
+        let kind = if t.is_char_device() {
+            Some(NodeKind::Char)
+        } else if t.is_block_device() {
+            Some(NodeKind::Block)
+        } else {
+            None
+        };
+        let rdev = m.rdev();
+        Stat {
+            kind,
+            major: nix::sys::stat::major(rdev),
+            minor: nix::sys::stat::minor(rdev),
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+        }
+    }
 }
 
 /// One node a profile names, as found on the host. Errors are shared (`Arc`): the plan reports
@@ -90,12 +95,16 @@ impl<'a> Nodes<'a> {
 /// stat'ed where dev-root would have it, so the plan can name the path and the error.
 pub fn device_nodes<'a>(profile: &Profile, devices: &[&'a Device]) -> Nodes<'a> {
     let mut out = Nodes::default();
+    let dev_root = discovery::DevRoot::new(profile);
     for node in devices.iter().flat_map(|d| d.nodes.iter()) {
         if out.has(node) {
             continue;
         }
-        let fact = match discovery::host_node(profile, node, true) {
-            Ok(host) => at(host),
+        let fact = match dev_root.host_node(node, true) {
+            Ok((host, meta)) => Node::At {
+                host,
+                stat: Ok(Stat::of(&meta)),
+            },
             Err(e) if e.is_not_found() => at(Profile::under(profile.dev_root(), node)),
             Err(e) => Node::Refused(Arc::new(e)),
         };
@@ -121,6 +130,7 @@ pub fn driver<'a>(profile: &'a Profile, caps: &[String], cache: &ldcache::Cache)
         .filter_map(|c| profile.capabilities.get(c))
         .collect();
     let mut nodes = Nodes::default();
+    let dev_root = discovery::DevRoot::new(profile);
     let wanted = profile
         .control_nodes
         .iter()
@@ -130,8 +140,11 @@ pub fn driver<'a>(profile: &'a Profile, caps: &[String], cache: &ldcache::Cache)
             continue;
         }
         // nvidia-modeset only exists with a display driver: a node not found is left out.
-        let fact = match discovery::host_node(profile, node, false) {
-            Ok(host) => at(host),
+        let fact = match dev_root.host_node(node, false) {
+            Ok((host, meta)) => Node::At {
+                host,
+                stat: Ok(Stat::of(&meta)),
+            },
             Err(e) if e.is_not_found() => Node::Absent,
             Err(e) => Node::Refused(Arc::new(e)),
         };
