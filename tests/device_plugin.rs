@@ -250,6 +250,33 @@ fn stand_in_kubelet_drives_the_plugin() {
                 .get_preferred_allocation_available
         );
 
+        // A kubelet before 1.26: `:authority` is the socket path (gRPC-go's default), first
+        // indexed into the HPACK table, then named by index.
+        let answers = old_kubelet_calls(
+            &sock,
+            &[
+                (GET_OPTIONS, prost::Message::encode_to_vec(&Empty {})),
+                (
+                    ALLOCATE,
+                    prost::Message::encode_to_vec(&AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: ids(&["GCU-2"]),
+                        }],
+                    }),
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(answers[0].0, "0", "GetDevicePluginOptions: grpc-status");
+        let options: DevicePluginOptions = prost::Message::decode(&answers[0].1[..]).unwrap();
+        assert!(options.get_preferred_allocation_available);
+        assert_eq!(answers[1].0, "0", "Allocate: grpc-status");
+        let allocated: AllocateResponse = prost::Message::decode(&answers[1].1[..]).unwrap();
+        assert_eq!(
+            allocated.container_responses[0].envs["ENFLAME_VISIBLE_DEVICES"],
+            "2"
+        );
+
         // ListAndWatch: 8 healthy devices with their NUMA nodes.
         let first = kubelet.updates.recv().await.unwrap();
         let got: Vec<(String, String, i64)> = first
@@ -427,6 +454,99 @@ fn stand_in_kubelet_drives_the_plugin() {
         plugin.await.unwrap().unwrap();
         assert!(!sock.exists());
     });
+}
+
+/// Unary calls on one connection as a kubelet before 1.26 makes them: gRPC-go's default
+/// `:authority`, the socket path, indexed into the HPACK table by the first request
+/// (literal with incremental indexing, static name 1) and named by index (62) in the others.
+/// tonic's and hyper's clients refuse such an authority, so the frames are written here.
+/// Returns each call's grpc-status and message.
+async fn old_kubelet_calls(sock: &Path, calls: &[(&str, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+    fn lit(b: &[u8]) -> Vec<u8> {
+        let mut v = loona_hpack::encoder::encode_integer(b.len(), 7);
+        v.extend_from_slice(b);
+        v
+    }
+    let (settings, headers, data, end_stream, end_headers) = (0x4, 0x1, 0x0, 0x1, 0x4);
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(settings, 0, 0, &[]));
+    for (i, (path, msg)) in calls.iter().enumerate() {
+        let stream = 1 + 2 * i as u32;
+        let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+        if i == 0 {
+            block.push(0x41);
+            block.extend(lit(sock.as_os_str().as_bytes()));
+        } else {
+            block.push(0xbe);
+        }
+        block.push(0x04); // :path, literal without indexing
+        block.extend(lit(path.as_bytes()));
+        block.extend([0x0f, 0x10]); // content-type (static 31), literal without indexing
+        block.extend(lit(b"application/grpc"));
+        block.push(0x00);
+        block.extend(lit(b"te"));
+        block.extend(lit(b"trailers"));
+        out.extend(frame(headers, end_headers, stream, &block));
+        let mut body = vec![0];
+        body.extend((msg.len() as u32).to_be_bytes());
+        body.extend(msg);
+        out.extend(frame(data, end_stream, stream, &body));
+    }
+    s.write_all(&out).await.unwrap();
+
+    let mut dec = loona_hpack::Decoder::new();
+    let mut answers = vec![(String::new(), Vec::new()); calls.len()];
+    let mut ended = 0;
+    let read = async {
+        while ended < calls.len() {
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.unwrap();
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let mut payload = vec![0; len];
+            s.read_exact(&mut payload).await.unwrap();
+            let call = (stream as usize).saturating_sub(1) / 2;
+            match kind {
+                0x4 if flags & 0x1 == 0 => {
+                    s.write_all(&frame(settings, 0x1, 0, &[])).await.unwrap()
+                }
+                0x3 => panic!("stream {stream} reset: {payload:?}"),
+                0x7 => panic!("GOAWAY: {}", String::from_utf8_lossy(&payload)),
+                0x1 => {
+                    assert_eq!(flags & end_headers, end_headers, "one-frame header blocks");
+                    for (n, v) in dec.decode(&payload).unwrap() {
+                        if n == b"grpc-status" {
+                            answers[call].0 = String::from_utf8(v).unwrap();
+                        }
+                    }
+                }
+                0x0 => answers[call].1.extend(payload),
+                _ => {}
+            }
+            if (kind == headers || kind == data) && flags & end_stream != 0 {
+                ended += 1;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("answers within 10 s");
+    for (_, msg) in &mut answers {
+        assert!(msg.len() >= 5, "a gRPC message: {msg:?}");
+        msg.drain(..5);
+    }
+    answers
 }
 
 async fn futures_join<T: Send + 'static>(

@@ -452,7 +452,12 @@ fn serve(
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let svc = DevicePluginServer(Arc::new(Served(Arc::clone(plugin))));
     tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        // Every connection goes through the :authority rewrite (old kubelets send the
+        // socket path there, which h2 refuses).
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            |conn| conn.map(super::authority::Rewrite::new),
+        );
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, async {
