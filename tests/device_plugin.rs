@@ -549,6 +549,176 @@ async fn old_kubelet_calls(sock: &Path, calls: &[(&str, Vec<u8>)]) -> Vec<(Strin
     answers
 }
 
+/// The device names the plugin's CDI spec lists, and the spec file's inode (a rewrite is a
+/// rename onto it, so a new inode).
+fn cdi_spec(path: &Path) -> (Vec<String>, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let names = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    (names, std::fs::metadata(path).unwrap().ino())
+}
+
+/// Waits until the CDI spec lists device `name` (or no longer does).
+async fn wait_cdi(path: &Path, name: &str, listed: bool) -> (Vec<String>, u64) {
+    let t = Instant::now();
+    loop {
+        let (names, ino) = cdi_spec(path);
+        if names.iter().any(|n| n == name) == listed {
+            return (names, ino);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "CDI spec: {name} listed {listed}: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A device node deleted, recreated, and a new device appearing: each change is pushed on
+/// ListAndWatch and rewrites the plugin's CDI spec, which is left alone while nothing changes.
+#[test]
+fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
+    let (sim, major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        kubelet.start();
+        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        opts.strategies = vec![Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        opts.poll = Duration::from_millis(100);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let profiles: Vec<_> = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        kubelet.wait_registrations(1).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        assert_eq!(first.devices.len(), 8);
+        let spec = scratch.path().join("cdi/accel-enflame.json");
+        let (names, ino) = cdi_spec(&spec);
+        assert!(names.contains(&"3".to_string()), "{names:?}");
+
+        // Nothing changes over several polls: the spec is not rewritten.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
+
+        // A node deleted: Unhealthy, and gone from the spec (a container naming it would
+        // get a clear CDI error rather than a missing node).
+        let node = sim.path().join("dev/gcu3");
+        std::fs::remove_file(&node).unwrap();
+        kubelet
+            .wait_health("GCU-3", UNHEALTHY, Duration::from_secs(1))
+            .await;
+        let (_, ino_gone) = wait_cdi(&spec, "3", false).await;
+        assert_ne!(ino_gone, ino);
+
+        // Recreated: Healthy, and back in the spec.
+        mknod(&node, major, 3);
+        kubelet
+            .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
+            .await;
+        wait_cdi(&spec, "3", true).await;
+
+        // A device appears (no sysfs: no topology): pushed with the others, in the spec
+        // before kubelet hears of it, and Allocate answers for it.
+        mknod(&sim.path().join("dev/gcu8"), major, 8);
+        let t = Instant::now();
+        let update = loop {
+            let m = tokio::time::timeout(Duration::from_secs(1), kubelet.updates.recv())
+                .await
+                .expect("GCU-8 pushed within a second")
+                .unwrap();
+            if m.devices.iter().any(|d| d.id == "GCU-8") {
+                break m;
+            }
+        };
+        eprintln!("GCU-8 pushed after {:?}", t.elapsed());
+        let (names, ino) = cdi_spec(&spec);
+        assert!(names.contains(&"8".to_string()), "{names:?}");
+        assert_eq!(update.devices.len(), 9);
+        let new = update.devices.iter().find(|d| d.id == "GCU-8").unwrap();
+        assert_eq!(
+            (new.health.as_str(), new.topology.as_ref()),
+            (HEALTHY, None)
+        );
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        let ch = grpc::connect(&kubelet.dir().join(&reg.endpoint), "localhost")
+            .await
+            .unwrap();
+        let a = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-8"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            a.container_responses[0].cdi_devices[0].name,
+            "enflame.com/gcu=8"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
+
+        stop_tx.send(true).unwrap();
+        plugin.await.unwrap().unwrap();
+    });
+}
+
+/// A profile with no device at start (a driver still loading) is served and registered once
+/// its first device appears, not before.
+#[test]
+fn a_profile_registers_when_its_first_device_appears() {
+    let (sim, major) = enflame_host();
+    for n in 0..8 {
+        std::fs::remove_file(sim.path().join(format!("dev/gcu{n}"))).unwrap();
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        kubelet.start();
+        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        opts.poll = Duration::from_millis(100);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let profiles: Vec<_> = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(kubelet.count(), 0, "registered with no device");
+        assert!(!kubelet.dir().join("accel-enflame-com-gcu.sock").exists());
+
+        mknod(&sim.path().join("dev/gcu5"), major, 5);
+        kubelet.wait_registrations(1).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        let got: Vec<(&str, &str)> = first
+            .devices
+            .iter()
+            .map(|d| (d.id.as_str(), d.health.as_str()))
+            .collect();
+        assert_eq!(got, [("GCU-5", HEALTHY)]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(kubelet.count(), 1);
+
+        stop_tx.send(true).unwrap();
+        plugin.await.unwrap().unwrap();
+    });
+}
+
 async fn futures_join<T: Send + 'static>(
     futs: Vec<impl std::future::Future<Output = T> + Send + 'static>,
 ) -> Vec<T> {
