@@ -499,6 +499,24 @@ fn spawn_dir_watch(
     Ok(())
 }
 
+/// The plugin's gRPC server on `listener` until `shutdown` completes (benchmarks call it too).
+/// Every connection goes through the `:authority` rewrite: old kubelets send the socket path
+/// there, which h2 refuses.
+pub async fn serve_listener(
+    plugin: Arc<Plugin>,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |conn| conn.map(super::authority::Rewrite::new),
+    );
+    tonic::transport::Server::builder()
+        .add_service(DevicePluginServer(Arc::new(Served(plugin))))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
 /// Serves `plugin` on `path` until `stop` fires (or the server fails).
 fn serve(
     plugin: &Arc<Plugin>,
@@ -512,21 +530,12 @@ fn serve(
         source,
     })?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let svc = DevicePluginServer(Arc::new(Served(Arc::clone(plugin))));
+    let plugin = Arc::clone(plugin);
     tokio::spawn(async move {
-        // Every connection goes through the :authority rewrite (old kubelets send the
-        // socket path there, which h2 refuses).
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            |conn| conn.map(super::authority::Rewrite::new),
-        );
-        if let Err(e) = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = rx.await;
-            })
-            .await
-        {
+        let stopped = async {
+            let _ = rx.await;
+        };
+        if let Err(e) = serve_listener(plugin, listener, stopped).await {
             log(&format!("server stopped: {e}"));
         }
     });
