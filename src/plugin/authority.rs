@@ -93,16 +93,13 @@ impl Rewriter {
 
     fn feed_from(&mut self, input: &[u8], at: &mut usize, out: &mut Vec<u8>) -> io::Result<()> {
         loop {
-            let rest = &input[*at..];
             for left in [&mut self.preface, &mut self.passing] {
-                let n = (*left).min(rest.len());
+                let n = (*left).min(input.len() - *at);
+                out.extend_from_slice(&input[*at..*at + n]);
+                *at += n;
+                *left -= n;
                 if *left > 0 {
-                    out.extend_from_slice(&rest[..n]);
-                    *at += n;
-                    *left -= n;
-                    if *left > 0 {
-                        return Ok(());
-                    }
+                    return Ok(());
                 }
             }
             let rest = &input[*at..];
