@@ -87,6 +87,11 @@ fn pure(c: &mut Criterion) {
             });
         }
     }
+    // No topology at all (every pair "anything"): nothing prunes the exact search.
+    let flat = vec![Place::default(); 16];
+    g.bench_function("16dev-flat/8", |b| {
+        b.iter(|| choose(black_box(&flat), &[], 8))
+    });
     g.finish();
     let profile = enflame();
     let t = table(64);

@@ -7,15 +7,19 @@
 //! server the client's bytes with every such `:authority` replaced by `localhost`, what newer
 //! kubelets send.
 //!
-//! Frames other than HEADERS and CONTINUATION pass byte for byte. A header block (HEADERS
-//! plus its CONTINUATIONs) is decoded by an HPACK decoder that mirrors the client's encoder,
-//! and every block, changed or not, is encoded again by an HPACK encoder that the server's
-//! decoder mirrors. Re-encoding all of them keeps each pair of dynamic tables in step by
-//! construction: the server never sees an index the client's table gave. Both tables start
-//! empty with 4096 bytes, the protocol's default, which h2's server (as tonic builds it) does
-//! not change; a client's size update above that is refused here as h2 would refuse it.
-//! Padding is dropped (it carries nothing), PRIORITY is kept, and blocks are cut into frames
-//! of at most 16384 bytes, the smallest SETTINGS_MAX_FRAME_SIZE a server can have.
+//! The connection's first header block (HEADERS plus its CONTINUATIONs) decides, decoded by
+//! an HPACK decoder that mirrors the client's encoder. An `:authority` that is a valid
+//! authority (kubelet >= 1.26, every other client) leaves the whole connection to pass byte
+//! for byte, that block included, and nothing is decoded again: a gRPC client sends one
+//! authority per connection. Otherwise that block and every later one is decoded and encoded
+//! again by an HPACK encoder that the server's decoder mirrors; re-encoding all of them keeps
+//! each pair of dynamic tables in step by construction: the server never sees an index the
+//! client's table gave. Both tables start empty with 4096 bytes, the protocol's default,
+//! which h2's server (as tonic builds it) does not change; a client's size update above that
+//! is refused here as h2 would refuse it. Re-encoded blocks lose their padding (it carries
+//! nothing), keep PRIORITY, and are cut into frames of at most 16384 bytes, the smallest
+//! SETTINGS_MAX_FRAME_SIZE a server can have. Frames other than HEADERS and CONTINUATION
+//! always pass byte for byte.
 //!
 //! Ref: RFC 9113 §4.3, §6.2, §6.10 (header blocks); RFC 7541 (HPACK).
 
@@ -54,6 +58,17 @@ struct Block {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragment: Vec<u8>,
+    /// The frames as received (only for the first block, which may pass unchanged).
+    raw: Vec<u8>,
+}
+
+/// What the connection's first header block decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    First,
+    /// A valid authority: every byte from here on passes unchanged.
+    Pass,
+    Rewrite,
 }
 
 /// The client-to-server half of a connection, as a byte transformer.
@@ -65,6 +80,7 @@ pub struct Rewriter {
     /// Payload bytes of a passed-through frame still to pass.
     passing: usize,
     block: Option<Block>,
+    mode: Mode,
 }
 
 impl Default for Rewriter {
@@ -77,6 +93,7 @@ impl Default for Rewriter {
             preface: PREFACE_LEN,
             passing: 0,
             block: None,
+            mode: Mode::First,
         }
     }
 }
@@ -93,6 +110,11 @@ impl Rewriter {
 
     fn feed_from(&mut self, input: &[u8], at: &mut usize, out: &mut Vec<u8>) -> io::Result<()> {
         loop {
+            if self.mode == Mode::Pass {
+                out.extend_from_slice(&input[*at..]);
+                *at = input.len();
+                return Ok(());
+            }
             for left in [&mut self.preface, &mut self.passing] {
                 let n = (*left).min(input.len() - *at);
                 out.extend_from_slice(&input[*at..*at + n]);
@@ -126,6 +148,8 @@ impl Rewriter {
                 return Ok(());
             }
             let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
+            let raw = &rest[..FRAME_HEADER + len];
+            let keep_raw = self.mode == Mode::First;
             *at += FRAME_HEADER + len;
             match (kind, &mut self.block) {
                 (HEADERS, None) => {
@@ -135,10 +159,14 @@ impl Rewriter {
                         end_stream: flags & END_STREAM != 0,
                         priority,
                         fragment: fragment.to_vec(),
+                        raw: if keep_raw { raw.to_vec() } else { Vec::new() },
                     });
                 }
                 (CONTINUATION, Some(b)) if b.stream == stream => {
-                    b.fragment.extend_from_slice(payload)
+                    b.fragment.extend_from_slice(payload);
+                    if keep_raw {
+                        b.raw.extend_from_slice(raw);
+                    }
                 }
                 _ => {
                     return Err(invalid(format!(
@@ -156,16 +184,26 @@ impl Rewriter {
 
     fn emit(&mut self, b: Block, out: &mut Vec<u8>) -> io::Result<()> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        self.decoder
-            .decode_with_cb(&b.fragment, |n, v| {
-                fields.push((n.into_owned(), v.into_owned()))
-            })
-            .map_err(|e| invalid(format!("HPACK: {e:?}")))?;
-        for (name, value) in &mut fields {
-            if name == b":authority"
+        let decoded = self.decoder.decode_with_cb(&b.fragment, |n, v| {
+            fields.push((n.into_owned(), v.into_owned()))
+        });
+        let bad = |(name, value): &(Vec<u8>, Vec<u8>)| {
+            name == b":authority"
                 && tonic::codegen::http::uri::Authority::try_from(&value[..]).is_err()
-            {
-                *value = REPLACEMENT.to_vec();
+        };
+        if self.mode == Mode::First {
+            // A block this decoder cannot read passes too: h2 gives the client its error.
+            if decoded.is_err() || !fields.iter().any(bad) {
+                self.mode = Mode::Pass;
+                out.extend_from_slice(&b.raw);
+                return Ok(());
+            }
+            self.mode = Mode::Rewrite;
+        }
+        decoded.map_err(|e| invalid(format!("HPACK: {e:?}")))?;
+        for field in &mut fields {
+            if bad(field) {
+                field.1 = REPLACEMENT.to_vec();
             }
         }
         let block = self
@@ -518,7 +556,37 @@ mod tests {
             );
         }
         assert_eq!(authority(&want[2]), "www.example.com");
-        assert_eq!(server_sees(&run(&input)), want);
+        let out = run(&input);
+        assert_eq!(
+            out, input,
+            "a valid first authority: the connection passes unchanged"
+        );
+        let mut rw = Rewriter::default();
+        let (mut inp, mut bytewise) = (Vec::new(), Vec::new());
+        for byte in &input {
+            inp.push(*byte);
+            rw.feed(&mut inp, &mut bytewise).unwrap();
+        }
+        assert_eq!(bytewise, input);
+        assert_eq!(server_sees(&out), want);
+    }
+
+    #[test]
+    fn rewriting_goes_on_after_a_valid_authority_in_rewrite_mode() {
+        // Once the first block was rewritten, later blocks are decoded and encoded again
+        // whatever they carry (the tables stay paired): a valid authority keeps its value.
+        let mut first = common();
+        first.push(0x41);
+        first.extend(raw(SOCKET));
+        let mut second = common();
+        second.push(0x01);
+        second.extend(raw(b"localhost:1234"));
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(HEADERS, END_HEADERS, 1, &first));
+        input.extend(frame(HEADERS, END_HEADERS, 3, &second));
+        let lists = server_sees(&run(&input));
+        assert_eq!(authority(&lists[0]), "localhost");
+        assert_eq!(authority(&lists[1]), "localhost:1234");
     }
 
     #[test]
@@ -610,10 +678,19 @@ mod tests {
         input.extend(frame(0x0, 0, 1, &[]));
         assert!(rw.feed(&mut input, &mut Vec::new()).is_err());
 
-        // A dynamic table larger than the server allows.
+        // A dynamic table larger than the server allows: as the first block it passes
+        // unchanged (h2 refuses it), after a rewritten block it ends the connection here.
+        let oversized = frame(HEADERS, END_HEADERS, 3, &[0x3f, 0xe1, 0x3f, 0x82]);
+        let mut input = PREFACE.to_vec();
+        input.extend(&oversized);
+        assert_eq!(run(&input), input);
+        let mut first = common();
+        first.push(0x01);
+        first.extend(raw(SOCKET));
         let mut rw = Rewriter::default();
         let mut input = PREFACE.to_vec();
-        input.extend(frame(HEADERS, END_HEADERS, 1, &[0x3f, 0xe1, 0x3f, 0x82]));
+        input.extend(frame(HEADERS, END_HEADERS, 1, &first));
+        input.extend(&oversized);
         assert!(rw.feed(&mut input, &mut Vec::new()).is_err());
     }
 }

@@ -171,12 +171,15 @@ impl<W: Fn(usize, usize) -> u32> Exact<'_, W> {
                 // set (pairs inside it were counted twice in `touching`).
                 left: self.total + inner - touching,
             };
-            if self.best.as_ref().is_some_and(|(b, _)| key < *b) {
+            // Sets come in ascending device order (rest is ascending and picks grow left to
+            // right, and a required device sits in every set alike), so on an equal key the
+            // set already kept is the earlier one and stays.
+            if self.best.as_ref().is_some_and(|(b, _)| key <= *b) {
                 return;
             }
             let mut set = self.chosen.clone();
             set.sort_unstable();
-            offer(&mut self.best, key, &set);
+            self.best = Some((key, set));
             return;
         }
         for p in from..=self.rest.len() - missing {
