@@ -94,8 +94,10 @@ pub fn choose(places: &[Place], must: &[usize], size: usize) -> Option<Vec<usize
     let mut best: Option<(Key, Vec<usize>)> = None;
     if n <= EXACT_LIMIT {
         let mut search = Exact {
-            lv: &lv,
-            w: &w,
+            n,
+            link: (0..n * n)
+                .map(|k| (lv[k / n][k % n], w(k / n, k % n)))
+                .collect(),
             row: &row,
             total,
             size,
@@ -149,9 +151,10 @@ fn offer(best: &mut Option<(Key, Vec<usize>)>, key: Key, set: &[usize]) {
 /// costs one row scan, not all its pairs), and abandoning a branch once its worst link is
 /// below the best set's: a worst link never improves as devices are added, and it is the
 /// first thing sets are ranked by.
-struct Exact<'a, W: Fn(usize, usize) -> u32> {
-    lv: &'a [Vec<u8>],
-    w: &'a W,
+struct Exact<'a> {
+    n: usize,
+    /// Level and weight of each pair, row by row.
+    link: Vec<(u8, u32)>,
     row: &'a [u32],
     total: u32,
     size: usize,
@@ -160,7 +163,7 @@ struct Exact<'a, W: Fn(usize, usize) -> u32> {
     best: Option<(Key, Vec<usize>)>,
 }
 
-impl<W: Fn(usize, usize) -> u32> Exact<'_, W> {
+impl Exact<'_> {
     fn dfs(&mut self, from: usize, worst: u8, inner: u32, touching: u32) {
         let missing = self.size - self.chosen.len();
         if missing == 0 {
@@ -184,10 +187,12 @@ impl<W: Fn(usize, usize) -> u32> Exact<'_, W> {
         }
         for p in from..=self.rest.len() - missing {
             let j = self.rest[p];
+            let links = &self.link[j * self.n..(j + 1) * self.n];
             let (mut add_worst, mut add) = (3u8, 0u32);
             for &i in &self.chosen {
-                add_worst = add_worst.min(self.lv[i][j]);
-                add += (self.w)(i, j);
+                let (level, weight) = links[i];
+                add_worst = add_worst.min(level);
+                add += weight;
             }
             let worst = worst.min(add_worst);
             if self.size >= 2 && self.best.as_ref().is_some_and(|(b, _)| worst < b.worst) {
