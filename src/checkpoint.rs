@@ -30,6 +30,11 @@ use crate::topology::{discover_located, Located};
 
 pub const DEFAULT_PATH: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
+/// Far above any node's checkpoint (a few hundred bytes per allocated container); a bigger
+/// file, or one that never ends, is refused with its path, never read whole (issue 14,
+/// class 5).
+pub const MAX_SIZE: u64 = 64 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("cannot read checkpoint {}: {source}", path.display())]
@@ -181,10 +186,11 @@ impl Checkpoint {
     }
 
     pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
-        let bytes = std::fs::read(path).map_err(|source| CheckpointError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let bytes =
+            crate::bounded::read_file(path, MAX_SIZE).map_err(|source| CheckpointError::Read {
+                path: path.into(),
+                source,
+            })?;
         Self::parse(&bytes, path)
     }
 

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::cdi::{self, CdiError};
 use crate::config::Config;
 use crate::discovery::{self, Device, DiscoveryError};
+use crate::facts;
 use crate::ldcache;
 use crate::loader;
 use crate::plan::{self, Plan, PlanError};
@@ -162,20 +163,24 @@ pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateErr
                 request::select(&var, items, &devices, ranges(profile))?
             }
         };
-        out.plan.extend(plan::device_edits(profile, &selected)?);
-
         let caps_value = profile
             .capabilities_env
             .as_deref()
             .and_then(|v| spec.env(v));
         let caps = plan::capabilities(profile, caps_value)?;
+        // The host, looked at once: the selected devices' nodes, the driver's ld.so.cache,
+        // nodes, libraries and binaries. The plan below only decides from these.
         let cache = ldcache::load(&profile.driver_root).map_err(|source| CreateError::LdCache {
             root: profile.driver_root.clone(),
             source,
         })?;
+        let nodes = facts::device_nodes(profile, &selected);
+        let driver_facts = facts::driver(profile, &caps, &cache);
         let dir = lib_dir
             .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle.dir).as_deref()));
-        let driver = plan::driver_edits(profile, &caps, &cache, dir)?;
+        out.plan
+            .extend(plan::device_edits(profile, &selected, &nodes)?);
+        let driver = plan::driver_edits(profile, &caps, &driver_facts, dir)?;
         let image =
             image.get_or_insert_with(|| loader::Image::open(spec.rootfs(&bundle.dir).as_deref()));
         let libs = loader::prepare(profile, image, &spec.env_entries(), &driver, dir)?;

@@ -31,6 +31,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::discovery::{self, DiscoveryError};
+use crate::facts;
 use crate::plan::{self, DeviceNode, NodeKind, PlanError};
 use crate::profile::Profile;
 
@@ -264,7 +265,8 @@ fn unique() -> u64 {
 pub fn profile_nodes(profile: &Profile) -> Result<Vec<PathBuf>, DevCharError> {
     let devices = discovery::discover(profile)?;
     let all: Vec<_> = devices.iter().collect();
-    let mut out: Vec<PathBuf> = plan::device_edits(profile, &all)?
+    let nodes = facts::device_nodes(profile, &all);
+    let mut out: Vec<PathBuf> = plan::device_edits(profile, &all, &nodes)?
         .nodes
         .into_iter()
         .map(|n| n.host_path)

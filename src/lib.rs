@@ -6,7 +6,8 @@
 //! (whole-file reads with a limit), `keys` (known config keys), `quote` (container text in messages), `trust` (files only root can write) →
 //! `ldcache`, `rootfs` (paths inside a container's root, openat2), `require`
 //! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
-//! → `topology` (where a device sits: nodes, PCI, NUMA) → `plan`, `checkpoint` (kubelet's
+//! → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
+//! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
 //! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
@@ -27,6 +28,7 @@ pub mod doctor;
 pub mod edits;
 pub mod engine;
 pub mod exec;
+pub mod facts;
 pub mod keys;
 pub mod ldcache;
 pub mod libraries;

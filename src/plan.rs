@@ -5,15 +5,19 @@
 //! variable, `accel-ctk cdi generate` builds the same pieces for a CDI spec, and
 //! `spec::apply` writes one into config.json. Sources of mounts are host files inside the
 //! profile's driver root; destinations are fixed directories plus a file name.
+//!
+//! Planning is a pure function of the profile, what the container asked for and the host
+//! facts gathered beforehand ([`crate::facts`]): nothing here looks at the host, so every
+//! decision (a node missing or refused, a mount outside the driver root) is unit-tested
+//! with facts built by hand.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::discovery::{self, Device};
-use crate::ldcache;
-use crate::libraries::{self, Found};
+use crate::discovery::{Device, DiscoveryError};
+use crate::facts::{self, Found, Stat};
 use crate::profile::{self, Profile};
 
 pub use crate::edits::{BindMount, DeviceNode, NodeKind, Plan, MOUNT_OPTIONS};
@@ -28,7 +32,7 @@ pub enum PlanError {
         device: String,
         host: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     #[error("{}: not a device node", host.display())]
     NotADevice { host: PathBuf },
@@ -42,59 +46,66 @@ pub enum PlanError {
     #[error("refusing mount {}: {why}", path.display())]
     UnsafeMount { path: PathBuf, why: String },
     #[error(transparent)]
-    HostNode(crate::discovery::DiscoveryError),
+    HostNode(Arc<DiscoveryError>),
 }
 
-/// Reads type, numbers, mode and owner of a host node (following symlinks, as udev makes
-/// `/dev/...` links).
-pub fn stat_node(host: &Path, container: &Path) -> std::io::Result<Result<DeviceNode, PlanError>> {
-    let m = std::fs::metadata(host)?;
-    let kind = if m.file_type().is_char_device() {
-        NodeKind::Char
-    } else if m.file_type().is_block_device() {
-        NodeKind::Block
-    } else {
-        return Ok(Err(PlanError::NotADevice { host: host.into() }));
+/// The node at `container` in the container, from the host node at `host` as stat saw it.
+pub fn node(host: &Path, container: &Path, stat: &Stat) -> Result<DeviceNode, PlanError> {
+    let Some(kind) = stat.kind else {
+        return Err(PlanError::NotADevice { host: host.into() });
     };
-    let rdev = m.rdev();
-    Ok(Ok(DeviceNode {
+    Ok(DeviceNode {
         path: container.into(),
         host_path: host.into(),
         kind,
-        major: nix::sys::stat::major(rdev),
-        minor: nix::sys::stat::minor(rdev),
-        file_mode: m.mode() & 0o7777,
-        uid: m.uid(),
-        gid: m.gid(),
-    }))
+        major: stat.major,
+        minor: stat.minor,
+        file_mode: stat.mode,
+        uid: stat.uid,
+        gid: stat.gid,
+    })
 }
 
-/// The nodes of the selected devices; each must exist on the host.
-pub fn device_edits(profile: &Profile, devices: &[&Device]) -> Result<Plan, PlanError> {
+/// The nodes of the selected devices; each must be on the host (`nodes`: from
+/// [`facts::device_nodes`] for these devices).
+pub fn device_edits(
+    profile: &Profile,
+    devices: &[&Device],
+    nodes: &facts::Nodes,
+) -> Result<Plan, PlanError> {
     let mut plan = Plan::default();
     for d in devices {
-        for node in &d.nodes {
-            let host = match discovery::host_node(profile, node, true) {
-                Ok(host) => host,
-                Err(e) if e.is_not_found() => Profile::under(profile.dev_root(), node),
-                Err(e) => return Err(PlanError::HostNode(e)),
-            };
-            let n = match stat_node(&host, node) {
-                Ok(n) => n?,
-                Err(source) => {
-                    let device = match &d.uuid {
-                        Some(u) => format!("{} ({u})", d.index),
-                        None => d.index.to_string(),
-                    };
-                    return Err(PlanError::MissingNode {
-                        vendor: profile.name.clone(),
-                        device,
-                        host,
-                        source,
-                    });
+        for path in &d.nodes {
+            let missing = |host: PathBuf, source: Arc<std::io::Error>| {
+                let device = match &d.uuid {
+                    Some(u) => format!("{} ({u})", d.index),
+                    None => d.index.to_string(),
+                };
+                PlanError::MissingNode {
+                    vendor: profile.name.clone(),
+                    device,
+                    host,
+                    source,
                 }
             };
-            plan.push_node(n);
+            match nodes.get(path) {
+                Some(facts::Node::At {
+                    host,
+                    stat: Ok(stat),
+                }) => plan.push_node(node(host, path, stat)?),
+                Some(facts::Node::At { host, stat: Err(e) }) => {
+                    return Err(missing(host.clone(), e.clone()))
+                }
+                Some(facts::Node::Refused(e)) => return Err(PlanError::HostNode(e.clone())),
+                // No fact (gathered for other devices) is no node: a device's own node is
+                // required, so it is missing where dev-root would have it.
+                Some(facts::Node::Absent) | None => {
+                    return Err(missing(
+                        Profile::under(profile.dev_root(), path),
+                        Arc::new(std::io::ErrorKind::NotFound.into()),
+                    ))
+                }
+            }
         }
     }
     Ok(plan)
@@ -147,11 +158,12 @@ fn expand(profile: &Profile, caps: &[String]) -> Vec<String> {
 }
 
 /// The driver's part: control nodes and capability nodes present on the host, libraries
-/// mounted under `lib_dir` by soname, binaries under /usr/bin.
+/// mounted under `lib_dir` by soname, binaries under /usr/bin (`driver`: from
+/// [`facts::driver`] for the same capability groups).
 pub fn driver_edits(
     profile: &Profile,
     caps: &[String],
-    cache: &ldcache::Cache,
+    driver: &facts::Driver,
     lib_dir: &Path,
 ) -> Result<Plan, PlanError> {
     let mut plan = Plan::default();
@@ -163,38 +175,29 @@ pub fn driver_edits(
         .control_nodes
         .iter()
         .chain(groups.iter().flat_map(|g| g.nodes.iter()));
-    for node in nodes {
+    for path in nodes {
         // Control nodes are optional (nvidia-modeset only exists with a display driver); one
-        // that exists must pass discovery::host_node's checks.
-        let host = match discovery::host_node(profile, node, false) {
-            Ok(host) => host,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(PlanError::HostNode(e)),
-        };
-        if let Ok(n) = stat_node(&host, node) {
-            plan.push_node(n?);
+        // that exists must have passed discovery::host_node's checks. One stat could not
+        // read after host_node saw it was removed since: left out, as one not found.
+        match driver.nodes.get(path) {
+            Some(facts::Node::At {
+                host,
+                stat: Ok(stat),
+            }) => plan.push_node(node(host, path, stat)?),
+            Some(facts::Node::Refused(e)) => return Err(PlanError::HostNode(e.clone())),
+            Some(facts::Node::At { stat: Err(_), .. } | facts::Node::Absent) | None => {}
         }
     }
-    let stems: Vec<&str> = groups
-        .iter()
-        .flat_map(|g| g.libraries.iter().map(String::as_str))
-        .collect();
-    let bins: Vec<&str> = groups
-        .iter()
-        .flat_map(|g| g.binaries.iter().map(String::as_str))
-        .collect();
-    // One resolver for both: libraries and binaries share the driver root's directories.
-    let mut resolver = libraries::Resolver::new(&profile.driver_root);
-    for f in libraries::libraries(profile, &stems, cache, &mut resolver) {
+    for f in &driver.libraries {
         plan.mounts.push(bind(profile, f, lib_dir)?);
     }
-    for f in libraries::binaries(profile, &bins, &mut resolver) {
+    for f in &driver.binaries {
         plan.mounts.push(bind(profile, f, Path::new(BIN_DIR))?);
     }
     Ok(plan)
 }
 
-fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError> {
+fn bind(profile: &Profile, f: &Found, dir: &Path) -> Result<BindMount, PlanError> {
     let unsafe_mount = |path: &Path, why: &str| PlanError::UnsafeMount {
         path: path.into(),
         why: why.into(),
@@ -221,7 +224,7 @@ fn bind(profile: &Profile, f: Found, dir: &Path) -> Result<BindMount, PlanError>
     }
     destination.extend_from_slice(f.name.as_bytes());
     Ok(BindMount {
-        source: f.host,
+        source: f.host.clone(),
         destination: PathBuf::from(OsString::from_vec(destination)),
     })
 }
@@ -238,9 +241,62 @@ fn is_under(path: &Path, root: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    //! Every decision from facts built by hand: no root, no file is looked at.
+
     use super::*;
 
     use crate::config::builtin_nvidia as nvidia;
+    use crate::facts::Node;
+
+    fn profile() -> Profile {
+        let mut p = nvidia();
+        p.driver_root = "/run/nvidia/driver".into();
+        p
+    }
+
+    fn gpu(index: u32, uuid: Option<&str>) -> Device {
+        Device {
+            index,
+            nodes: vec![format!("/dev/nvidia{index}").into()],
+            uuid: uuid.map(String::from),
+            pci_bus_id: None,
+            minor: Some(index),
+            aliases: vec![],
+        }
+    }
+
+    fn char_dev(minor: u64, mode: u32, gid: u32) -> Stat {
+        Stat {
+            kind: Some(NodeKind::Char),
+            major: 195,
+            minor,
+            mode,
+            uid: 0,
+            gid,
+        }
+    }
+
+    fn at(host: &str, stat: Stat) -> Node {
+        Node::At {
+            host: host.into(),
+            stat: Ok(stat),
+        }
+    }
+
+    fn os_error(code: i32) -> Arc<std::io::Error> {
+        Arc::new(std::io::Error::from_raw_os_error(code))
+    }
+
+    fn nodes<'a>(facts: Vec<(&'a str, Node)>) -> facts::Nodes<'a> {
+        facts::Nodes(facts.into_iter().map(|(p, n)| (Path::new(p), n)).collect())
+    }
+
+    fn found(host: &str, name: &str) -> Found {
+        Found {
+            host: host.into(),
+            name: name.into(),
+        }
+    }
 
     #[test]
     fn byte_path_checks_agree_with_components() {
@@ -292,8 +348,17 @@ mod tests {
             capabilities(&p, Some("video")).unwrap(),
             ["compute", "video"]
         );
+        // `display` brings `graphics`; a name given twice counts once.
+        assert_eq!(
+            capabilities(&p, Some("display,utility,display")).unwrap(),
+            ["display", "graphics", "utility"]
+        );
         assert_eq!(
             capabilities(&p, Some("all")).unwrap().len(),
+            p.capabilities.len()
+        );
+        assert_eq!(
+            capabilities(&p, Some("compute,all")).unwrap().len(),
             p.capabilities.len()
         );
         let e = capabilities(&p, Some("compute,bogus"))
@@ -301,74 +366,331 @@ mod tests {
             .to_string();
         assert!(
             e.starts_with(
-                "NVIDIA_DRIVER_CAPABILITIES=\"compute,bogus\": unknown capability \"bogus\""
+                "NVIDIA_DRIVER_CAPABILITIES=\"compute,bogus\": unknown capability \"bogus\"; known: "
             ),
             "{e}"
         );
+        assert!(e.contains("compute") && e.contains("utility"), "{e}");
+    }
+
+    #[test]
+    fn unknown_capability_is_quoted_and_escaped() {
+        let e = capabilities(&nvidia(), Some("compute,\u{1b}[31m"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\u{1b}'), "{e}");
+        assert!(e.contains("unknown capability \"\\u{1b}[31m\""), "{e}");
+    }
+
+    #[test]
+    fn profile_without_a_capability_variable_gets_every_group() {
+        let mut p = nvidia();
+        p.capabilities_env = None;
+        let all = capabilities(&p, Some("compute")).unwrap();
+        assert_eq!(all.len(), p.capabilities.len());
+        assert_eq!(capabilities(&p, None).unwrap(), all);
+    }
+
+    #[test]
+    fn device_nodes_take_type_numbers_mode_and_owner_from_the_host() {
+        let p = profile();
+        let (g0, g1) = (gpu(0, None), gpu(1, None));
+        let facts = nodes(vec![
+            (
+                "/dev/nvidia0",
+                at("/run/nvidia/driver/dev/nvidia0", char_dev(0, 0o660, 44)),
+            ),
+            (
+                "/dev/nvidia1",
+                at("/run/nvidia/driver/dev/nvidia1", char_dev(1, 0o666, 45)),
+            ),
+        ]);
+        let plan = device_edits(&p, &[&g0, &g1], &facts).unwrap();
+        assert_eq!(
+            plan.nodes[0],
+            DeviceNode {
+                path: "/dev/nvidia0".into(),
+                host_path: "/run/nvidia/driver/dev/nvidia0".into(),
+                kind: NodeKind::Char,
+                major: 195,
+                minor: 0,
+                file_mode: 0o660,
+                uid: 0,
+                gid: 44,
+            }
+        );
+        assert_eq!(plan.nodes[1].minor, 1);
+        // Only the group of a node that is not world read-writable is handed out.
+        assert_eq!(plan.additional_gids, [44]);
+        assert!(plan.mounts.is_empty());
+    }
+
+    #[test]
+    fn root_group_is_never_handed_out_and_a_shared_node_counts_once() {
+        let p = profile();
+        let mut g0 = gpu(0, None);
+        let mut g1 = gpu(1, None);
+        g0.nodes.push("/dev/shared".into());
+        g1.nodes.push("/dev/shared".into());
+        let facts = nodes(vec![
+            ("/dev/nvidia0", at("/h/nvidia0", char_dev(0, 0o600, 0))),
+            ("/dev/nvidia1", at("/h/nvidia1", char_dev(1, 0o600, 0))),
+            ("/dev/shared", at("/h/shared", char_dev(9, 0o600, 0))),
+        ]);
+        let plan = device_edits(&p, &[&g0, &g1], &facts).unwrap();
+        let paths: Vec<&Path> = plan.nodes.iter().map(|n| n.path.as_path()).collect();
+        assert_eq!(paths, ["/dev/nvidia0", "/dev/shared", "/dev/nvidia1"]);
+        assert!(plan.additional_gids.is_empty());
     }
 
     #[test]
     fn missing_node_names_device_and_path() {
-        let mut p = nvidia();
-        p.driver_root = "/nonexistent-root".into();
-        let d = Device {
-            index: 1,
-            nodes: vec!["/dev/nvidia1".into()],
-            uuid: Some("GPU-x".into()),
-            pci_bus_id: None,
-            minor: Some(1),
-            aliases: vec![],
-        };
-        let e = device_edits(&p, &[&d]).unwrap_err().to_string();
+        let p = profile();
+        let facts = nodes(vec![(
+            "/dev/nvidia1",
+            Node::At {
+                host: "/run/nvidia/driver/dev/nvidia1".into(),
+                stat: Err(os_error(libc::ENOENT)),
+            },
+        )]);
+        let e = device_edits(&p, &[&gpu(1, Some("GPU-x"))], &facts)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "nvidia device 1 (GPU-x): node /run/nvidia/driver/dev/nvidia1 is missing on the host \
+             (No such file or directory (os error 2))"
+        );
+        let e = device_edits(&p, &[&gpu(1, None)], &facts)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.starts_with("nvidia device 1 (GPU-x): node /nonexistent-root/dev/nvidia1 is missing"),
+            e.starts_with("nvidia device 1: node /run/nvidia/driver/dev/nvidia1 is missing"),
             "{e}"
         );
     }
 
     #[test]
-    fn real_host_node_and_group_rule() {
-        let n = stat_node(Path::new("/dev/null"), Path::new("/dev/null"))
-            .unwrap()
-            .unwrap();
-        assert_eq!((n.kind, n.major, n.minor), (NodeKind::Char, 1, 3));
-        let mut plan = Plan::default();
-        plan.push_node(DeviceNode {
-            file_mode: 0o660,
-            gid: 44,
-            ..n.clone()
-        });
-        plan.push_node(DeviceNode {
-            path: "/dev/x".into(),
-            file_mode: 0o666,
-            gid: 45,
-            ..n
-        });
+    fn node_without_facts_is_missing_where_dev_root_has_it() {
+        let mut p = profile();
+        p.dev_root = Some("/host".into());
+        for facts in [nodes(vec![]), nodes(vec![("/dev/nvidia3", Node::Absent)])] {
+            let e = device_edits(&p, &[&gpu(3, None)], &facts)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("nvidia device 3: node /host/dev/nvidia3 is missing on the host"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn refused_node_keeps_the_discovery_message() {
+        let p = profile();
+        let refused = |msg: &str| {
+            Node::Refused(Arc::new(DiscoveryError::Node {
+                vendor: "nvidia".into(),
+                path: "/dev/nvidia2".into(),
+                msg: msg.into(),
+            }))
+        };
+        for msg in [
+            "/run/nvidia/driver/dev/nvidia2 is not a character device",
+            "symlink /run/nvidia/driver/dev/nvidia2 -> /tmp/x leads out of /run/nvidia/driver",
+        ] {
+            let facts = nodes(vec![("/dev/nvidia2", refused(msg))]);
+            let e = device_edits(&p, &[&gpu(2, None)], &facts).unwrap_err();
+            assert!(matches!(e, PlanError::HostNode(_)), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("nvidia: refusing node /dev/nvidia2: {msg}")
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_kind_is_not_a_device_node() {
+        let p = profile();
+        let file = Stat {
+            kind: None,
+            ..char_dev(0, 0o644, 0)
+        };
+        let facts = nodes(vec![("/dev/nvidia0", at("/h/dev/nvidia0", file))]);
+        let e = device_edits(&p, &[&gpu(0, None)], &facts)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "/h/dev/nvidia0: not a device node");
+        // A control node that turned out to be a file is refused as well, not skipped.
+        let driver = facts::Driver {
+            nodes: nodes(vec![("/dev/nvidiactl", at("/h/dev/nvidiactl", file))]),
+            ..Default::default()
+        };
+        let e = driver_edits(&p, &[], &driver, Path::new("/usr/lib64"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "/h/dev/nvidiactl: not a device node");
+        // A block device is a device (CDI specs may name one).
+        let block = Stat {
+            kind: Some(NodeKind::Block),
+            ..char_dev(0, 0o660, 6)
+        };
+        let n = node(Path::new("/h/sda"), Path::new("/dev/sda"), &block).unwrap();
+        assert_eq!((n.kind, n.major, n.minor), (NodeKind::Block, 195, 0));
+    }
+
+    #[test]
+    fn control_nodes_are_optional_but_refused_ones_fail() {
+        let p = profile();
+        let driver = facts::Driver {
+            nodes: nodes(vec![
+                (
+                    "/dev/nvidiactl",
+                    at("/h/nvidiactl", char_dev(255, 0o666, 0)),
+                ),
+                ("/dev/nvidia-uvm", Node::Absent),
+                (
+                    "/dev/nvidia-uvm-tools",
+                    Node::At {
+                        host: "/h/nvidia-uvm-tools".into(),
+                        stat: Err(os_error(libc::ENOENT)),
+                    },
+                ),
+                // /dev/nvidia-modeset: not gathered at all.
+            ]),
+            ..Default::default()
+        };
+        let plan = driver_edits(&p, &[], &driver, Path::new("/usr/lib64")).unwrap();
+        let paths: Vec<&Path> = plan.nodes.iter().map(|n| n.path.as_path()).collect();
+        assert_eq!(paths, ["/dev/nvidiactl"]);
+
+        let mut refused = driver.clone();
+        refused.nodes.0[1].1 = Node::Refused(Arc::new(DiscoveryError::Node {
+            vendor: "nvidia".into(),
+            path: "/dev/nvidia-uvm".into(),
+            msg: "/h/nvidia-uvm has major 7, not one of the profile's device-majors [195]".into(),
+        }));
+        let e = driver_edits(&p, &[], &refused, Path::new("/usr/lib64"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "nvidia: refusing node /dev/nvidia-uvm: /h/nvidia-uvm has major 7, not one of the \
+             profile's device-majors [195]"
+        );
+    }
+
+    #[test]
+    fn capability_nodes_come_only_with_their_group() {
+        let mut p = profile();
+        p.capabilities.get_mut("graphics").unwrap().nodes = vec!["/dev/dri/card1".into()];
+        let driver = facts::Driver {
+            nodes: nodes(vec![(
+                "/dev/dri/card1",
+                at("/h/card1", char_dev(1, 0o660, 44)),
+            )]),
+            ..Default::default()
+        };
+        let lib = Path::new("/usr/lib64");
+        let caps = capabilities(&p, Some("compute")).unwrap();
+        assert!(driver_edits(&p, &caps, &driver, lib).unwrap().is_empty());
+        let caps = capabilities(&p, Some("display")).unwrap();
+        let plan = driver_edits(&p, &caps, &driver, lib).unwrap();
+        assert_eq!(plan.nodes.len(), 1);
+        assert_eq!(plan.nodes[0].path, Path::new("/dev/dri/card1"));
         assert_eq!(plan.additional_gids, [44]);
     }
 
     #[test]
+    fn libraries_by_soname_and_binaries_under_usr_bin() {
+        let p = profile();
+        let driver = facts::Driver {
+            libraries: vec![
+                found(
+                    "/run/nvidia/driver/usr/lib/libcuda.so.550.1",
+                    "libcuda.so.1",
+                ),
+                found(
+                    "/run/nvidia/driver/usr/lib/libnvidia-ml.so.550.1",
+                    "libnvidia-ml.so.1",
+                ),
+            ],
+            binaries: vec![found("/run/nvidia/driver/usr/bin/nvidia-smi", "nvidia-smi")],
+            ..Default::default()
+        };
+        let plan = driver_edits(&p, &[], &driver, Path::new("/usr/lib/x86_64-linux-gnu")).unwrap();
+        let mounts: Vec<(&Path, &Path)> = plan
+            .mounts
+            .iter()
+            .map(|m| (m.source.as_path(), m.destination.as_path()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (
+                    Path::new("/run/nvidia/driver/usr/lib/libcuda.so.550.1"),
+                    Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+                ),
+                (
+                    Path::new("/run/nvidia/driver/usr/lib/libnvidia-ml.so.550.1"),
+                    Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+                ),
+                (
+                    Path::new("/run/nvidia/driver/usr/bin/nvidia-smi"),
+                    Path::new("/usr/bin/nvidia-smi")
+                ),
+            ]
+        );
+        assert!(plan.nodes.is_empty());
+    }
+
+    #[test]
+    fn driver_file_outside_driver_root_fails_the_plan() {
+        let p = profile();
+        let lib = Path::new("/usr/lib64");
+        for (libraries, binaries, want) in [
+            (
+                vec![found("/etc/shadow", "libcuda.so.1")],
+                vec![],
+                "refusing mount /etc/shadow: source is outside the driver root",
+            ),
+            (
+                vec![],
+                vec![found("/run/nvidia/driver/../../usr/bin/sh", "nvidia-smi")],
+                "refusing mount /run/nvidia/driver/../../usr/bin/sh: source is outside the driver root",
+            ),
+            (
+                vec![found(
+                    "/run/nvidia/driver/usr/lib/libcuda.so.550",
+                    "libcuda.so.1/../../../../etc/cron.d/evil",
+                )],
+                vec![],
+                "refusing mount /run/nvidia/driver/usr/lib/libcuda.so.550: name is not a plain file name",
+            ),
+        ] {
+            let driver = facts::Driver {
+                libraries,
+                binaries,
+                ..Default::default()
+            };
+            let e = driver_edits(&p, &[], &driver, lib).unwrap_err();
+            assert!(matches!(e, PlanError::UnsafeMount { .. }), "{e:?}");
+            assert_eq!(e.to_string(), want);
+        }
+    }
+
+    #[test]
     fn mount_outside_driver_root_is_refused() {
-        let mut p = nvidia();
-        p.driver_root = "/run/nvidia/driver".into();
-        let f = Found {
-            host: "/etc/shadow".into(),
-            name: "libcuda.so.1".into(),
-        };
-        assert!(bind(&p, f, Path::new("/usr/lib64")).is_err());
-        let f = Found {
-            host: "/run/nvidia/driver/lib/x".into(),
-            name: "..".into(),
-        };
-        assert!(bind(&p, f, Path::new("/usr/lib64")).is_err());
-        let f = Found {
-            host: "/run/nvidia/driver/lib/x".into(),
-            name: "x.so.1".into(),
-        };
-        assert!(bind(&p, f.clone(), Path::new("/usr/../etc")).is_err());
-        assert!(bind(&p, f.clone(), Path::new("usr/lib")).is_err());
+        let p = profile();
+        let f = found("/etc/shadow", "libcuda.so.1");
+        assert!(bind(&p, &f, Path::new("/usr/lib64")).is_err());
+        let f = found("/run/nvidia/driver/lib/x", "..");
+        assert!(bind(&p, &f, Path::new("/usr/lib64")).is_err());
+        let f = found("/run/nvidia/driver/lib/x", "x.so.1");
+        assert!(bind(&p, &f, Path::new("/usr/../etc")).is_err());
+        assert!(bind(&p, &f, Path::new("usr/lib")).is_err());
         for dir in ["/usr/lib64", "/usr/lib64/", "/"] {
-            let m = bind(&p, f.clone(), Path::new(dir)).unwrap();
+            let m = bind(&p, &f, Path::new(dir)).unwrap();
             assert_eq!(m.destination, Path::new(dir).join("x.so.1"), "{dir}");
             assert_eq!(m.source, f.host);
         }

@@ -150,13 +150,13 @@ pub fn check_read_as_runc(path: &Path, data: &[u8]) -> Result<(), SpecError> {
 /// where the spec is read the way runc reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
-    /// `process.env`, in order; entries that are not strings are skipped.
+    /// `process.env`, in order; null is "" as to runc, other non-strings are skipped.
     pub env: Vec<String>,
     /// `CAP_SYS_ADMIN` in the bounding set.
     pub privileged: bool,
-    /// `annotations` with string values, in the document's order.
+    /// `annotations` with string values (null is "", as to runc), in the document's order.
     pub annotations: Vec<(String, String)>,
-    /// `root.path` as written.
+    /// `root.path` as written; "" when `root` has no `path` (Go's zero value).
     pub root_path: Option<String>,
     /// Destinations of `mounts`.
     pub mount_destinations: Vec<String>,
@@ -174,12 +174,7 @@ impl View {
         check_shape(root)?;
         let strings = |v: Option<&Value>| -> Vec<String> {
             v.and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
+                .map(|a| a.iter().filter_map(go_string).collect())
                 .unwrap_or_default()
         };
         let env = strings(doc.pointer("/process/env"));
@@ -192,14 +187,18 @@ impl View {
             .and_then(Value::as_object)
             .map(|a| {
                 a.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .filter_map(|(k, v)| Some((k.clone(), go_string(v)?)))
                     .collect()
             })
             .unwrap_or_default();
-        let root_path = doc
-            .pointer("/root/path")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        // A `root` without `path` is runc's `Root{Path: ""}`: the bundle directory itself,
+        // as runc resolves a relative path (found by tests/go_differential.rs).
+        let root_path = root.get("root").and_then(Value::as_object).map(|r| {
+            r.get("path")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        });
         let mounts: Vec<Value> = root
             .get("mounts")
             .and_then(Value::as_array)
@@ -251,6 +250,17 @@ impl View {
     }
 }
 
+/// A value read into a Go `string`: a JSON string, or null, which Go reads as "" (in a
+/// `[]string` or a `map[string]string` the entry is there, empty; found by
+/// tests/go_differential.rs). Anything else is a type error to Go; the shim skips it.
+fn go_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => Some(String::new()),
+        _ => None,
+    }
+}
+
 fn check_shape(root: &Map<String, Value>) -> Result<(), String> {
     let at = |key: &str| {
         let mut parts = key.split('/');
@@ -260,8 +270,10 @@ fn check_shape(root: &Map<String, Value>) -> Result<(), String> {
         }
         Some(cur)
     };
+    // null is the section's absence to Go (a nil pointer, slice or map; a zero `User`), so it
+    // is to the shim (found by tests/go_differential.rs: refusing it refused specs runc runs).
     let kind = |key: &str, want: fn(&Value) -> bool, what: &str| match at(key) {
-        Some(x) if !want(x) => Err(format!("`{key}` must be {what}")),
+        Some(x) if !x.is_null() && !want(x) => Err(format!("`{key}` must be {what}")),
         _ => Ok(()),
     };
     kind("process", Value::is_object, "an object")?;
@@ -420,13 +432,26 @@ pub fn array_mut<'d>(doc: &'d mut Value, path: &[&str]) -> Result<&'d mut Vec<Va
     let mut cur = doc;
     for (i, key) in parents.iter().enumerate() {
         let obj = cur.as_object_mut().ok_or_else(|| shape_error(&path[..i]))?;
-        cur = obj.entry(*key).or_insert_with(|| Value::Object(Map::new()));
+        cur = section(obj, key, || Value::Object(Map::new()));
     }
     let obj = cur.as_object_mut().ok_or_else(|| shape_error(parents))?;
-    obj.entry(*last)
-        .or_insert_with(|| Value::Array(Vec::new()))
+    section(obj, last, || Value::Array(Vec::new()))
         .as_array_mut()
         .ok_or_else(|| format!("`{}` must be an array", path.join(".")))
+}
+
+/// The section `key` of `obj`, made with `new` when missing or null (null is its absence to
+/// runc, so the section replaces it).
+fn section<'o>(
+    obj: &'o mut Map<String, Value>,
+    key: &str,
+    new: impl Fn() -> Value,
+) -> &'o mut Value {
+    let slot = obj.entry(key).or_insert(Value::Null);
+    if slot.is_null() {
+        *slot = new();
+    }
+    slot
 }
 
 fn shape_error(path: &[&str]) -> String {
@@ -488,31 +513,44 @@ pub fn add_gids(doc: &mut Value, add: &[u32]) -> Result<bool, String> {
     if add.is_empty() {
         return Ok(false);
     }
-    let process = doc
-        .as_object_mut()
-        .ok_or("the document is not a JSON object")?
-        .entry("process")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let user = process
-        .as_object_mut()
-        .ok_or("`process` must be an object")?
-        .entry("user")
-        .or_insert_with(|| serde_json::json!({"uid": 0, "gid": 0}));
-    let gids = user
-        .as_object_mut()
-        .ok_or("`process.user` must be an object")?
-        .entry("additionalGids")
-        .or_insert_with(|| Value::Array(Vec::new()))
-        .as_array_mut()
-        .ok_or("`process.user.additionalGids` must be an array")?;
+    let process = section(
+        doc.as_object_mut()
+            .ok_or("the document is not a JSON object")?,
+        "process",
+        || Value::Object(Map::new()),
+    );
+    let user = section(
+        process
+            .as_object_mut()
+            .ok_or("`process` must be an object")?,
+        "user",
+        || serde_json::json!({"uid": 0, "gid": 0}),
+    );
+    let gids = section(
+        user.as_object_mut()
+            .ok_or("`process.user` must be an object")?,
+        "additionalGids",
+        || Value::Array(Vec::new()),
+    )
+    .as_array_mut()
+    .ok_or("`process.user.additionalGids` must be an array")?;
     let mut changed = false;
     for g in add {
-        if !gids.iter().any(|x| x.as_u64() == Some(u64::from(*g))) {
+        if !gids.iter().any(|x| go_gid(x) == Some(*g)) {
             gids.push(Value::from(*g));
             changed = true;
         }
     }
     Ok(changed)
+}
+
+/// An `additionalGids` entry as runc's Go decoder reads it into a `uint32`: null is 0 (found
+/// by tests/go_differential.rs); anything that is not a uint32 is an error to Go.
+pub fn go_gid(v: &Value) -> Option<u32> {
+    match v {
+        Value::Null => Some(0),
+        v => u32::try_from(v.as_u64()?).ok(),
+    }
 }
 
 /// The bytes written for a document (compact JSON, as engines write it).
@@ -731,6 +769,39 @@ mod tests {
         .unwrap();
         assert!(!plain.privileged && !plain.docker_gpu_hook);
         assert_eq!(plain.rootfs(Path::new("/b")), Some(PathBuf::from("/r")));
+    }
+
+    /// Regressions found by tests/go_differential.rs: where runc's Go decoder reads a null
+    /// or a missing field as its zero value, the view and the edits do too.
+    #[test]
+    fn null_and_missing_read_as_go_zero_values() {
+        let (_, view) = parse(
+            br#"{"process":{"env":["A=1",null]},"annotations":{"cdi.k8s.io/a":null},"root":{"readonly":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(view.env, ["A=1", ""]);
+        assert_eq!(view.annotations, [("cdi.k8s.io/a".into(), String::new())]);
+        assert_eq!(view.root_path.as_deref(), Some(""));
+        assert_eq!(view.rootfs(Path::new("/b")), Some(PathBuf::from("/b/")));
+        // A null section is an absent one: read as empty, replaced when the shim adds to it.
+        let input = r#"{"process":{"user":null,"capabilities":null,"env":null},"linux":{"devices":null,"resources":null},"mounts":null,"annotations":null,"hooks":null,"root":null}"#;
+        let (_, view) = parse(input.as_bytes()).unwrap();
+        assert_eq!(view, View::default());
+        let v: Value = serde_json::from_str(&applied(input)).unwrap();
+        assert_eq!(v["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(v["mounts"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            v["process"]["user"],
+            json!({"uid": 0, "gid": 0, "additionalGids": [44]})
+        );
+        // A null gid is runc's 0.
+        let mut d = doc(r#"{"process":{"user":{"additionalGids":[null]}}}"#);
+        assert!(!add_gids(&mut d, &[0]).unwrap());
+        assert!(add_gids(&mut d, &[44]).unwrap());
     }
 
     #[test]

@@ -101,7 +101,8 @@ pub fn pci_location(root: &Path, bdf: &str) -> Option<PciLocation> {
         return None;
     }
     let dev = root.join(PCI_DEVICES).join(&bdf);
-    let numa_node = std::fs::read_to_string(dev.join("numa_node"))
+    // A sysfs file reports its size as 4096 whatever it holds; a number needs a few bytes.
+    let numa_node = crate::bounded::read_text(&dev.join("numa_node"), 4096)
         .ok()
         .and_then(|t| t.trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());

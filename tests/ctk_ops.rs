@@ -1019,3 +1019,84 @@ fn empty_cdi_list_and_named_missing_checkpoint() {
         )
     );
 }
+
+/// Issue 14, class 5: the files accel-ctk reads (the engines' configurations, kubelet's
+/// config and device checkpoint) are bounded while reading. An endless one (a symlink to
+/// /dev/zero, as a procfs file that never ends would be) or a huge one is refused in one line
+/// naming it, never read whole; the file is left as it was.
+#[test]
+fn endless_or_huge_files_are_refused_naming_them() {
+    use accel_container_runtime::{checkpoint, config, engine};
+    let n = Node::new();
+    let root = n.root();
+    let huge = |p: &Path, len: u64| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::File::create(p).unwrap().set_len(len).unwrap();
+    };
+    let endless = |p: &Path| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        symlink("/dev/zero", p).unwrap();
+    };
+    let over = |limit: u64| format!("over the {limit} byte limit");
+    let refused = |out: &Output, file: &Path, limit: u64| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(file.to_str().unwrap()) && err.contains(&over(limit)),
+            "{err}"
+        );
+    };
+
+    let cp = root.join("var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
+    huge(&cp, checkpoint::MAX_SIZE + 1);
+    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    refused(&out, &cp, checkpoint::MAX_SIZE);
+    assert_eq!(
+        std::fs::metadata(&cp).unwrap().len(),
+        checkpoint::MAX_SIZE + 1
+    );
+
+    for (runtime, file) in [
+        ("docker", "daemon.json"),
+        ("containerd", "config.toml"),
+        ("crio", "99-accel.conf"),
+    ] {
+        let p = root.join("engines").join(file);
+        endless(&p);
+        let out = n.ctk(&[
+            "runtime",
+            "configure",
+            "--runtime",
+            runtime,
+            "--config",
+            p.to_str().unwrap(),
+        ]);
+        refused(&out, &p, engine::MAX_CONFIG_SIZE);
+        assert!(std::fs::symlink_metadata(&p).unwrap().is_symlink());
+    }
+
+    // doctor: each such file fails its own check, naming it; the other checks still run.
+    let daemon = root.join("etc/docker/daemon.json");
+    endless(&daemon);
+    let kubelet = root.join("var/lib/kubelet/config.yaml");
+    huge(&kubelet, (16 << 20) + 1);
+    let profile = root.join("etc/accel-container-runtime/profiles.d/endless.toml");
+    endless(&profile);
+    let (code, v, _) = doctor_json(&n);
+    assert_eq!(code, Some(1));
+    for (check, file, limit) in [
+        ("docker", &daemon, engine::MAX_CONFIG_SIZE),
+        ("kubelet-cpu-manager", &kubelet, 16 << 20),
+        ("kubelet-checkpoint", &cp, checkpoint::MAX_SIZE),
+        ("profiles", &profile, config::MAX_FILE_SIZE),
+    ] {
+        let f = finding(&v, check);
+        let msg = f["message"].as_str().unwrap();
+        assert_eq!(f["status"], "fail", "{check}: {msg}");
+        assert!(
+            msg.contains(file.to_str().unwrap()) && msg.contains(&over(limit)),
+            "{check}: {msg}"
+        );
+    }
+}

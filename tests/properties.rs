@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use accel_container_runtime::config::Config;
 use accel_container_runtime::discovery::{self, Device};
+use accel_container_runtime::facts;
 use accel_container_runtime::plan::{self, BindMount, DeviceNode, NodeKind, Plan};
 use accel_container_runtime::profile::Profile;
 use accel_container_runtime::request::{self, Request};
@@ -403,7 +404,8 @@ fn injected_nodes(value: &str) -> BTreeSet<PathBuf> {
         }
         other => panic!("{other:?}"),
     };
-    let plan = plan::device_edits(&s.profile, &selected).unwrap();
+    let nodes = facts::device_nodes(&s.profile, &selected);
+    let plan = plan::device_edits(&s.profile, &selected, &nodes).unwrap();
     let doc: Value = serde_json::from_slice(&edit(FIXTURES[1].as_bytes(), &plan)).unwrap();
     let rules: BTreeSet<(u64, u64)> = doc["linux"]["resources"]["devices"]
         .as_array()

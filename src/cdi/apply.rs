@@ -3,9 +3,9 @@
 //! CDI's rules, not the variable path's "keep what is there": a device node replaces the
 //! spec's node at the same path, a mount replaces the spec's mounts at the same destination,
 //! an `env` entry sets every entry of that name. Every node is checked on the host
-//! (`plan::stat_node`): the host path must be a char or block device, and type, numbers, mode
-//! and owner the spec leaves out are taken from it, so a generated spec gives the same entries
-//! as the variable. Entries are built by the same functions `spec::apply` uses.
+//! (`facts::stat`, `plan::node`): the host path must be a char or block device, and type,
+//! numbers, mode and owner the spec leaves out are taken from it, so a generated spec gives
+//! the same entries as the variable. Entries are built by the same functions `spec::apply` uses.
 //!
 //! Hooks are refused. A CDI hook is a host program that runc starts during create; NVIDIA's
 //! CVE-2025-23266 was exactly such a hook running with an environment the image chose
@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::model::{ContainerEdits, DeviceNode as CdiNode};
 use super::registry::Edits;
+use crate::facts;
 use crate::plan::{self, BindMount, DeviceNode, NodeKind, PlanError};
 use crate::spec;
 
@@ -126,15 +127,15 @@ fn node(spec_path: &Path, n: &CdiNode) -> Result<Node, ApplyError> {
         msg,
     };
     let host = n.host_path.as_deref().unwrap_or(&n.path);
-    let mut node = match plan::stat_node(Path::new(host), Path::new(&n.path)) {
-        Ok(Ok(node)) => node,
-        Ok(Err(PlanError::NotADevice { .. })) => {
+    let stat = facts::stat(Path::new(host)).map_err(|e| err(format!("host path {host}: {e}")))?;
+    let mut node = match plan::node(Path::new(host), Path::new(&n.path), &stat) {
+        Ok(node) => node,
+        Err(PlanError::NotADevice { .. }) => {
             return Err(err(format!(
                 "host path {host} is not a char or block device"
             )))
         }
-        Ok(Err(e)) => return Err(err(e.to_string())),
-        Err(e) => return Err(err(format!("host path {host}: {e}"))),
+        Err(e) => return Err(err(e.to_string())),
     };
     let kind = match n.typ.as_deref() {
         None | Some("") => None,

@@ -2,8 +2,9 @@
 //!
 //! The edits are exactly the runtime's: `discovery::discover` finds the devices,
 //! `plan::device_edits` gives each device's nodes, `plan::capabilities` +
-//! `plan::driver_edits` (with the driver root's `ld.so.cache`) give the shared control nodes,
-//! libraries and binaries. Device nodes are written with `path` and `hostPath` only: type,
+//! `plan::driver_edits` (from `facts::driver`, with the driver root's `ld.so.cache`) give the
+//! shared control nodes, libraries and binaries. The host's nodes are gathered once for all
+//! devices and every device's edits are planned from them. Device nodes are written with `path` and `hostPath` only: type,
 //! numbers, mode and owner are read from the host node when a container is created (by this
 //! runtime and by any CDI consumer), so a reloaded driver with new majors does not make the
 //! file stale. Devices are named by index, by UUID where the vendor has one, and `all`.
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::model::{ContainerEdits, Device, DeviceNode as CdiNode, Mount, Spec};
 use crate::discovery::{self, Device as HostDevice, DiscoveryError};
+use crate::facts;
 use crate::ldcache;
 use crate::plan::{self, Plan, PlanError};
 use crate::profile::Profile;
@@ -63,18 +65,19 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
             root: profile.dev_root().to_path_buf(),
         });
     }
+    let all: Vec<&HostDevice> = found.iter().collect();
+    let nodes = facts::device_nodes(profile, &all);
     let mut devices = Vec::new();
     for d in &found {
-        let edits = edits(&plan::device_edits(profile, &[d])?);
+        let edits = edits(&plan::device_edits(profile, &[d], &nodes)?);
         devices.push(device(d.index.to_string(), &edits));
         if let Some(uuid) = d.uuid.as_deref().filter(|u| super::valid_device_name(u)) {
             devices.push(device(uuid.to_string(), &edits));
         }
     }
-    let all: Vec<&HostDevice> = found.iter().collect();
     devices.push(device(
         "all".into(),
-        &edits(&plan::device_edits(profile, &all)?),
+        &edits(&plan::device_edits(profile, &all, &nodes)?),
     ));
 
     let caps = plan::capabilities(profile, opts.capabilities.as_deref())?;
@@ -82,7 +85,8 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         root: profile.driver_root.clone(),
         source,
     })?;
-    let mut shared = plan::driver_edits(profile, &caps, &cache, &opts.library_dir)?;
+    let driver = facts::driver(profile, &caps, &cache);
+    let mut shared = plan::driver_edits(profile, &caps, &driver, &opts.library_dir)?;
     // Development names (`libcuda.so`), as the variable path mounts them.
     let links = crate::loader::dev_links(profile, &shared, &opts.library_dir);
     shared.mounts.extend(links);

@@ -187,7 +187,8 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     // Current kubelets: drop only the stale entries and write kubelet's checksum, so the
     // resource stays a device-plugin resource whichever of kubelet and the plugin starts
     // first. The pre-1.20 list form has another checksum: that file is moved aside.
-    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let raw = crate::bounded::read_file(path, checkpoint::MAX_SIZE)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let backup = match checkpoint::repair(&raw, path, &found) {
         Ok(repaired) => {
             let backup = checkpoint::write_repaired(path, &repaired, SystemTime::now())?;

@@ -33,7 +33,8 @@ pub fn load_config(ctx: &Ctx) -> (Result<Config, config::ConfigError>, Config) {
 }
 
 fn load_rooted(ctx: &Ctx, path: &Path) -> Result<Config, config::ConfigError> {
-    let text = match std::fs::read_to_string(path) {
+    // Bounded as the runtime reads it (issue 14, class 5): /etc may hold anything.
+    let text = match crate::bounded::read_text(path, config::MAX_FILE_SIZE) {
         Ok(t) => t,
         Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
         Err(source) => {
@@ -100,7 +101,7 @@ pub fn check_profile_files(dir: &Path) -> Vec<Finding> {
     files
         .into_iter()
         .map(|f| {
-            let result = std::fs::read_to_string(&f)
+            let result = crate::bounded::read_text(&f, config::MAX_FILE_SIZE)
                 .map_err(|e| e.to_string())
                 .and_then(|t| toml::from_str::<toml::Table>(&t).map_err(|e| e.to_string()))
                 .and_then(|t| {

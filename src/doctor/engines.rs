@@ -90,7 +90,7 @@ fn read_engine_file(ctx: &Ctx, kind: Kind, daemon: &str) -> Result<(String, Stri
         "accel-ctk runtime configure --runtime {c} && {}",
         kind.restart_command()
     );
-    match std::fs::read_to_string(&file) {
+    match crate::bounded::read_text(&file, engine::MAX_CONFIG_SIZE) {
         Ok(t) => Ok((t, file.display().to_string())),
         Err(e) if e.kind() == ErrorKind::NotFound => Err(Box::new(match ctx.find_bin(daemon) {
             None => Engine::new(kind, Finding::info(c, format!("{c} is not installed"))),
@@ -111,7 +111,7 @@ fn read_engine_file(ctx: &Ctx, kind: Kind, daemon: &str) -> Result<(String, Stri
             Finding::fail(
                 c,
                 format!("cannot read {}: {e}", file.display()),
-                format!("chmod 0644 {}", file.display()),
+                super::unreadable_fix(&file, &e, engine::MAX_CONFIG_SIZE),
             ),
         ))),
     }

@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use super::{Ctx, Finding, RUNTIME_BIN};
 use crate::checkpoint::{self, compare, expected_ids, Checkpoint, Verdict};
 use crate::config::Config;
+
+/// Far above any kubelet config.yaml (a few KB); a bigger or endless file is a failed check
+/// naming it, never read whole (issue 14, class 5).
+const MAX_KUBELET_CONFIG: u64 = 16 << 20;
 /// kubelet's CPU manager `static` policy rewrites containers' cgroups; devices that were
 /// never in the OCI spec (a device plugin that sets only a variable, no device specs) are
 /// lost then. Containers started through this runtime have them in the spec. Whether the
@@ -15,7 +19,7 @@ use crate::config::Config;
 pub fn check_cpu_manager(ctx: &Ctx, runtime_is_default: bool) -> Finding {
     const C: &str = "kubelet-cpu-manager";
     let file = ctx.path("/var/lib/kubelet/config.yaml");
-    let text = match std::fs::read_to_string(&file) {
+    let text = match crate::bounded::read_text(&file, MAX_KUBELET_CONFIG) {
         Ok(t) => t,
         Err(e) if e.kind() == ErrorKind::NotFound => {
             return Finding::info(C, "no kubelet config: not a Kubernetes node")
@@ -24,7 +28,7 @@ pub fn check_cpu_manager(ctx: &Ctx, runtime_is_default: bool) -> Finding {
             return Finding::fail(
                 C,
                 format!("cannot read {}: {e}", file.display()),
-                format!("chmod 0644 {}", file.display()),
+                super::unreadable_fix(&file, &e, MAX_KUBELET_CONFIG),
             )
         }
     };

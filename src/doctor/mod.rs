@@ -146,6 +146,19 @@ fn is_executable(p: &Path) -> bool {
 
 /// Every check, in the order an operator fixes things: config, driver, binaries, engines,
 /// cgroups and runc, `/dev/char` links, kubelet.
+/// The fix for a file a check could not read: its mode, or (over the size limit, or not
+/// UTF-8) what the file must be.
+fn unreadable_fix(file: &Path, e: &std::io::Error, limit: u64) -> String {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        format!(
+            "make {} a UTF-8 text file of at most {limit} bytes",
+            file.display()
+        )
+    } else {
+        format!("chmod 0644 {}", file.display())
+    }
+}
+
 pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     let (loaded, config) = load_config(ctx);
     let mut out = check_config(ctx, &loaded);

@@ -236,14 +236,15 @@ fn check_name(name: &str) -> Result<(), EngineError> {
     }
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, EngineError> {
-    match std::fs::read(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|e| EngineError::Read {
-                path: path.to_owned(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            }),
+/// Larger than any engine's configuration (docker's daemon.json, containerd's config.toml,
+/// CRI-O's drop-ins are a few KB); a bigger file, or one that never ends (a FIFO fed forever,
+/// a symlink to /dev/zero), is refused with its path, never read whole (issue 14, class 5).
+pub const MAX_CONFIG_SIZE: u64 = 16 << 20;
+
+/// The text of an engine's file, `None` when it does not exist, at most [`MAX_CONFIG_SIZE`].
+pub fn read_optional(path: &Path) -> Result<Option<String>, EngineError> {
+    match crate::bounded::read_text(path, MAX_CONFIG_SIZE) {
+        Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(EngineError::Read {
             path: path.to_owned(),

@@ -1,0 +1,291 @@
+//! What a plan needs to know of the host, looked at once before anything is decided: the
+//! nodes a profile names (where each resolves inside dev-root and what stat says of it) and
+//! the driver's libraries and binaries found inside the driver root.
+//!
+//! Facts are plain data and record failures too (a node that is missing, refused, or not a
+//! device): whether a failure matters is the plan's call ([`crate::plan`]), so the plan reads
+//! nothing itself and its tests build facts by hand, without root. Each host path is looked
+//! at here exactly as the plan used to look at it while planning: no extra stat or listing.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::discovery::{self, Device, DiscoveryError};
+use crate::edits::NodeKind;
+use crate::ldcache;
+use crate::libraries;
+use crate::profile::Profile;
+
+pub use crate::libraries::Found;
+
+/// What stat says of a host node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `None`: the path is there but no char or block device.
+    pub kind: Option<NodeKind>,
+    pub major: u64,
+    pub minor: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Stats a host node, following symlinks (udev makes `/dev/...` links).
+pub fn stat(host: &Path) -> std::io::Result<Stat> {
+    let m = std::fs::metadata(host)?;
+    let t = m.file_type();
+    let kind = if t.is_char_device() {
+        Some(NodeKind::Char)
+    } else if t.is_block_device() {
+        Some(NodeKind::Block)
+    } else {
+        None
+    };
+    let rdev = m.rdev();
+    Ok(Stat {
+        kind,
+        major: nix::sys::stat::major(rdev),
+        minor: nix::sys::stat::minor(rdev),
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+    })
+}
+
+/// One node a profile names, as found on the host. Errors are shared (`Arc`): the plan reports
+/// them from borrowed facts, and `cdi generate` plans several device sets from one gathering.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// Resolved to `host`, with what stat said there.
+    At {
+        host: PathBuf,
+        stat: Result<Stat, Arc<std::io::Error>>,
+    },
+    /// Not on the host; only an optional (control or capability) node is recorded so, a
+    /// device's own node is looked for where it should be (see [`device_nodes`]).
+    Absent,
+    /// [`discovery::host_node`] refused it (a link out of dev-root, not a character device, a
+    /// major not in the profile's list) or could not look.
+    Refused(Arc<DiscoveryError>),
+}
+
+/// Facts about nodes by their container path (`/dev/nvidia0`), in the order first asked for.
+/// A create asks about a few dozen, so a list beats hashing.
+#[derive(Debug, Clone, Default)]
+pub struct Nodes<'a>(pub Vec<(&'a Path, Node)>);
+
+impl<'a> Nodes<'a> {
+    pub fn get(&self, path: &Path) -> Option<&Node> {
+        self.0.iter().find(|(p, _)| *p == path).map(|(_, n)| n)
+    }
+
+    fn has(&self, path: &Path) -> bool {
+        self.0.iter().any(|(p, _)| *p == path)
+    }
+}
+
+/// The nodes of `devices`, each required: one [`discovery::host_node`] does not find is
+/// stat'ed where dev-root would have it, so the plan can name the path and the error.
+pub fn device_nodes<'a>(profile: &Profile, devices: &[&'a Device]) -> Nodes<'a> {
+    let mut out = Nodes::default();
+    for node in devices.iter().flat_map(|d| d.nodes.iter()) {
+        if out.has(node) {
+            continue;
+        }
+        let fact = match discovery::host_node(profile, node, true) {
+            Ok(host) => at(host),
+            Err(e) if e.is_not_found() => at(Profile::under(profile.dev_root(), node)),
+            Err(e) => Node::Refused(Arc::new(e)),
+        };
+        out.0.push((node, fact));
+    }
+    out
+}
+
+/// The driver's side for capability groups `caps`: control and capability nodes (optional:
+/// one that is not there is not stat'ed), libraries by soname, binaries.
+#[derive(Debug, Clone, Default)]
+pub struct Driver<'a> {
+    pub nodes: Nodes<'a>,
+    /// Libraries of the groups' stems, one per soname, in the order of the stems.
+    pub libraries: Vec<Found>,
+    pub binaries: Vec<Found>,
+}
+
+/// Gathers [`Driver`] facts for `caps` (names the profile knows; others are skipped).
+pub fn driver<'a>(profile: &'a Profile, caps: &[String], cache: &ldcache::Cache) -> Driver<'a> {
+    let groups: Vec<&'a crate::profile::Capability> = caps
+        .iter()
+        .filter_map(|c| profile.capabilities.get(c))
+        .collect();
+    let mut nodes = Nodes::default();
+    let wanted = profile
+        .control_nodes
+        .iter()
+        .chain(groups.iter().flat_map(|g| g.nodes.iter()));
+    for node in wanted {
+        if nodes.has(node) {
+            continue;
+        }
+        // nvidia-modeset only exists with a display driver: a node not found is left out.
+        let fact = match discovery::host_node(profile, node, false) {
+            Ok(host) => at(host),
+            Err(e) if e.is_not_found() => Node::Absent,
+            Err(e) => Node::Refused(Arc::new(e)),
+        };
+        nodes.0.push((node, fact));
+    }
+    let stems: Vec<&str> = groups
+        .iter()
+        .flat_map(|g| g.libraries.iter().map(String::as_str))
+        .collect();
+    let bins: Vec<&str> = groups
+        .iter()
+        .flat_map(|g| g.binaries.iter().map(String::as_str))
+        .collect();
+    // One resolver for both: libraries and binaries share the driver root's directories.
+    let mut resolver = libraries::Resolver::new(&profile.driver_root);
+    let libraries = libraries::libraries(profile, &stems, cache, &mut resolver);
+    let binaries = libraries::binaries(profile, &bins, &mut resolver);
+    Driver {
+        nodes,
+        libraries,
+        binaries,
+    }
+}
+
+fn at(host: PathBuf) -> Node {
+    let stat = stat(&host).map_err(Arc::new);
+    Node::At { host, stat }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Gathering without root: a driver tree in a temp dir holds no device nodes (mknod needs
+    //! root), so these pin what is recorded for absent, refused and present paths; the e2e
+    //! tests gather real nodes.
+
+    use super::*;
+
+    use crate::config::builtin_nvidia as nvidia;
+
+    fn profile(root: &Path) -> Profile {
+        let mut p = nvidia();
+        p.driver_root = root.to_path_buf();
+        p
+    }
+
+    fn gpu(index: u32) -> Device {
+        Device {
+            index,
+            nodes: vec![format!("/dev/nvidia{index}").into()],
+            uuid: None,
+            pci_bus_id: None,
+            minor: Some(index),
+            aliases: vec![],
+        }
+    }
+
+    #[test]
+    fn stat_follows_links_and_tells_devices_from_files() {
+        let s = stat(Path::new("/dev/null")).unwrap();
+        assert_eq!((s.kind, s.major, s.minor), (Some(NodeKind::Char), 1, 3));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(stat(&file).unwrap().kind, None);
+        let link = dir.path().join("null");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        assert_eq!(stat(&link).unwrap(), s);
+    }
+
+    #[test]
+    fn missing_device_node_is_looked_for_where_dev_root_has_it() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        let p = profile(root.path());
+        let (g0, g1) = (gpu(0), gpu(1));
+        let facts = device_nodes(&p, &[&g0, &g1, &g0]);
+        assert_eq!(facts.0.len(), 2, "{facts:?}");
+        match facts.get(Path::new("/dev/nvidia1")) {
+            Some(Node::At { host, stat: Err(e) }) => {
+                assert_eq!(*host, root.path().join("dev/nvidia1"));
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_where_a_node_should_be_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        std::fs::write(root.path().join("dev/nvidia0"), "").unwrap();
+        std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
+        let p = profile(root.path());
+        let g0 = gpu(0);
+        let facts = device_nodes(&p, &[&g0]);
+        match facts.get(Path::new("/dev/nvidia0")) {
+            Some(Node::Refused(e)) => {
+                assert!(e.to_string().ends_with("is not a character device"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let driver = driver(&p, &[], &ldcache::Cache::default());
+        assert!(matches!(
+            driver.nodes.get(Path::new("/dev/nvidiactl")),
+            Some(Node::Refused(_))
+        ));
+    }
+
+    #[test]
+    fn absent_control_nodes_are_recorded_without_a_stat() {
+        let root = tempfile::tempdir().unwrap();
+        let p = profile(root.path());
+        let d = driver(&p, &["compute".into()], &ldcache::Cache::default());
+        assert_eq!(d.nodes.0.len(), p.control_nodes.len());
+        for (path, n) in &d.nodes.0 {
+            assert!(matches!(n, Node::Absent), "{path:?}: {n:?}");
+        }
+        assert!(d.libraries.is_empty() && d.binaries.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn driver_files_are_found_inside_the_root_for_the_groups_asked() {
+        let root = tempfile::tempdir().unwrap();
+        let lib = root.path().join("usr/lib/x86_64-linux-gnu");
+        let bin = root.path().join("usr/bin");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(lib.join("libcuda.so.550.1"), "").unwrap();
+        std::os::unix::fs::symlink("libcuda.so.550.1", lib.join("libcuda.so.1")).unwrap();
+        std::fs::write(lib.join("libnvidia-ml.so.1"), "").unwrap();
+        std::fs::write(bin.join("nvidia-smi"), "").unwrap();
+        let p = profile(root.path());
+        let cache = ldcache::Cache::default();
+
+        let d = driver(&p, &["compute".into()], &cache);
+        let cuda = d
+            .libraries
+            .iter()
+            .find(|f| f.name == "libcuda.so.1")
+            .unwrap();
+        // The link resolved inside the root, to the file it names.
+        assert_eq!(cuda.host, lib.join("libcuda.so.550.1"));
+        assert!(d.libraries.iter().all(|f| f.name.starts_with("libcuda.")));
+        assert!(d.binaries.is_empty(), "{:?}", d.binaries);
+
+        let d = driver(&p, &["utility".into()], &cache);
+        let names: Vec<&str> = d.libraries.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["libnvidia-ml.so.1"]);
+        assert_eq!(
+            d.binaries,
+            [Found {
+                host: bin.join("nvidia-smi"),
+                name: "nvidia-smi".into(),
+            }]
+        );
+    }
+}

@@ -1,0 +1,3 @@
+module specread
+
+go 1.19
