@@ -358,7 +358,7 @@ fn device_plugin_image_builds_what_the_packages_ship() {
         .iter()
         .any(|l| l.trim() == r#"rustflags="$(bash packaging/target.sh --rustflags)""#));
     assert!(run.contains("strip /accel-device-plugin"));
-    let froms: Vec<&str> = lines
+    let stages: Vec<&str> = lines
         .iter()
         .filter_map(|l| l.strip_prefix("FROM "))
         .collect();
@@ -367,7 +367,7 @@ fn device_plugin_image_builds_what_the_packages_ship() {
         .unwrap()
         .to_owned();
     assert_eq!(
-        froms,
+        stages,
         [format!("rust:{msrv}-bookworm AS build").as_str(), "scratch"]
     );
     let copies: Vec<&String> = lines.iter().filter(|l| l.starts_with("COPY ")).collect();
