@@ -1,7 +1,8 @@
 //! accel-device-plugin: GetPreferredAllocation's choice at 8, 16 and 64 devices (exact search
 //! up to 16, greedy beyond), Allocate's answer, both as pure functions and as the gRPC round
-//! trip kubelet makes over the unix socket; then the plugin's resident memory with 64
-//! simulated devices (the real binary, run as a DaemonSet would).
+//! trip kubelet makes over the unix socket (through the shipped server, and without its
+//! `:authority` rewrite for comparison); then the resident memory of the real plugin binary
+//! serving 64 simulated devices to a stand-in kubelet.
 //!
 //! `cargo bench --features plugin --bench device_plugin`. Results: benches/BENCHMARKS.md.
 
@@ -16,7 +17,7 @@ use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::devices::PluginDevice;
 use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::preferred::{choose, Place};
-use accel_container_runtime::plugin::server::{Plugin, Served};
+use accel_container_runtime::plugin::server::{self, Plugin, Served};
 use accel_container_runtime::profile::Profile;
 use accel_container_runtime::topology::Node;
 use criterion::{BenchmarkId, Criterion};
@@ -86,6 +87,11 @@ fn pure(c: &mut Criterion) {
             });
         }
     }
+    // No topology at all (every pair "anything"): nothing prunes the exact search.
+    let flat = vec![Place::default(); 16];
+    g.bench_function("16dev-flat/8", |b| {
+        b.iter(|| choose(black_box(&flat), &[], 8))
+    });
     g.finish();
     let profile = enflame();
     let t = table(64);
@@ -108,15 +114,27 @@ fn grpc_round_trip(c: &mut Criterion) {
         vec![Strategy::VolumeMounts, Strategy::DeviceSpecs],
         table(64),
     ));
-    let ch = rt.block_on(async {
+    // The shipped server (every connection through the :authority rewrite), and beside it
+    // the same service on a plain tonic server: the difference is what the rewrite costs.
+    let plain_sock = dir.path().join("plain.sock");
+    let (ch, plain) = rt.block_on(async {
         let l = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(server::serve_listener(
+            Arc::clone(&plugin),
+            l,
+            std::future::pending(),
+        ));
+        let l = tokio::net::UnixListener::bind(&plain_sock).unwrap();
         let svc = grpc::DevicePluginServer(Arc::new(Served(plugin)));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)),
         );
-        grpc::connect(&sock, "localhost").await.unwrap()
+        (
+            grpc::connect(&sock, "localhost").await.unwrap(),
+            grpc::connect(&plain_sock, "localhost").await.unwrap(),
+        )
     });
     let all: Vec<String> = (0..64).map(|i| format!("GCU-{i}")).collect();
     c.bench_function("grpc/GetPreferredAllocation 4 of 64", |b| {
@@ -134,23 +152,89 @@ fn grpc_round_trip(c: &mut Criterion) {
             .unwrap()
         })
     });
-    c.bench_function("grpc/Allocate 8 of 64", |b| {
-        b.iter(|| {
-            rt.block_on(grpc::allocate(
-                &ch,
-                AllocateRequest {
-                    container_requests: vec![ContainerAllocateRequest {
-                        devices_ids: all[..8].to_vec(),
-                    }],
-                },
-            ))
-            .unwrap()
-        })
-    });
+    for (name, ch) in [
+        ("grpc/Allocate 8 of 64", &ch),
+        ("grpc/Allocate 8 of 64, no :authority rewrite", &plain),
+    ] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                rt.block_on(grpc::allocate(
+                    ch,
+                    AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: all[..8].to_vec(),
+                        }],
+                    },
+                ))
+                .unwrap()
+            })
+        });
+    }
 }
 
-/// The real binary with 64 simulated GCUs (needs root for mknod), no kubelet answering:
-/// peak and current RSS after it has discovered, served and started retrying.
+/// A stand-in kubelet for the RSS run: serves Registration on `kubelet.sock`; on the
+/// plugin's registration it dials the plugin, takes the first ListAndWatch message (its
+/// device count goes to `seen`) and makes 100 GetPreferredAllocation and Allocate calls.
+fn stand_in_kubelet(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    seen: std::sync::mpsc::Sender<usize>,
+) {
+    use tokio_stream::StreamExt;
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(dir.join(KUBELET_SOCKET)) })
+        .unwrap();
+    let dir = dir.to_path_buf();
+    let svc = grpc::RegistrationServer(move |r: RegisterRequest| {
+        let (dir, seen) = (dir.clone(), seen.clone());
+        tokio::spawn(async move {
+            let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")
+                .await
+                .unwrap();
+            let mut stream = grpc::list_and_watch(&ch).await.unwrap();
+            let first = stream.next().await.unwrap().unwrap();
+            let all: Vec<String> = first.devices.iter().map(|d| d.id.clone()).collect();
+            for i in 0..100 {
+                let chosen = grpc::get_preferred(
+                    &ch,
+                    PreferredAllocationRequest {
+                        container_requests: vec![ContainerPreferredAllocationRequest {
+                            available_device_ids: all.clone(),
+                            must_include_device_ids: vec![],
+                            allocation_size: 1 + i % 8,
+                        }],
+                    },
+                )
+                .await
+                .unwrap();
+                grpc::allocate(
+                    &ch,
+                    AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: chosen.container_responses[0].device_ids.clone(),
+                        }],
+                    },
+                )
+                .await
+                .unwrap();
+            }
+            let _ = seen.send(first.devices.len());
+            // Keep watching, as kubelet does.
+            while let Some(Ok(_)) = stream.next().await {}
+        });
+        Ok(())
+    });
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+}
+
+/// The real binary with 64 simulated GCUs (needs root for mknod), registered with a stand-in
+/// kubelet that watches it and makes 100 preferred + Allocate calls: peak and current RSS
+/// then. `ACCEL_PLUGIN_BIN` names the binary to run (the shipped static build, as
+/// BENCHMARKS.md records); the default is the one cargo built for this benchmark.
 fn rss_with_64_devices() {
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     if !nix::unistd::Uid::effective().is_root() {
@@ -192,13 +276,27 @@ fn rss_with_64_devices() {
         ),
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_accel-device-plugin"))
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    stand_in_kubelet(&rt, &kubelet, seen_tx);
+    let bin = std::env::var_os("ACCEL_PLUGIN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_accel-device-plugin").into());
+    println!("rss: running {}", bin.display());
+    let mut child = std::process::Command::new(&bin)
         .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &cfg)
         .arg(format!("--kubelet-dir={}", kubelet.display()))
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let devices = seen
+        .recv_timeout(Duration::from_secs(30))
+        .expect("registered, watched and called within 30 s");
+    assert_eq!(devices, 64);
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     let field = |k: &str| {
         status
@@ -217,10 +315,12 @@ fn rss_with_64_devices() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let st = child.wait().unwrap();
     assert!(st.success(), "SIGTERM: {st}");
-    assert!(
-        std::fs::read_dir(&kubelet).unwrap().next().is_none(),
-        "socket left behind"
-    );
+    let left: Vec<_> = std::fs::read_dir(&kubelet)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != KUBELET_SOCKET)
+        .collect();
+    assert!(left.is_empty(), "socket left behind: {left:?}");
 }
 
 fn main() {

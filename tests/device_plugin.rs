@@ -250,6 +250,33 @@ fn stand_in_kubelet_drives_the_plugin() {
                 .get_preferred_allocation_available
         );
 
+        // A kubelet before 1.26: `:authority` is the socket path (gRPC-go's default), first
+        // indexed into the HPACK table, then named by index.
+        let answers = old_kubelet_calls(
+            &sock,
+            &[
+                (GET_OPTIONS, prost::Message::encode_to_vec(&Empty {})),
+                (
+                    ALLOCATE,
+                    prost::Message::encode_to_vec(&AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: ids(&["GCU-2"]),
+                        }],
+                    }),
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(answers[0].0, "0", "GetDevicePluginOptions: grpc-status");
+        let options: DevicePluginOptions = prost::Message::decode(&answers[0].1[..]).unwrap();
+        assert!(options.get_preferred_allocation_available);
+        assert_eq!(answers[1].0, "0", "Allocate: grpc-status");
+        let allocated: AllocateResponse = prost::Message::decode(&answers[1].1[..]).unwrap();
+        assert_eq!(
+            allocated.container_responses[0].envs["ENFLAME_VISIBLE_DEVICES"],
+            "2"
+        );
+
         // ListAndWatch: 8 healthy devices with their NUMA nodes.
         let first = kubelet.updates.recv().await.unwrap();
         let got: Vec<(String, String, i64)> = first
@@ -426,6 +453,269 @@ fn stand_in_kubelet_drives_the_plugin() {
         stop_tx.send(true).unwrap();
         plugin.await.unwrap().unwrap();
         assert!(!sock.exists());
+    });
+}
+
+/// Unary calls on one connection as a kubelet before 1.26 makes them: gRPC-go's default
+/// `:authority`, the socket path, indexed into the HPACK table by the first request
+/// (literal with incremental indexing, static name 1) and named by index (62) in the others.
+/// tonic's and hyper's clients refuse such an authority, so the frames are written here.
+/// Returns each call's grpc-status and message.
+async fn old_kubelet_calls(sock: &Path, calls: &[(&str, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+    fn lit(b: &[u8]) -> Vec<u8> {
+        let mut v = loona_hpack::encoder::encode_integer(b.len(), 7);
+        v.extend_from_slice(b);
+        v
+    }
+    let (settings, headers, data, end_stream, end_headers) = (0x4, 0x1, 0x0, 0x1, 0x4);
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(settings, 0, 0, &[]));
+    for (i, (path, msg)) in calls.iter().enumerate() {
+        let stream = 1 + 2 * i as u32;
+        let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+        if i == 0 {
+            block.push(0x41);
+            block.extend(lit(sock.as_os_str().as_bytes()));
+        } else {
+            block.push(0xbe);
+        }
+        block.push(0x04); // :path, literal without indexing
+        block.extend(lit(path.as_bytes()));
+        block.extend([0x0f, 0x10]); // content-type (static 31), literal without indexing
+        block.extend(lit(b"application/grpc"));
+        block.push(0x00);
+        block.extend(lit(b"te"));
+        block.extend(lit(b"trailers"));
+        out.extend(frame(headers, end_headers, stream, &block));
+        let mut body = vec![0];
+        body.extend((msg.len() as u32).to_be_bytes());
+        body.extend(msg);
+        out.extend(frame(data, end_stream, stream, &body));
+    }
+    s.write_all(&out).await.unwrap();
+
+    let mut dec = loona_hpack::Decoder::new();
+    let mut answers = vec![(String::new(), Vec::new()); calls.len()];
+    let mut ended = 0;
+    let read = async {
+        while ended < calls.len() {
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.unwrap();
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let mut payload = vec![0; len];
+            s.read_exact(&mut payload).await.unwrap();
+            let call = (stream as usize).saturating_sub(1) / 2;
+            match kind {
+                0x4 if flags & 0x1 == 0 => {
+                    s.write_all(&frame(settings, 0x1, 0, &[])).await.unwrap()
+                }
+                0x3 => panic!("stream {stream} reset: {payload:?}"),
+                0x7 => panic!("GOAWAY: {}", String::from_utf8_lossy(&payload)),
+                0x1 => {
+                    assert_eq!(flags & end_headers, end_headers, "one-frame header blocks");
+                    for (n, v) in dec.decode(&payload).unwrap() {
+                        if n == b"grpc-status" {
+                            answers[call].0 = String::from_utf8(v).unwrap();
+                        }
+                    }
+                }
+                0x0 => answers[call].1.extend(payload),
+                _ => {}
+            }
+            if (kind == headers || kind == data) && flags & end_stream != 0 {
+                ended += 1;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("answers within 10 s");
+    for (_, msg) in &mut answers {
+        assert!(msg.len() >= 5, "a gRPC message: {msg:?}");
+        msg.drain(..5);
+    }
+    answers
+}
+
+/// The device names the plugin's CDI spec lists, and the spec file's inode (a rewrite is a
+/// rename onto it, so a new inode).
+fn cdi_spec(path: &Path) -> (Vec<String>, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let names = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    (names, std::fs::metadata(path).unwrap().ino())
+}
+
+/// Waits until the CDI spec lists device `name` (or no longer does).
+async fn wait_cdi(path: &Path, name: &str, listed: bool) -> (Vec<String>, u64) {
+    let t = Instant::now();
+    loop {
+        let (names, ino) = cdi_spec(path);
+        if names.iter().any(|n| n == name) == listed {
+            return (names, ino);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "CDI spec: {name} listed {listed}: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A device node deleted, recreated, and a new device appearing: each change is pushed on
+/// ListAndWatch and rewrites the plugin's CDI spec, which is left alone while nothing changes.
+#[test]
+fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
+    let (sim, major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        kubelet.start();
+        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        opts.strategies = vec![Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        opts.poll = Duration::from_millis(100);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let profiles: Vec<_> = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        kubelet.wait_registrations(1).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        assert_eq!(first.devices.len(), 8);
+        let spec = scratch.path().join("cdi/accel-enflame.json");
+        let (names, ino) = cdi_spec(&spec);
+        assert!(names.contains(&"3".to_string()), "{names:?}");
+
+        // Nothing changes over several polls: the spec is not rewritten.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
+
+        // A node deleted: Unhealthy, and gone from the spec (a container naming it would
+        // get a clear CDI error rather than a missing node).
+        let node = sim.path().join("dev/gcu3");
+        std::fs::remove_file(&node).unwrap();
+        kubelet
+            .wait_health("GCU-3", UNHEALTHY, Duration::from_secs(1))
+            .await;
+        let (_, ino_gone) = wait_cdi(&spec, "3", false).await;
+        assert_ne!(ino_gone, ino);
+
+        // Recreated: Healthy, and back in the spec.
+        mknod(&node, major, 3);
+        kubelet
+            .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
+            .await;
+        wait_cdi(&spec, "3", true).await;
+
+        // A device appears (no sysfs: no topology): pushed with the others, in the spec
+        // before kubelet hears of it, and Allocate answers for it.
+        mknod(&sim.path().join("dev/gcu8"), major, 8);
+        let t = Instant::now();
+        let update = loop {
+            let m = tokio::time::timeout(Duration::from_secs(1), kubelet.updates.recv())
+                .await
+                .expect("GCU-8 pushed within a second")
+                .unwrap();
+            if m.devices.iter().any(|d| d.id == "GCU-8") {
+                break m;
+            }
+        };
+        eprintln!("GCU-8 pushed after {:?}", t.elapsed());
+        let (names, ino) = cdi_spec(&spec);
+        assert!(names.contains(&"8".to_string()), "{names:?}");
+        assert_eq!(update.devices.len(), 9);
+        let new = update.devices.iter().find(|d| d.id == "GCU-8").unwrap();
+        assert_eq!(
+            (new.health.as_str(), new.topology.as_ref()),
+            (HEALTHY, None)
+        );
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        let ch = grpc::connect(&kubelet.dir().join(&reg.endpoint), "localhost")
+            .await
+            .unwrap();
+        let a = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-8"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            a.container_responses[0].cdi_devices[0].name,
+            "enflame.com/gcu=8"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
+
+        stop_tx.send(true).unwrap();
+        plugin.await.unwrap().unwrap();
+    });
+}
+
+/// A profile with no device at start (a driver still loading) is served and registered once
+/// its first device appears, not before.
+#[test]
+fn a_profile_registers_when_its_first_device_appears() {
+    let (sim, major) = enflame_host();
+    for n in 0..8 {
+        std::fs::remove_file(sim.path().join(format!("dev/gcu{n}"))).unwrap();
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        kubelet.start();
+        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        opts.poll = Duration::from_millis(100);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let profiles: Vec<_> = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(kubelet.count(), 0, "registered with no device");
+        assert!(!kubelet.dir().join("accel-enflame-com-gcu.sock").exists());
+
+        mknod(&sim.path().join("dev/gcu5"), major, 5);
+        kubelet.wait_registrations(1).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        let got: Vec<(&str, &str)> = first
+            .devices
+            .iter()
+            .map(|d| (d.id.as_str(), d.health.as_str()))
+            .collect();
+        assert_eq!(got, [("GCU-5", HEALTHY)]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(kubelet.count(), 1);
+
+        stop_tx.send(true).unwrap();
+        plugin.await.unwrap().unwrap();
     });
 }
 

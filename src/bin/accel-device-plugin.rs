@@ -12,6 +12,7 @@ use clap::Parser;
 
 #[derive(Debug, Parser)]
 #[command(
+    name = "accel-device-plugin",
     version,
     about = "Kubernetes device plugin for every accel-container-runtime vendor profile"
 )]

@@ -3,10 +3,10 @@
 //! topology code so the plugin and the runtime see the same node.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::discovery::DiscoveryError;
-use crate::profile::Profile;
+use crate::profile::{Discovery, Profile};
 use crate::topology::{discover_located, Node};
 
 use super::preferred::Place;
@@ -108,4 +108,21 @@ pub fn healthy(profile: &Profile, dev: &PluginDevice) -> bool {
                     .is_none_or(|want| nix::sys::stat::major(m.rdev()) == want)
         })
     })
+}
+
+/// Host paths whose directories show a change of the profile's devices: the driver's version
+/// file, where the profile's device nodes appear (the first node template), and every node of
+/// the devices known.
+pub fn watched_paths(profile: &Profile, table: &[PluginDevice]) -> Vec<PathBuf> {
+    let template = match &profile.discovery {
+        Discovery::NvidiaProcfs { node_template, .. } => Some(node_template),
+        Discovery::DeviceNodes { node_templates, .. } => node_templates.first(),
+    };
+    let version = profile.version_file.as_deref();
+    version
+        .map(|v| Profile::under(&profile.driver_root, v))
+        .into_iter()
+        .chain(template.map(|t| Profile::under(profile.dev_root(), Path::new(t))))
+        .chain(table.iter().flat_map(|d| d.host_nodes.iter().cloned()))
+        .collect()
 }

@@ -90,39 +90,31 @@ pub fn choose(places: &[Place], must: &[usize], size: usize) -> Option<Vec<usize
             left,
         }
     };
-    let mut best: Option<(Key, Vec<usize>)> = None;
-    let mut consider = |mut set: Vec<usize>| {
-        set.sort_unstable();
-        let k = score(&set);
-        let better = match &best {
-            None => true,
-            Some((bk, bs)) => match k.cmp(bk) {
-                Ordering::Greater => true,
-                Ordering::Less => false,
-                Ordering::Equal => set < *bs,
-            },
-        };
-        if better {
-            best = Some((k, set));
-        }
-    };
     let rest: Vec<usize> = (0..n).filter(|i| must.binary_search(i).is_err()).collect();
-    let need = size - must.len();
+    let mut best: Option<(Key, Vec<usize>)> = None;
     if n <= EXACT_LIMIT {
-        let mut pick: Vec<usize> = (0..need).collect();
-        loop {
-            let mut set = must.clone();
-            set.extend(pick.iter().map(|&p| rest[p]));
-            consider(set);
-            // Next combination of `need` out of `rest.len()`, in lexicographic order.
-            let Some(i) = (0..need).rev().find(|&i| pick[i] < rest.len() - need + i) else {
-                break;
-            };
-            pick[i] += 1;
-            for j in i + 1..need {
-                pick[j] = pick[j - 1] + 1;
+        let mut search = Exact {
+            n,
+            link: (0..n * n)
+                .map(|k| (lv[k / n][k % n], w(k / n, k % n)))
+                .collect(),
+            row: &row,
+            total,
+            size,
+            rest: &rest,
+            chosen: must.clone(),
+            best: None,
+        };
+        let (mut worst, mut inner) = (3u8, 0u32);
+        for (x, &i) in must.iter().enumerate() {
+            for &j in &must[x + 1..] {
+                worst = worst.min(lv[i][j]);
+                inner += w(i, j);
             }
         }
+        let touching = must.iter().map(|&i| row[i]).sum();
+        search.dfs(0, worst, inner, touching);
+        best = search.best;
     } else {
         let seeds: Vec<Vec<usize>> = if must.is_empty() {
             (0..n).map(|i| vec![i]).collect()
@@ -130,10 +122,87 @@ pub fn choose(places: &[Place], must: &[usize], size: usize) -> Option<Vec<usize
             vec![must.clone()]
         };
         for seed in seeds {
-            consider(grow(seed, size, n, &lv, &w));
+            let mut set = grow(seed, size, n, &lv, &w);
+            set.sort_unstable();
+            offer(&mut best, score(&set), &set);
         }
     }
     best.map(|(_, s)| s)
+}
+
+/// Keeps `set` (sorted) if it ranks above `best`: a higher key, or the same key and an
+/// earlier device order.
+fn offer(best: &mut Option<(Key, Vec<usize>)>, key: Key, set: &[usize]) {
+    let better = match best {
+        None => true,
+        Some((bk, bs)) => match key.cmp(bk) {
+            Ordering::Greater => true,
+            Ordering::Less => false,
+            Ordering::Equal => set < &bs[..],
+        },
+    };
+    if better {
+        *best = Some((key, set.to_vec()));
+    }
+}
+
+/// The exhaustive search: every combination of the devices not required, depth first, each
+/// step adding one device's links to the running worst level, weight and row sum (so a set
+/// costs one row scan, not all its pairs), and abandoning a branch once its worst link is
+/// below the best set's: a worst link never improves as devices are added, and it is the
+/// first thing sets are ranked by.
+struct Exact<'a> {
+    n: usize,
+    /// Level and weight of each pair, row by row.
+    link: Vec<(u8, u32)>,
+    row: &'a [u32],
+    total: u32,
+    size: usize,
+    rest: &'a [usize],
+    chosen: Vec<usize>,
+    best: Option<(Key, Vec<usize>)>,
+}
+
+impl Exact<'_> {
+    fn dfs(&mut self, from: usize, worst: u8, inner: u32, touching: u32) {
+        let missing = self.size - self.chosen.len();
+        if missing == 0 {
+            let key = Key {
+                worst: if self.size < 2 { 3 } else { worst },
+                inner,
+                // Pairs among the devices left free: all pairs, minus those touching the
+                // set (pairs inside it were counted twice in `touching`).
+                left: self.total + inner - touching,
+            };
+            // Sets come in ascending device order (rest is ascending and picks grow left to
+            // right, and a required device sits in every set alike), so on an equal key the
+            // set already kept is the earlier one and stays.
+            if self.best.as_ref().is_some_and(|(b, _)| key <= *b) {
+                return;
+            }
+            let mut set = self.chosen.clone();
+            set.sort_unstable();
+            self.best = Some((key, set));
+            return;
+        }
+        for p in from..=self.rest.len() - missing {
+            let j = self.rest[p];
+            let links = &self.link[j * self.n..(j + 1) * self.n];
+            let (mut add_worst, mut add) = (3u8, 0u32);
+            for &i in &self.chosen {
+                let (level, weight) = links[i];
+                add_worst = add_worst.min(level);
+                add += weight;
+            }
+            let worst = worst.min(add_worst);
+            if self.size >= 2 && self.best.as_ref().is_some_and(|(b, _)| worst < b.worst) {
+                continue;
+            }
+            self.chosen.push(j);
+            self.dfs(p + 1, worst, inner + add, touching + self.row[j]);
+            self.chosen.pop();
+        }
+    }
 }
 
 /// Adds, one at a time, the device with the best worst-link and then the heaviest links to
@@ -259,5 +328,81 @@ mod tests {
         assert_eq!(got, [12, 13, 14, 15]);
         let got = choose(&p, &[], 32).unwrap();
         assert!(got.iter().all(|&i| i < 32), "one NUMA node: {got:?}");
+    }
+
+    /// Every combination scored from scratch: what the pruned depth-first search must agree
+    /// with, on small topologies drawn from a fixed-seed generator.
+    fn brute(places: &[Place], must: &[usize], size: usize) -> Option<Vec<usize>> {
+        let n = places.len();
+        if size > n || must.len() > size {
+            return None;
+        }
+        let lv = |i: usize, j: usize| level(&places[i], &places[j]);
+        let mut best: Option<(Key, Vec<usize>)> = None;
+        for mask in 0u32..1 << n {
+            if mask.count_ones() as usize != size || must.iter().any(|&m| mask & 1 << m == 0) {
+                continue;
+            }
+            let set: Vec<usize> = (0..n).filter(|&i| mask & 1 << i != 0).collect();
+            let (mut worst, mut inner, mut left) = (3u8, 0u32, 0u32);
+            for a in 0..n {
+                for b in a + 1..n {
+                    let (ia, ib) = (set.contains(&a), set.contains(&b));
+                    if ia && ib {
+                        worst = worst.min(lv(a, b));
+                        inner += WEIGHT[lv(a, b) as usize];
+                    } else if !ia && !ib {
+                        left += WEIGHT[lv(a, b) as usize];
+                    }
+                }
+            }
+            let key = Key {
+                worst: if size < 2 { 3 } else { worst },
+                inner,
+                left,
+            };
+            offer(&mut best, key, &set);
+        }
+        best.map(|(_, s)| s)
+    }
+
+    #[test]
+    fn exact_search_agrees_with_brute_force() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m) as u32
+        };
+        let mut cases = 0;
+        for _ in 0..300 {
+            let n = 1 + next(10) as usize;
+            let places: Vec<Place> = (0..n)
+                .map(|_| {
+                    let (numa, port, sw) = (next(2), next(3), next(3));
+                    let mut bridges = vec![format!("port{numa}{port}")];
+                    if sw > 0 {
+                        bridges.push(format!("switch{numa}{port}{sw}"));
+                        bridges.push(format!("down{}", next(100)));
+                    }
+                    Place {
+                        numa: (next(4) > 0).then_some(numa),
+                        root: (next(4) > 0).then(|| format!("pci{numa}")),
+                        bridges,
+                    }
+                })
+                .collect();
+            for size in 0..=n {
+                let must: Vec<usize> = (0..n).filter(|_| next(6) == 0).take(size).collect();
+                assert_eq!(
+                    choose(&places, &must, size),
+                    brute(&places, &must, size),
+                    "{places:?} must {must:?} size {size}"
+                );
+                cases += 1;
+            }
+        }
+        assert!(cases > 1000, "{cases}");
     }
 }

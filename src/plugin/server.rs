@@ -98,15 +98,25 @@ enum Event {
     StreamEnded(u64),
 }
 
+/// What ListAndWatch reports: every device seen since start, and whether each is healthy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    pub table: Arc<Vec<PluginDevice>>,
+    pub health: Vec<bool>,
+}
+
 /// One profile's device plugin.
 pub struct Plugin {
     pub profile: Profile,
     pub resource: String,
     pub strategies: Vec<Strategy>,
-    pub table: Vec<PluginDevice>,
-    health: watch::Sender<Vec<bool>>,
+    state: watch::Sender<State>,
     epoch: AtomicU64,
     events: mpsc::UnboundedSender<Event>,
+    /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
+    cdi: Option<Options>,
+    /// The last re-discovery error logged, so a lasting one is logged once.
+    last_error: Mutex<Option<String>>,
 }
 
 impl Plugin {
@@ -136,12 +146,26 @@ impl Plugin {
             resource: profile.resource_name.clone().unwrap_or_default(),
             profile,
             strategies,
-            table,
-            health: watch::Sender::new(health),
+            state: watch::Sender::new(State {
+                table: Arc::new(table),
+                health,
+            }),
             epoch: AtomicU64::new(0),
             events: tx,
+            cdi: None,
+            last_error: Mutex::new(None),
         };
         (plugin, rx)
+    }
+
+    /// The devices known now (each Allocate and preferred choice reads one snapshot).
+    pub fn table(&self) -> Arc<Vec<PluginDevice>> {
+        Arc::clone(&self.state.borrow().table)
+    }
+
+    /// What the next ListAndWatch message says.
+    pub fn state(&self) -> State {
+        self.state.borrow().clone()
     }
 
     /// The socket's name in kubelet's directory.
@@ -149,12 +173,12 @@ impl Plugin {
         format!("accel-{}.sock", self.resource.replace(['/', '.'], "-"))
     }
 
-    fn devices(&self, health: &[bool]) -> ListAndWatchResponse {
+    fn devices(state: &State) -> ListAndWatchResponse {
         ListAndWatchResponse {
-            devices: self
+            devices: state
                 .table
                 .iter()
-                .zip(health)
+                .zip(&state.health)
                 .map(|(d, h)| Device {
                     id: d.id.clone(),
                     health: if *h { HEALTHY } else { UNHEALTHY }.into(),
@@ -166,28 +190,76 @@ impl Plugin {
         }
     }
 
-    /// Re-checks every device; logs and pushes a change. Returns whether anything changed.
+    /// Discovers the devices again and re-checks each one's health; on a change, rewrites
+    /// the CDI spec first (so a device kubelet hears of is already in it), then logs and
+    /// pushes the change on ListAndWatch. Returns whether anything changed.
+    ///
+    /// A device once seen stays in the table: one whose node goes away is reported
+    /// Unhealthy, not dropped (kubelet keeps counting it as allocated where it is), and keeps
+    /// the major it was discovered with, so a node recreated with another major stays
+    /// Unhealthy. Devices that appear are added.
     pub fn recheck(&self) -> bool {
-        let now: Vec<bool> = self
-            .table
-            .iter()
-            .map(|d| healthy(&self.profile, d))
-            .collect();
-        self.health.send_if_modified(|old| {
+        let known = self.table();
+        let table = match devices::discover(&self.profile) {
+            Ok(found) => {
+                *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                let new: Vec<PluginDevice> = found
+                    .into_iter()
+                    .filter(|f| !known.iter().any(|k| k.id == f.id))
+                    .collect();
+                if new.is_empty() {
+                    known
+                } else {
+                    Arc::new(known.iter().cloned().chain(new).collect())
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if last.as_deref() != Some(e.as_str()) {
+                    log(&format!(
+                        "{}: cannot discover devices again ({e}); keeping the {} known",
+                        self.resource,
+                        known.len()
+                    ));
+                    *last = Some(e);
+                }
+                known
+            }
+        };
+        let health = table.iter().map(|d| healthy(&self.profile, d)).collect();
+        let now = State { table, health };
+        if *self.state.borrow() == now {
+            return false;
+        }
+        if let Some(opts) = &self.cdi {
+            if let Err(e) = write_cdi(&self.profile, opts) {
+                log(&format!("{}: {e:#}", self.resource));
+            }
+        }
+        self.state.send_if_modified(|old| {
             if *old == now {
                 return false;
             }
-            for ((d, was), is) in self.table.iter().zip(old.iter()).zip(&now) {
-                if was != is {
-                    log(&format!(
+            for (i, d) in now.table.iter().enumerate() {
+                let is = now.health[i];
+                match old.table.iter().position(|o| o.id == d.id) {
+                    None => log(&format!(
+                        "{}: device {} appeared, {}",
+                        self.resource,
+                        d.id,
+                        if is { HEALTHY } else { UNHEALTHY }
+                    )),
+                    Some(j) if old.health[j] != is => log(&format!(
                         "{}: device {} is now {}",
                         self.resource,
                         d.id,
-                        if *is { HEALTHY } else { UNHEALTHY }
-                    ));
+                        if is { HEALTHY } else { UNHEALTHY }
+                    )),
+                    Some(_) => {}
                 }
             }
-            *old = now.clone();
+            *old = now;
             true
         })
     }
@@ -195,10 +267,9 @@ impl Plugin {
 
 /// Ends with the stream: tells the registration loop which registration's stream it was.
 struct Watching {
-    inner: tokio_stream::wrappers::WatchStream<Vec<bool>>,
+    inner: tokio_stream::wrappers::WatchStream<State>,
     epoch: u64,
     events: mpsc::UnboundedSender<Event>,
-    plugin: Arc<Plugin>,
 }
 
 impl tokio_stream::Stream for Watching {
@@ -209,7 +280,7 @@ impl tokio_stream::Stream for Watching {
     ) -> std::task::Poll<Option<Self::Item>> {
         std::pin::Pin::new(&mut self.inner)
             .poll_next(cx)
-            .map(|h| h.map(|h| Ok(self.plugin.devices(&h))))
+            .map(|s| s.map(|s| Ok(Plugin::devices(&s))))
     }
 }
 
@@ -219,7 +290,7 @@ impl Drop for Watching {
     }
 }
 
-/// The gRPC face of a plugin; kept apart so [`Watching`] can hold the plugin.
+/// The gRPC face of a plugin.
 pub struct Served(pub Arc<Plugin>);
 
 impl DevicePlugin for Served {
@@ -234,10 +305,9 @@ impl DevicePlugin for Served {
         let p = &self.0;
         log(&format!("{}: kubelet watches the devices", p.resource));
         Box::pin(Watching {
-            inner: tokio_stream::wrappers::WatchStream::new(p.health.subscribe()),
+            inner: tokio_stream::wrappers::WatchStream::new(p.state.subscribe()),
             epoch: p.epoch.load(Ordering::SeqCst),
             events: p.events.clone(),
-            plugin: Arc::clone(p),
         })
     }
 
@@ -259,9 +329,10 @@ impl Plugin {
         req: PreferredAllocationRequest,
     ) -> Result<PreferredAllocationResponse, Status> {
         let mut out = PreferredAllocationResponse::default();
+        let table = self.table();
         for r in req.container_requests {
             let place = |id: &String| {
-                self.table
+                table
                     .iter()
                     .find(|d| d.id == *id)
                     .map(|d| d.place.clone())
@@ -296,8 +367,9 @@ impl Plugin {
 
     pub fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
         let mut out = AllocateResponse::default();
+        let table = self.table();
         for r in req.container_requests {
-            let answer = allocate(&self.profile, &self.table, &self.strategies, &r.devices_ids)
+            let answer = allocate(&self.profile, &table, &self.strategies, &r.devices_ids)
                 .map_err(|e| {
                     log(&format!(
                         "{}: Allocate {:?} refused: {e}",
@@ -325,17 +397,7 @@ impl Plugin {
 fn spawn_health(plugins: Vec<Arc<Plugin>>, poll: Duration, stop: Arc<AtomicBool>) {
     let mut dirs: Vec<PathBuf> = Vec::new();
     for p in &plugins {
-        let version = p
-            .profile
-            .version_file
-            .as_deref()
-            .map(|v| Profile::under(&p.profile.driver_root, v));
-        for f in p
-            .table
-            .iter()
-            .flat_map(|d| d.host_nodes.iter())
-            .chain(version.iter())
-        {
+        for f in devices::watched_paths(&p.profile, &p.table()) {
             if let Some(d) = f.parent() {
                 if !dirs.iter().any(|x| x == d) {
                     dirs.push(d.to_path_buf());
@@ -437,6 +499,24 @@ fn spawn_dir_watch(
     Ok(())
 }
 
+/// The plugin's gRPC server on `listener` until `shutdown` completes (benchmarks call it too).
+/// Every connection goes through the `:authority` rewrite: old kubelets send the socket path
+/// there, which h2 refuses.
+pub async fn serve_listener(
+    plugin: Arc<Plugin>,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |conn| conn.map(super::authority::Rewrite::new),
+    );
+    tonic::transport::Server::builder()
+        .add_service(DevicePluginServer(Arc::new(Served(plugin))))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
 /// Serves `plugin` on `path` until `stop` fires (or the server fails).
 fn serve(
     plugin: &Arc<Plugin>,
@@ -450,16 +530,12 @@ fn serve(
         source,
     })?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let svc = DevicePluginServer(Arc::new(Served(Arc::clone(plugin))));
+    let plugin = Arc::clone(plugin);
     tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        if let Err(e) = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = rx.await;
-            })
-            .await
-        {
+        let stopped = async {
+            let _ = rx.await;
+        };
+        if let Err(e) = serve_listener(plugin, listener, stopped).await {
             log(&format!("server stopped: {e}"));
         }
     });
@@ -502,6 +578,13 @@ async fn manage(
 ) {
     let path = opts.kubelet_dir.join(plugin.socket_name());
     let mut server: Option<tokio::sync::oneshot::Sender<()>> = None;
+    // A profile with no device yet (a driver still loading) registers once one appears.
+    let mut state = plugin.state.subscribe();
+    tokio::select! {
+        r = state.wait_for(|s| !s.table.is_empty()) => if r.is_err() { return },
+        _ = shutdown.changed() => return,
+    }
+    drop(state);
     loop {
         let mut delay = Duration::from_millis(200);
         loop {
@@ -521,7 +604,7 @@ async fn manage(
                         "{}: registered with kubelet as {} ({} devices, registration {epoch})",
                         plugin.resource,
                         plugin.socket_name(),
-                        plugin.table.len()
+                        plugin.table().len()
                     ));
                     break;
                 }
@@ -586,28 +669,27 @@ pub async fn run(
     if !opts.kubelet_dir.is_dir() {
         return Err(PluginError::NoKubeletDir(opts.kubelet_dir.clone()));
     }
+    let cdi = opts
+        .strategies
+        .iter()
+        .any(|s| matches!(s, Strategy::CdiCri | Strategy::CdiAnnotations));
     let mut plugins = Vec::new();
     for profile in profiles.into_iter().filter(|p| p.resource_name.is_some()) {
         let table = devices::discover(&profile)?;
         if table.is_empty() {
             log(&format!(
-                "{}: no devices on this node; not registered",
+                "{}: no devices on this node yet; registering when one appears",
                 profile.name
             ));
-            continue;
-        }
-        if opts
-            .strategies
-            .iter()
-            .any(|s| matches!(s, Strategy::CdiCri | Strategy::CdiAnnotations))
-        {
+        } else if cdi {
             write_cdi(&profile, &opts)?;
         }
-        let (plugin, rx) = Plugin::with_table(profile, opts.strategies.clone(), table);
+        let (mut plugin, rx) = Plugin::with_table(profile, opts.strategies.clone(), table);
+        plugin.cdi = cdi.then(|| opts.clone());
         plugins.push((Arc::new(plugin), rx));
     }
     if plugins.is_empty() {
-        log("no profile has devices on this node; idle");
+        log("no profile names a resource; idle");
     }
     let stop_threads = Arc::new(AtomicBool::new(false));
     spawn_health(
@@ -635,8 +717,9 @@ pub async fn run(
     Ok(())
 }
 
-/// The CDI spec the `cdi-*` answers name, from the same generator as `accel-ctk cdi generate`.
-pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<(), PluginError> {
+/// The CDI spec the `cdi-*` answers name, from the same generator as `accel-ctk cdi generate`,
+/// replaced atomically and only when its content changes. Returns whether it was written.
+pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError> {
     static LOCK: Mutex<()> = Mutex::new(());
     let _g = LOCK.lock();
     let path = opts.cdi_dir.join(format!("accel-{}.json", profile.name));
@@ -653,6 +736,9 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<(), PluginError> {
     )
     .map_err(|e| err(e.into()))?;
     let text = serde_json::to_vec_pretty(&spec).map_err(|e| err(e.into()))?;
+    if std::fs::read(&path).is_ok_and(|old| old == text) {
+        return Ok(false);
+    }
     std::fs::create_dir_all(&opts.cdi_dir).map_err(|e| err(e.into()))?;
     crate::atomic::replace(&path, &text, 0o644).map_err(|e| err(e.into()))?;
     log(&format!(
@@ -660,5 +746,5 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<(), PluginError> {
         profile.name,
         path.display()
     ));
-    Ok(())
+    Ok(true)
 }
