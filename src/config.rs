@@ -437,7 +437,7 @@ pub fn pass_through_runtime_from(path: &Path) -> (String, Option<(String, PathBu
     };
     let text = match &err {
         ConfigError::Untrusted { .. } | ConfigError::Read { .. } => None,
-        _ => std::fs::read_to_string(path).ok(),
+        _ => crate::bounded::read_text(path, MAX_FILE_SIZE).ok(),
     };
     let key = |k: &str| text.as_deref().and_then(|t| single_key(t, k));
     let runtime = key("low-level-runtime").and_then(|v| check_runtime(&v, path).ok());
@@ -541,7 +541,7 @@ fn load_profiles(
             }
             let text = match text {
                 Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
-                None => std::fs::read_to_string(path)
+                None => crate::bounded::read_text(path, MAX_FILE_SIZE)
                     .map_err(|source| ConfigError::Read {
                         path: path.clone(),
                         source,
