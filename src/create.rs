@@ -135,20 +135,21 @@ impl Parsed {
 /// Edits the bundle's config.json for `create`/`run`. `Ok(None)`: nothing asked for, the file
 /// was not written.
 pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
-    create_parsed(Parsed::read(bundle)?, cfg)
+    create_parsed(&mut Parsed::read(bundle)?, cfg)
 }
 
-/// [`create`] of a bundle already parsed.
-pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
+/// [`create`] of a bundle already parsed. Borrowed, not taken: the binary keeps the document
+/// until it execs the low-level runtime, so a create does not spend time freeing it.
+pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
     let Parsed {
         dir: bundle_dir,
         path,
         original,
-        mut doc,
+        doc,
         spec,
     } = parsed;
     // A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.
-    match crate::atomic::remove_leftovers(&path) {
+    match crate::atomic::remove_leftovers(path) {
         Ok(0) => {}
         Ok(n) => log::info!(
             "{}: removed {n} temp file(s) of a killed rewrite",
@@ -170,7 +171,7 @@ pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, Cr
     let mut image: Option<loader::Image> = None;
     let mut vendor_libs: Vec<loader::VendorLibs> = Vec::new();
     // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
-    let mut cdi_requests = cdi::annotation_requests(&spec)?;
+    let mut cdi_requests = cdi::annotation_requests(spec)?;
     cdi::check_annotation_kinds(&cdi_requests, &cfg.profiles)?;
     // Annotations are as much the container's own input as its environment (CRI-O passes pod
     // annotations through), so the node's policy on unprivileged requests covers them too.
@@ -185,7 +186,7 @@ pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, Cr
     }
 
     for profile in &cfg.profiles {
-        let Some((var, value, request)) = vendor_request(cfg, profile, &spec, privileged)? else {
+        let Some((var, value, request)) = vendor_request(cfg, profile, spec, privileged)? else {
             continue;
         };
         // Fully-qualified CDI names go with the annotations' to the spec files; those carry
@@ -233,12 +234,12 @@ pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, Cr
         let nodes = facts::device_nodes(profile, &selected);
         let driver_facts = facts::driver(profile, &caps, &cache);
         let dir = lib_dir
-            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(&bundle_dir).as_deref()));
+            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(bundle_dir).as_deref()));
         out.plan
             .extend(plan::device_edits(profile, &selected, &nodes)?);
         let driver = plan::driver_edits(profile, &caps, &driver_facts, dir)?;
         let image =
-            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(&bundle_dir).as_deref()));
+            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(bundle_dir).as_deref()));
         let libs = loader::prepare(profile, image, &spec.env_entries(), &driver, dir)?;
         out.plan.extend(driver);
         out.plan.extend(Plan {
@@ -257,27 +258,27 @@ pub fn create_parsed(parsed: Parsed, cfg: &Config) -> Result<Option<Outcome>, Cr
         return Ok(None);
     }
     // Everything above was decided from the shim's reading of the spec; runc must read it alike.
-    spec::check_read_as_runc(&path, &original)?;
+    spec::check_read_as_runc(path, original)?;
     // A second create of an already edited bundle changes nothing: leave the file alone rather
     // than rewrite it (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
     // whether they did; CDI edits replace entries in place, so only for those does a copy of
     // the whole document, compared afterwards, tell.
     let before = (!out.cdi.is_empty()).then(|| doc.clone());
-    let removed_hook = spec::remove_docker_gpu_hook(&mut doc);
-    let added = spec::apply(&mut doc, &out.plan).map_err(|msg| CreateError::Edit {
+    let removed_hook = spec::remove_docker_gpu_hook(doc);
+    let added = spec::apply(doc, &out.plan).map_err(|msg| CreateError::Edit {
         path: path.clone(),
         msg,
     })?;
-    cdi::apply::apply(&mut doc, &out.cdi).map_err(CdiError::from)?;
+    cdi::apply::apply(doc, &out.cdi).map_err(CdiError::from)?;
     if let Some(image) = &image {
         loader::update_cache_or_warn(image, &vendor_libs);
     }
     let changed = match &before {
-        Some(before) => doc != *before,
+        Some(before) => *doc != *before,
         None => removed_hook || added,
     };
     if changed {
-        spec::write_bytes(&path, &spec::to_bytes(&doc))?;
+        spec::write_bytes(path, &spec::to_bytes(doc))?;
     }
     crate::devchar::ensure_logged(
         &cfg.host_dev_dir,

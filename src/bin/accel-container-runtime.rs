@@ -121,6 +121,9 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     }
     // Only create/run need the profiles; everything else reads one key and execs, so a
     // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
+    // What a create parsed and built is kept until the exec below replaces the process:
+    // freeing it would only cost time.
+    let mut _kept = None;
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
         let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
@@ -133,15 +136,17 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
         if nothing {
             quick.low_level_runtime
         } else {
-            let parsed = create::Parsed::read(bundle).map_err(|e| err_chain(&e))?;
+            let mut parsed = create::Parsed::read(bundle).map_err(|e| err_chain(&e))?;
             // Built from what was read for the screen (config.toml is read and parsed once),
             // with only the profiles that may claim a variable the spec sets.
             let variables = parsed.variables(quick.accept_container_devices_as_mounts);
             let cfg = quick
                 .into_config_for(variables.as_deref())
                 .map_err(|e| err_chain(&e))?;
-            create(inv, parsed, &cfg).map_err(|e| err_chain(&e))?;
-            cfg.low_level_runtime
+            create(inv, &mut parsed, &cfg).map_err(|e| err_chain(&e))?;
+            let runtime = cfg.low_level_runtime.clone();
+            _kept = Some((parsed, cfg));
+            runtime
         }
     } else {
         pass_through_runtime()
@@ -164,7 +169,7 @@ fn pass_through_runtime() -> String {
 /// The `create`/`run` edit, with its one log line.
 fn create(
     inv: &argv::Invocation,
-    parsed: create::Parsed,
+    parsed: &mut create::Parsed,
     cfg: &config::Config,
 ) -> Result<(), create::CreateError> {
     logging::init(&cfg.log_file, cfg.log_level);
