@@ -80,10 +80,13 @@ else
   vendor_env=NVIDIA_VISIBLE_DEVICES=1
 fi
 
+# Built outside the here-document: bash drops the quotes of a `${var:+"word"}` inside one.
+host_dev_line=
+[ -z "${host_dev_dir:-}" ] || host_dev_line="host-dev-dir = \"$host_dev_dir\""
 cat > "$work/config.toml" <<TOML
 low-level-runtime = "runc"
 log-file = "$work/shim.log"
-${host_dev_dir:+host-dev-dir = "$host_dev_dir"}
+$host_dev_line
 [profiles.nvidia]
 driver-root = "$driver_root"
 [profiles.enflame]
@@ -101,7 +104,7 @@ path, env = sys.argv[1], sys.argv[2]
 c = json.load(open(path))
 c["process"]["terminal"] = False
 c["process"]["env"] += [env, "ENFLAME_VISIBLE_DEVICES=1,3"]
-c["process"]["args"] = ["sh", "-c", "echo devices:; ls /dev; echo libraries:; ls /usr/lib64 /usr/lib/x86_64-linux-gnu 2>/dev/null; nvidia-smi; efsmi; cat /dev/nvidia1 2>&1 | head -1"]
+c["process"]["args"] = ["sh", "-c", "echo devices:; ls /dev; echo libraries:; ls /usr/lib64 /usr/lib/x86_64-linux-gnu 2>/dev/null; nvidia-smi; efsmi; echo 'open /dev/nvidia1 (allowed by the cgroup; a simulated node has no driver, so ENXIO):'; cat /dev/nvidia1 2>&1 | head -1"]
 json.dump(c, open(path, "w"), indent="\t")
 PY
 
