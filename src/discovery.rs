@@ -82,14 +82,18 @@ impl<'p> DevRoot<'p> {
             path: node.to_path_buf(),
             msg,
         };
+        let resolved;
         let root = match &self.canonical {
-            Some(root) => root.clone(),
-            None => std::fs::canonicalize(profile.dev_root()).map_err(|source| {
-                DiscoveryError::Read {
-                    path: profile.dev_root().to_path_buf(),
-                    source,
-                }
-            })?,
+            Some(root) => root,
+            None => {
+                resolved = std::fs::canonicalize(profile.dev_root()).map_err(|source| {
+                    DiscoveryError::Read {
+                        path: profile.dev_root().to_path_buf(),
+                        source,
+                    }
+                })?;
+                &resolved
+            }
         };
         let (host, meta) = resolve_beneath(root, node).map_err(|e| match e {
             Beneath::Io(path, source) => DiscoveryError::Read { path, source },
@@ -129,7 +133,7 @@ enum Beneath {
 /// component at a time, never leaving `root`; with the `lstat` of the last component, when
 /// one was looked at.
 fn resolve_beneath(
-    root: PathBuf,
+    root: &Path,
     path: &Path,
 ) -> Result<(PathBuf, Option<std::fs::Metadata>), Beneath> {
     use std::collections::VecDeque;
@@ -142,7 +146,7 @@ fn resolve_beneath(
             _ => None,
         })
         .collect();
-    let mut out = root.clone();
+    let mut out = root.to_path_buf();
     let mut links = 0;
     let mut last = None;
     while let Some(c) = todo.pop_front() {
@@ -175,9 +179,9 @@ fn resolve_beneath(
         let link = out.clone();
         out.pop();
         let rest = if target.is_absolute() {
-            match target.strip_prefix(&root) {
+            match target.strip_prefix(root) {
                 Ok(inside) => {
-                    out = root.clone();
+                    out = root.to_path_buf();
                     inside.to_path_buf()
                 }
                 Err(_) => {

@@ -119,11 +119,11 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
             env!("CARGO_PKG_VERSION")
         );
     }
-    // Only create/run need the profiles; everything else reads one key and execs, so a
-    // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
     // What a create parsed and built is kept until the exec below replaces the process:
     // freeing it would only cost time.
     let mut _kept = None;
+    // Only create/run need the profiles; everything else reads one key and execs, so a
+    // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
     let low_level_runtime = if inv.creates() {
         let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
         let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
