@@ -124,10 +124,10 @@ pub enum LinkState {
     Wrong(String),
 }
 
-/// Stand-in for the link check of `src/devchar.rs` (branch i13, `accel-ctk system
-/// create-dev-char-symlinks`) until that is merged: reads `/dev/char/MAJOR:MINOR` under
-/// `root` with readlink and compares what it resolves to (under `root` as well) with the
-/// node's device number. Swap for devchar's own function at merge.
+/// Reads `/dev/char/MAJOR:MINOR` under `root` with readlink and compares what it resolves to
+/// (under `root` as well) with the node's device number. Not `devchar::state`: that one is
+/// for the host the links are made on and follows an absolute target there, where the
+/// doctor's `--root` may be another node's tree whose `/dev/nvidia1` is under that root.
 fn dev_char_link_state(root: &Path, major: u64, minor: u64) -> LinkState {
     let host_dir = Path::new("/dev/char");
     let link = Profile::under(root, &host_dir.join(format!("{major}:{minor}")));
