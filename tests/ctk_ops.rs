@@ -149,6 +149,31 @@ impl Node {
         out
     }
 
+    /// `accel-ctk checkpoint check <flags> --checkpoint <cp>`.
+    fn check(&self, cp: &Path, flags: &[&str]) -> Output {
+        self.check_env(cp, flags, &[])
+    }
+
+    fn check_env(&self, cp: &Path, flags: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut args = vec!["checkpoint", "check"];
+        args.extend_from_slice(flags);
+        args.extend(["--checkpoint", cp.to_str().unwrap()]);
+        self.ctk_env(&args, env)
+    }
+
+    /// `accel-ctk doctor --root <node> <flags>`, with the config path as seen under `--root`.
+    fn doctor(&self, flags: &[&str]) -> Output {
+        let mut args = vec!["doctor", "--root", self.root().to_str().unwrap()];
+        args.extend_from_slice(flags);
+        self.ctk_env(
+            &args,
+            &[(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                "/etc/accel-container-runtime/config.toml",
+            )],
+        )
+    }
+
     /// Copies a fixture checkpoint into the node's kubelet dir.
     fn checkpoint(&self, fixture: &str) -> PathBuf {
         let dir = self.root().join("var/lib/kubelet/device-plugins");
@@ -244,13 +269,7 @@ fn checkpoint_consistent_changes_nothing() {
     for fixture in ["list-form.json", "numa-form-several.json"] {
         let cp = n.checkpoint(fixture);
         let before = std::fs::read(&cp).unwrap();
-        let out = n.ctk(&[
-            "checkpoint",
-            "check",
-            "--fix",
-            "--checkpoint",
-            cp.to_str().unwrap(),
-        ]);
+        let out = n.check(&cp, &["--fix"]);
         assert_eq!(out.status.code(), Some(0), "{fixture}");
         assert_eq!(
             std::fs::read(&cp).unwrap(),
@@ -275,7 +294,7 @@ fn checkpoint_changed_uuids_fixed_with_backup() {
     let before = std::fs::read(&cp).unwrap();
 
     // Without --fix: reported, exit 1, untouched.
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&cp).unwrap(), before);
     assert!(backups(&cp).is_empty());
@@ -287,13 +306,7 @@ fn checkpoint_changed_uuids_fixed_with_backup() {
         .iter()
         .any(|l| l["verdict"] == "stale" && l["resource"] == "nvidia.com/gpu"));
 
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!cp.exists(), "stale checkpoint still in place");
     let b = backups(&cp);
@@ -317,13 +330,7 @@ fn checkpoint_fix_keeps_kubelet_file_with_its_checksum() {
     let n = Node::standard(new);
     let cp = n.checkpoint("../kubelet-checkpoints/stale-after-uuid-change.json");
     let before = std::fs::read(&cp).unwrap();
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(0));
     let last = json_lines(&out).pop().unwrap();
     assert_eq!(last["verdict"], "repaired");
@@ -341,7 +348,7 @@ fn checkpoint_fix_keeps_kubelet_file_with_its_checksum() {
     );
     assert_eq!(fixed.registered("nvidia.com/gpu"), new);
     assert_eq!(fixed.checksum, kubelet_checksum(&fixed.data).map(u64::from));
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(0), "consistent after the repair");
 }
 
@@ -351,19 +358,11 @@ fn checkpoint_numa_form_several_resources() {
     let cp = n.checkpoint("numa-form-several.json");
     let before = std::fs::read(&cp).unwrap();
     // enflame.com/gcu alone is consistent (GCU-0 is still there) ...
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--resource",
-        "enflame.com/gcu",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix", "--resource", "enflame.com/gcu"]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(std::fs::read(&cp).unwrap(), before);
     // ... but all resources together are not: the NUMA-keyed GPU allocation is stale.
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(1));
     let lines = json_lines(&out);
     let verdict = |r: &str| {
@@ -387,27 +386,15 @@ fn checkpoint_fix_restarts_kubelet_through_systemctl() {
     let cp = n.checkpoint("list-form.json");
     // A stand-in systemctl first on PATH records its arguments.
     let bin = n.root().join("fakebin");
-    std::fs::create_dir_all(&bin).unwrap();
     let record = n.root().join("systemctl.args");
-    let script = bin.join("systemctl");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = n.ctk_env(
-        &[
-            "checkpoint",
-            "check",
-            "--fix",
-            "--restart-kubelet",
-            "--checkpoint",
-            cp.to_str().unwrap(),
-        ],
-        &[("PATH", &path)],
+    put(
+        n.root(),
+        "/fakebin/systemctl",
+        &format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
+        0o755,
     );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = n.check_env(&cp, &["--fix", "--restart-kubelet"], &[("PATH", &path)]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         std::fs::read_to_string(record).unwrap(),
@@ -421,13 +408,7 @@ fn checkpoint_malformed_is_error_and_untouched() {
     let n = Node::standard([UUID3, UUID4]);
     let cp = n.checkpoint("malformed.json");
     let before = std::fs::read(&cp).unwrap();
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
@@ -442,14 +423,7 @@ fn checkpoint_malformed_is_error_and_untouched() {
 fn checkpoint_unknown_resource_is_error() {
     let n = Node::standard([UUID1, UUID2]);
     let cp = n.checkpoint("list-form.json");
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--resource",
-        "example.com/fpga",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--resource", "example.com/fpga"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8(out.stderr)
         .unwrap()
@@ -462,35 +436,34 @@ fn checkpoint_unknown_resource_is_error() {
 fn doctor_root_healthy_then_broken() {
     let n = Node::standard([UUID1, UUID2]);
     let root = n.root();
-    let write = |host: &str, text: &str, mode: u32| {
-        let p = root.join(host.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
-    };
     // Under --root the config uses the node's own paths: driver-root "/" is the root.
-    write(
+    put(
+        root,
         "/etc/accel-container-runtime/config.toml",
         "log-level = \"info\"\n",
         0o644,
     );
-    write("/usr/bin/accel-container-runtime", "", 0o755);
-    write(
+    put(root, "/usr/bin/accel-container-runtime", "", 0o755);
+    put(
+        root,
         "/usr/sbin/runc",
         "#!/bin/sh\necho 'runc version 1.1.12'\necho 'spec: 1.0.2-dev'\n",
         0o755,
     );
-    write(
+    put(
+        root,
         "/etc/docker/daemon.json",
         r#"{"default-runtime":"accel","runtimes":{"accel":{"path":"/usr/bin/accel-container-runtime"}},"log-driver":"json-file"}"#,
         0o644,
     );
-    write(
+    put(
+        root,
         "/etc/containerd/config.toml",
         "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"accel\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel.options]\nBinaryName = \"/usr/bin/accel-container-runtime\"\n",
         0o644,
     );
-    write(
+    put(
+        root,
         "/var/lib/kubelet/config.yaml",
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n",
         0o644,
@@ -499,15 +472,6 @@ fn doctor_root_healthy_then_broken() {
     let plugins = root.join("var/lib/kubelet/device-plugins");
     let _kubelet = std::os::unix::net::UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
 
-    let doctor = || {
-        n.ctk_env(
-            &["doctor", "--root", root.to_str().unwrap(), "--json"],
-            &[(
-                "ACCEL_CONTAINER_RUNTIME_CONFIG",
-                "/etc/accel-container-runtime/config.toml",
-            )],
-        )
-    };
     let status_of = |v: &Value, check: &str| -> Vec<String> {
         v.as_array()
             .unwrap()
@@ -516,7 +480,7 @@ fn doctor_root_healthy_then_broken() {
             .map(|f| f["status"].as_str().unwrap().to_string())
             .collect()
     };
-    let out = doctor();
+    let out = n.doctor(&["--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     for f in v.as_array().unwrap() {
         // Facts (cgroup layout, links that cgroupfs does not need) are information.
@@ -554,7 +518,7 @@ fn doctor_root_healthy_then_broken() {
     )
     .unwrap();
     drop(std::os::unix::net::UnixListener::bind(plugins.join("nvidia-gpu.sock")).unwrap());
-    let out = doctor();
+    let out = n.doctor(&["--json"]);
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status_of(&v, "kubelet-checkpoint"), ["fail"]);
@@ -562,13 +526,7 @@ fn doctor_root_healthy_then_broken() {
     assert_eq!(status_of(&v, "docker"), ["ok"]);
 
     // The plain-text form names the fix.
-    let out = n.ctk_env(
-        &["doctor", "--root", root.to_str().unwrap()],
-        &[(
-            "ACCEL_CONTAINER_RUNTIME_CONFIG",
-            "/etc/accel-container-runtime/config.toml",
-        )],
-    );
+    let out = n.doctor(&[]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -720,13 +678,7 @@ fn put(root: &Path, host: &str, text: &str, mode: u32) {
 }
 
 fn doctor_json(n: &Node) -> (Option<i32>, Vec<Value>, String) {
-    let out = n.ctk_env(
-        &["doctor", "--root", n.root().to_str().unwrap(), "--json"],
-        &[(
-            "ACCEL_CONTAINER_RUNTIME_CONFIG",
-            "/etc/accel-container-runtime/config.toml",
-        )],
-    );
+    let out = n.doctor(&["--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     (
         out.status.code(),
@@ -895,7 +847,7 @@ fn errors_name_each_cause_once() {
     let n = Node::new();
     let cp = n.root().join("checkpoint");
     std::fs::write(&cp, "{x").unwrap();
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert_eq!(err.matches("at line 1 column 2").count(), 1, "{err}");
@@ -1004,12 +956,7 @@ fn empty_cdi_list_and_named_missing_checkpoint() {
     );
 
     let missing = n.root().join("no-such-checkpoint");
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--checkpoint",
-        missing.to_str().unwrap(),
-    ]);
+    let out = n.check(&missing, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
@@ -1050,7 +997,7 @@ fn endless_or_huge_files_are_refused_naming_them() {
 
     let cp = root.join("var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
     huge(&cp, checkpoint::MAX_SIZE + 1);
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     refused(&out, &cp, checkpoint::MAX_SIZE);
     assert_eq!(
         std::fs::metadata(&cp).unwrap().len(),
