@@ -5,11 +5,15 @@
 //!
 //! Needs root for mknod; CI runs as root and a non-root run fails loudly.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
+
+use common::mknod;
 
 const UUID1: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000001";
 const UUID2: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000002";
@@ -18,18 +22,6 @@ const UUID4: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000004";
 
 struct Node {
     dir: tempfile::TempDir,
-}
-
-fn mknod(path: &Path, major: u64, minor: u64) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major, minor),
-    )
-    .unwrap_or_else(|e| panic!("mknod {} (these tests need root): {e}", path.display()));
 }
 
 /// `sys/devices/<chain>/<bdf>` plus the `sys/bus/pci/devices/<bdf>` link, as the kernel has them.
@@ -70,7 +62,7 @@ impl Node {
         self.root().join("etc/accel-container-runtime/config.toml")
     }
 
-    fn nvidia(&self, bus: &str, minor: u64, uuid: &str, chain: &[&str], numa: i32) {
+    fn nvidia(&self, bus: &str, minor: u32, uuid: &str, chain: &[&str], numa: i32) {
         let d = self.root().join("proc/driver/nvidia/gpus").join(bus);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(
@@ -83,14 +75,24 @@ impl Node {
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n",
         )
         .unwrap();
-        mknod(&self.root().join(format!("dev/nvidia{minor}")), 195, minor);
+        mknod(
+            &self.root().join(format!("dev/nvidia{minor}")),
+            195,
+            minor,
+            0o666,
+        );
         pci(self.root(), chain, bus, numa);
     }
 
     /// An Enflame GCU: its node, and its class device under the PCI function as the driver
     /// registers it, reachable from `/sys/dev/char/<major>:<minor>`.
-    fn enflame(&self, index: u64, bdf: &str, chain: &[&str], numa: i32) {
-        mknod(&self.root().join(format!("dev/gcu{index}")), 240, index);
+    fn enflame(&self, index: u32, bdf: &str, chain: &[&str], numa: i32) {
+        mknod(
+            &self.root().join(format!("dev/gcu{index}")),
+            240,
+            index,
+            0o666,
+        );
         let real = pci(self.root(), chain, bdf, numa);
         let class = real.join(format!("enflame/gcu{index}"));
         std::fs::create_dir_all(&class).unwrap();
@@ -617,7 +619,7 @@ fn system_create_dev_char_symlinks_links_every_node_once() {
         "GPU-aaaaaaaa-0000-0000-0000-000000000000",
         "GPU-bbbbbbbb-0000-0000-0000-000000000000",
     ]);
-    mknod(&n.root().join("dev/nvidiactl"), 195, 255);
+    mknod(&n.root().join("dev/nvidiactl"), 195, 255, 0o666);
     let dev = n.root().join("hostdev");
     let dev_s = dev.to_str().unwrap();
 

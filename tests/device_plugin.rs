@@ -15,7 +15,7 @@ use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
 use accel_container_runtime::plugin::server::{self, Options};
-use common::SimRoot;
+use common::{mknod, SimRoot};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
@@ -190,17 +190,6 @@ fn enflame_host() -> (SimRoot, u32) {
     let major = sim.enflame_major().unwrap();
     enflame_sysfs(sim.path(), major);
     (sim, major)
-}
-
-fn mknod(path: &Path, major: u32, minor: u32) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major.into(), minor.into()),
-    )
-    .unwrap();
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -410,7 +399,7 @@ fn stand_in_kubelet_drives_the_plugin() {
             .wait_health("GCU-3", UNHEALTHY, Duration::from_secs(1))
             .await;
         eprintln!("GCU-3 unhealthy after {took:?}");
-        mknod(&node, major, 3);
+        mknod(&node, major, 3, 0o666);
         kubelet
             .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
             .await;
@@ -622,7 +611,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
         assert_ne!(ino_gone, ino);
 
         // Recreated: Healthy, and back in the spec.
-        mknod(&node, major, 3);
+        mknod(&node, major, 3, 0o666);
         kubelet
             .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
             .await;
@@ -630,7 +619,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
 
         // A device appears (no sysfs: no topology): pushed with the others, in the spec
         // before kubelet hears of it, and Allocate answers for it.
-        mknod(&sim.path().join("dev/gcu8"), major, 8);
+        mknod(&sim.path().join("dev/gcu8"), major, 8, 0o666);
         let t = Instant::now();
         let update = loop {
             let m = tokio::time::timeout(Duration::from_secs(1), kubelet.updates.recv())
@@ -702,7 +691,7 @@ fn a_profile_registers_when_its_first_device_appears() {
         assert_eq!(kubelet.count(), 0, "registered with no device");
         assert!(!kubelet.dir().join("accel-enflame-com-gcu.sock").exists());
 
-        mknod(&sim.path().join("dev/gcu5"), major, 5);
+        mknod(&sim.path().join("dev/gcu5"), major, 5, 0o666);
         kubelet.wait_registrations(1).await;
         let first = kubelet.updates.recv().await.unwrap();
         let got: Vec<(&str, &str)> = first

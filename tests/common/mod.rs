@@ -381,15 +381,22 @@ impl SimRoot {
     }
 }
 
-fn mknod(path: &Path, major: u32, minor: u32, mode: u32) {
+/// A character device node at `path` (its parent dirs made) with exactly `mode`.
+pub fn mknod(path: &Path, major: u32, minor: u32, mode: u32) {
     use nix::sys::stat::{makedev, Mode, SFlag};
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     nix::sys::stat::mknod(
         path,
         SFlag::S_IFCHR,
         Mode::from_bits_truncate(mode),
         makedev(major.into(), minor.into()),
     )
-    .unwrap_or_else(|e| panic!("mknod {} c {major} {minor}: {e}", path.display()));
+    .unwrap_or_else(|e| {
+        panic!(
+            "mknod {} c {major} {minor}: {e} (these tests need root; CI runs them as root)",
+            path.display()
+        )
+    });
     // mknod's mode is filtered by the umask; set it exactly.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
