@@ -26,18 +26,9 @@ use std::path::Path;
 use common::*;
 use engines::*;
 
-/// `ls` of /dev and the driver dirs, every GPU node and nvidiactl opened, the variable seen.
+/// [`common::nvidia_probe`], and the variable the container saw.
 fn nvidia_probe(sim: &SimRoot) -> Probe {
-    let mut p = Probe::new()
-        .ls("/dev")
-        .ls("/usr/lib64")
-        .ls("/usr/bin")
-        .open("/dev/nvidiactl")
-        .cmd("visible", "echo \"$NVIDIA_VISIBLE_DEVICES\"");
-    for g in sim.gpus() {
-        p = p.open(&g.node());
-    }
-    p
+    common::nvidia_probe(sim).cmd("visible", "echo \"$NVIDIA_VISIBLE_DEVICES\"")
 }
 
 fn enflame_probe() -> Probe {
@@ -125,23 +116,8 @@ fn docker_runs_containers_through_the_shim() {
                 &["--runtime", "accel", "-e", "NVIDIA_VISIBLE_DEVICES=1"],
                 &nvidia_probe(&sim),
             );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
-            assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
-            assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
-            assert_eq!(r.open(&gpu0.node()), Open::Absent, "{}", r.raw);
-            let libs = r.ls("/usr/lib64");
-            assert!(
-                libs.contains("libcuda.so.1") && libs.contains("libnvidia-ml.so.1"),
-                "{}",
-                r.raw
-            );
-            assert!(!libs.contains("libefml.so.1"), "{}", r.raw);
-            assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+            assert_nvidia_index_1(&r, &sim);
+            assert!(!r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
             // The log named by the config dockerd's environment carried.
             assert!(
                 conf.shim_log().contains("for NVIDIA_VISIBLE_DEVICES=1"),
@@ -159,16 +135,7 @@ fn docker_runs_containers_through_the_shim() {
                 &["--runtime", "accel", "-e", "ENFLAME_VISIBLE_DEVICES=1,3"],
                 &enflame_probe(),
             );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["gcu1", "gcu3", "gcuctl"]),
-                "{}",
-                r.raw
-            );
-            for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
-                assert_eq!(r.open(node), Open::Enxio, "{node}: {}", r.raw);
-            }
-            assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{}", r.raw);
+            assert_enflame_1_3(&r, "");
             assert_eq!(r.open("/dev/gcu2"), Open::Absent, "{}", r.raw);
             assert!(r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
         },
@@ -204,12 +171,7 @@ fn docker_runs_containers_through_the_shim() {
                 &["--runtime", "accel", "--gpus", "all"],
                 &nvidia_probe(&sim),
             );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
+            r.assert_extra_dev(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]);
             assert_eq!(r.section("visible"), ["all"], "{}", r.raw);
             for g in [&gpu0, &gpu1] {
                 assert_eq!(r.open(&g.node()), Open::Enxio, "{}", r.raw);
@@ -273,12 +235,7 @@ fn docker_runs_containers_through_the_shim() {
             &["--runtime", "accel", "--gpus", "\"device=1\""],
             &nvidia_probe(&sim),
         );
-        assert_eq!(
-            extra_dev(&r.ls("/dev")),
-            names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-            "{}",
-            r.raw
-        );
+        r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
 
         let by_uuid = format!("\"device={}\"", gpu0.uuid);
@@ -287,12 +244,7 @@ fn docker_runs_containers_through_the_shim() {
             &["--runtime", "accel", "--gpus", &by_uuid],
             &nvidia_probe(&sim),
         );
-        assert_eq!(
-            extra_dev(&r.ls("/dev")),
-            names(&["nvidia3", "nvidia-uvm", "nvidiactl"]),
-            "{}",
-            r.raw
-        );
+        r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu0.node()), Open::Enxio, "{}", r.raw);
     });
 
@@ -444,19 +396,9 @@ fn docker_runs_containers_through_the_shim() {
             assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM), "{runtimes:#}");
 
             let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &nvidia_probe(&sim));
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia3", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
+            r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
             let r = run_probe(&d, &["--gpus", "\"device=1\""], &nvidia_probe(&sim));
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
+            r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
 
             accel_ctk(&args("unconfigure")).ok();
             assert_eq!(

@@ -914,6 +914,66 @@ pub fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+impl Report {
+    /// Panics unless the accelerator nodes in the container's `/dev` (see [`extra_dev`]) are
+    /// exactly `want`.
+    #[track_caller]
+    pub fn assert_extra_dev(&self, want: &[&str]) {
+        assert_eq!(extra_dev(&self.ls("/dev")), names(want), "{}", self.raw);
+    }
+}
+
+/// `ls` of /dev and the driver dirs, nvidiactl and every GPU node of `sim` opened.
+pub fn nvidia_probe(sim: &SimRoot) -> Probe {
+    let mut p = Probe::new()
+        .ls("/dev")
+        .ls("/usr/lib64")
+        .ls("/usr/bin")
+        .open("/dev/nvidiactl");
+    for g in sim.gpus() {
+        p = p.open(&g.node());
+    }
+    p
+}
+
+/// What [`nvidia_probe`] saw in a container given `NVIDIA_VISIBLE_DEVICES=1` on
+/// [`SimRoot::standard`]: the second GPU by bus order (nvidia1) and the control nodes, each
+/// opening with ENXIO (allowed, no driver), the first GPU absent, the driver's libraries and
+/// nvidia-smi.
+#[track_caller]
+pub fn assert_nvidia_index_1(r: &Report, sim: &SimRoot) {
+    let (gpu0, gpu1) = (&sim.gpus()[0], &sim.gpus()[1]);
+    r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
+    assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open(&gpu0.node()), Open::Absent, "{}", r.raw);
+    let libs = r.ls("/usr/lib64");
+    assert!(
+        libs.contains("libcuda.so.1") && libs.contains("libnvidia-ml.so.1"),
+        "{}",
+        r.raw
+    );
+    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+}
+
+/// What a probe that lists /dev and opens gcu0, gcu1, gcu3 and gcuctl saw in a container
+/// given `ENFLAME_VISIBLE_DEVICES=1,3` on [`SimRoot::standard`]: gcu1, gcu3 and gcuctl, each
+/// opening with ENXIO (the simulated major has no driver), and gcu0 absent. `ctx` starts each
+/// failure message.
+#[track_caller]
+pub fn assert_enflame_1_3(r: &Report, ctx: &str) {
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["gcu1", "gcu3", "gcuctl"]),
+        "{ctx}{}",
+        r.raw
+    );
+    for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
+        assert_eq!(r.open(node), Open::Enxio, "{ctx}{node}: {}", r.raw);
+    }
+    assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{ctx}{}", r.raw);
+}
+
 // =============================================================================================
 // Stress and soak helpers (tests/stress.rs): shared read-only rootfs, a low-level runtime
 // wrapper, waiting for a detached container, and host-state counters for leak checks.
