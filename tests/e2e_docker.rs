@@ -59,6 +59,17 @@ fn run_probe(d: &Dockerd, flags: &[&str], probe: &Probe) -> Report {
     Report::parse(&out.stdout)
 }
 
+/// `docker run -d --network none <flags> IMAGE sleep 600`; the container's id.
+#[track_caller]
+fn run_detached(d: &Dockerd, flags: &[&str]) -> String {
+    let mut args = vec!["run", "-d", "--network", "none"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[IMAGE, "sleep", "600"]);
+    let out = d.docker(&args);
+    out.ok();
+    out.stdout.trim().to_string()
+}
+
 /// What `docker info` says the default runtime is.
 fn default_runtime(d: &Dockerd) -> String {
     let out = d.docker(&["info", "--format", "{{.DefaultRuntime}}"]);
@@ -186,21 +197,7 @@ fn docker_runs_containers_through_the_shim() {
 
             // The bundle containerd handed the runtime, as the shim left it: docker's hook
             // gone, the GPU nodes and their cgroup rules in.
-            let out = d.docker(&[
-                "run",
-                "-d",
-                "--network",
-                "none",
-                "--runtime",
-                "accel",
-                "--gpus",
-                "all",
-                IMAGE,
-                "sleep",
-                "600",
-            ]);
-            out.ok();
-            let id = out.stdout.trim().to_string();
+            let id = run_detached(&d, &["--runtime", "accel", "--gpus", "all"]);
             let bundle = d
                 .dir()
                 .join("exec/containerd/daemon/io.containerd.runtime.v2.task/moby")
@@ -312,21 +309,10 @@ fn docker_runs_containers_through_the_shim() {
     steps.run(
         "docker update --cpuset-cpus 0: the device still opens (ENXIO)",
         || {
-            let out = d.docker(&[
-                "run",
-                "-d",
-                "--network",
-                "none",
-                "--runtime",
-                "accel",
-                "-e",
-                "NVIDIA_VISIBLE_DEVICES=1",
-                IMAGE,
-                "sleep",
-                "600",
-            ]);
-            out.ok();
-            let id = out.stdout.trim().to_string();
+            let id = run_detached(
+                &d,
+                &["--runtime", "accel", "-e", "NVIDIA_VISIBLE_DEVICES=1"],
+            );
             let cpuset = if cgroup_v1() {
                 "cat /sys/fs/cgroup/cpuset/cpuset.cpus"
             } else {
