@@ -84,7 +84,8 @@ pub fn require_root() {
     );
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// `tool`'s path on PATH or in the sbin dirs (a test runner's PATH may lack them).
+pub fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
@@ -719,10 +720,14 @@ impl Runc {
     /// `create --bundle B --pid-file P ID`, detached. The container's stdio goes to files in
     /// the scratch dir (a pipe would be held open by the container and never reach EOF).
     pub fn create(&self, bundle: &Bundle, id: &str) -> Out {
+        self.create_with(self.shim_cmd(), bundle, id)
+    }
+
+    /// `cmd create --bundle B --pid-file P ID`, its stdio in files (see [`Runc::create`]).
+    fn create_with(&self, mut cmd: Command, bundle: &Bundle, id: &str) -> Out {
         let base = self.dir.path().join(id);
         let file = |ext: &str| std::fs::File::create(base.with_extension(ext)).unwrap();
-        let status = self
-            .shim_cmd()
+        let status = cmd
             .arg("create")
             .arg("--bundle")
             .arg(bundle.path())
@@ -733,7 +738,7 @@ impl Runc {
             .stdout(file("stdout"))
             .stderr(file("stderr"))
             .status()
-            .expect("cannot start the shim");
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let read = |ext: &str| std::fs::read_to_string(base.with_extension(ext)).unwrap();
         Out {
             code: status.code().unwrap_or(-1),
@@ -1081,27 +1086,7 @@ impl Runc {
 
     /// As [`Runc::create`], started through `launcher` (see [`Runc::shim_via`]).
     pub fn create_via(&self, launcher: &Path, bundle: &Bundle, id: &str) -> Out {
-        let base = self.dir.path().join(id);
-        let file = |ext: &str| std::fs::File::create(base.with_extension(ext)).unwrap();
-        let status = self
-            .launched(launcher)
-            .arg("create")
-            .arg("--bundle")
-            .arg(bundle.path())
-            .arg("--pid-file")
-            .arg(base.with_extension("pid"))
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(file("stdout"))
-            .stderr(file("stderr"))
-            .status()
-            .expect("cannot start the launcher");
-        let read = |ext: &str| std::fs::read_to_string(base.with_extension(ext)).unwrap();
-        Out {
-            code: status.code().unwrap_or(-1),
-            stdout: read("stdout"),
-            stderr: read("stderr"),
-        }
+        self.create_with(self.launched(launcher), bundle, id)
     }
 
     fn launched(&self, launcher: &Path) -> Command {
