@@ -192,6 +192,33 @@ fn enflame_host() -> (SimRoot, u32) {
     (sim, major)
 }
 
+/// The plugin serving `cfg`'s enflame profile with `opts`, a task on the test's runtime.
+struct Plugin {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), server::PluginError>>,
+}
+
+impl Plugin {
+    fn enflame(cfg: Config, opts: Options) -> Plugin {
+        let (stop, stop_rx) = watch::channel(false);
+        let profiles = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        Plugin {
+            stop,
+            task: tokio::spawn(server::run(profiles, opts, stop_rx)),
+        }
+    }
+
+    /// Asks it to stop; panics unless it ends without an error.
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -215,13 +242,7 @@ fn stand_in_kubelet_drives_the_plugin() {
         let mut opts = Options::new(kubelet.dir().to_path_buf());
         opts.strategies = Strategy::ALL.to_vec();
         opts.cdi_dir = scratch.path().join("cdi");
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
 
         // Registration: served before registering, one socket named in the request.
         kubelet.wait_registrations(1).await;
@@ -439,8 +460,7 @@ fn stand_in_kubelet_drives_the_plugin() {
         );
 
         // Shutdown removes the socket.
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
         assert!(!sock.exists());
     });
 }
@@ -582,13 +602,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
         opts.strategies = vec![Strategy::CdiCri];
         opts.cdi_dir = scratch.path().join("cdi");
         opts.poll = Duration::from_millis(100);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
         kubelet.wait_registrations(1).await;
         let first = kubelet.updates.recv().await.unwrap();
         assert_eq!(first.devices.len(), 8);
@@ -660,8 +674,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
 
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
     });
 }
 
@@ -680,13 +693,7 @@ fn a_profile_registers_when_its_first_device_appears() {
         kubelet.start();
         let mut opts = Options::new(kubelet.dir().to_path_buf());
         opts.poll = Duration::from_millis(100);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(kubelet.count(), 0, "registered with no device");
         assert!(!kubelet.dir().join("accel-enflame-com-gcu.sock").exists());
@@ -703,8 +710,7 @@ fn a_profile_registers_when_its_first_device_appears() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(kubelet.count(), 1);
 
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
     });
 }
 
