@@ -216,19 +216,18 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
         |dir| {
             let file = dir.join("config.toml");
             std::fs::write(&file, Containerd::base_config(dir)).unwrap();
-            let out = output(
-                std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
-                    .args([
-                        "runtime",
-                        "configure",
-                        "--runtime",
-                        "containerd",
-                        "--config",
-                    ])
-                    .arg(&file)
-                    .args(["--runtime-path", SHIM, "--set-as-default"]),
-            );
-            out.ok();
+            accel_ctk(&[
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+                file.to_str().unwrap(),
+                "--runtime-path",
+                SHIM,
+                "--set-as-default",
+            ])
+            .ok();
             file
         },
         &env,

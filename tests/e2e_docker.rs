@@ -77,10 +77,6 @@ fn default_runtime(d: &Dockerd) -> String {
     out.stdout.trim().to_string()
 }
 
-fn accel_ctk(args: &[&OsStr]) -> Out {
-    output(std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk")).args(args))
-}
-
 #[test]
 fn docker_runs_containers_through_the_shim() {
     require_root();

@@ -143,6 +143,11 @@ pub fn output(cmd: &mut Command) -> Out {
     Out::from(o)
 }
 
+/// `accel-ctk args...`.
+pub fn accel_ctk<S: AsRef<OsStr>>(args: &[S]) -> Out {
+    output(Command::new(env!("CARGO_BIN_EXE_accel-ctk")).args(args))
+}
+
 #[track_caller]
 pub fn sh_ok(cmd: &mut Command) -> Out {
     let out = output(cmd);
