@@ -113,6 +113,7 @@ fn docker_runs_containers_through_the_shim() {
     .ok();
     let original_daemon_json = std::fs::read(d.daemon_json_path()).unwrap();
 
+    let gpu_probe = nvidia_probe(&sim);
     let mut steps = Steps::new();
 
     steps.run(
@@ -121,7 +122,7 @@ fn docker_runs_containers_through_the_shim() {
             let r = run_probe(
                 &d,
                 &["--runtime", "accel", "-e", "NVIDIA_VISIBLE_DEVICES=1"],
-                &nvidia_probe(&sim),
+                &gpu_probe,
             );
             assert_nvidia_index_1(&r, &sim);
             assert!(!r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
@@ -173,11 +174,7 @@ fn docker_runs_containers_through_the_shim() {
     steps.run(
         "--gpus all: both GPUs, docker's hook replaced by the shim",
         || {
-            let r = run_probe(
-                &d,
-                &["--runtime", "accel", "--gpus", "all"],
-                &nvidia_probe(&sim),
-            );
+            let r = run_probe(&d, &["--runtime", "accel", "--gpus", "all"], &gpu_probe);
             r.assert_extra_dev(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]);
             assert_eq!(r.section("visible"), ["all"], "{}", r.raw);
             for g in [&gpu0, &gpu1] {
@@ -226,17 +223,13 @@ fn docker_runs_containers_through_the_shim() {
         let r = run_probe(
             &d,
             &["--runtime", "accel", "--gpus", "\"device=1\""],
-            &nvidia_probe(&sim),
+            &gpu_probe,
         );
         r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
 
         let by_uuid = format!("\"device={}\"", gpu0.uuid);
-        let r = run_probe(
-            &d,
-            &["--runtime", "accel", "--gpus", &by_uuid],
-            &nvidia_probe(&sim),
-        );
+        let r = run_probe(&d, &["--runtime", "accel", "--gpus", &by_uuid], &gpu_probe);
         r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu0.node()), Open::Enxio, "{}", r.raw);
     });
@@ -377,9 +370,9 @@ fn docker_runs_containers_through_the_shim() {
             );
             assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM), "{runtimes:#}");
 
-            let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &nvidia_probe(&sim));
+            let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &gpu_probe);
             r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
-            let r = run_probe(&d, &["--gpus", "\"device=1\""], &nvidia_probe(&sim));
+            let r = run_probe(&d, &["--gpus", "\"device=1\""], &gpu_probe);
             r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
 
             accel_ctk(&args("unconfigure")).ok();
