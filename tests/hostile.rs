@@ -1542,6 +1542,12 @@ fn spec_text_with(e: &Env, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
+/// Writes `plain` as config.json, then it again with `from` replaced by `to`.
+fn reset_then_write_with(e: &Env, plain: &str, from: &str, to: &str) {
+    e.write_spec(plain.as_bytes());
+    e.write_spec(spec_text_with(e, from, to).as_bytes());
+}
+
 #[test]
 fn spec_keys_are_read_as_runc_reads_them_or_refused() {
     let e = Env::new();
@@ -1562,60 +1568,50 @@ fn spec_keys_are_read_as_runc_reads_them_or_refused() {
     e.refused(&["\"Bounding\"", "process.capabilities", "`bounding` to runc"]);
     // The environment runc sets is the later, case-variant key's: no request to runc.
     e.config("");
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"cwd\":", "\"ENV\":[],\"cwd\":").as_bytes());
+    reset_then_write_with(&e, &plain, "\"cwd\":", "\"ENV\":[],\"cwd\":");
     e.refused(&["\"ENV\"", "`process`", "`env` to runc"]);
     // The other way round, the shim sees no request: nothing is given (runc's environment
     // has the variable, but no device is in the spec).
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"env\":[", "\"env\":[],\"ENV\":[").as_bytes());
+    reset_then_write_with(&e, &plain, "\"env\":[", "\"env\":[],\"ENV\":[");
     assert_eq!(device_paths(&e.accepted()), Vec::<String>::new());
     // Unicode simple folding: U+017F (long s) is `s` to Go.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"mounts\":[", "\"mount\u{17f}\":[],\"mounts\":[").as_bytes());
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"mounts\":[",
+        "\"mount\u{17f}\":[],\"mounts\":[",
+    );
     e.refused(&["mount\u{17f}", "`mounts` to runc"]);
     // ... and U+212A (Kelvin sign) is `k`: a hook runc would run, hidden from an exact reader.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"hoo\u{212a}s\":{\"prestart\":[]},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"hoo\u{212a}s\":{\"prestart\":[]},\"process\":{",
     );
     e.refused(&["hoo\u{212a}s", "`hooks` to runc"]);
     // A repeated object: runc merges it into the first, serde_json keeps the last.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"linux\":{\"devices\":[]},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"linux\":{\"devices\":[]},\"process\":{",
     );
     e.refused(&["`linux` repeated", "top level"]);
     // A repeated annotation.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
     );
     e.refused(&["\"a\" repeated", "`annotations`"]);
     // Keys that name no field runc reads are ignored by both, whatever their case.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"Mountz\":1,\"X\":1,\"x\":2,\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"Mountz\":1,\"X\":1,\"x\":2,\"process\":{",
     );
     assert_eq!(
         device_paths(&e.accepted()),
