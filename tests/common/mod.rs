@@ -476,14 +476,19 @@ pub struct Bundle {
     spec: Value,
 }
 
+/// A new bundle's temp dir, once [`require_root`] has checked these tests can run here.
+fn bundle_dir() -> TempDir {
+    require_root();
+    tempfile::Builder::new()
+        .prefix("accel-e2e-bundle.")
+        .tempdir()
+        .expect("temp dir for the bundle")
+}
+
 impl Bundle {
     /// rootfs: `/bin/busybox` with a symlink per applet; config from `runc spec`.
     pub fn busybox() -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         install_busybox(&dir.path().join("rootfs"));
         Self::from_dir(dir)
     }
@@ -493,11 +498,7 @@ impl Bundle {
     /// link to `usr/lib` (merged /usr), busybox for a shell, and the image's own
     /// `/etc/ld.so.cache` made by `ldconfig -r rootfs` (so it knows only the image's files).
     pub fn glibc(program: &Path) -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         let rootfs = dir.path().join("rootfs");
         install_busybox(&rootfs);
         let libdir = rootfs.join(&LIB_DIR[1..]);
@@ -1002,11 +1003,7 @@ impl Bundle {
     /// `rootfs`, read-only, so many bundles share one image; the bundle dir itself holds only
     /// `config.json`.
     pub fn on_rootfs(rootfs: &Path) -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         let mut b = Self::from_dir(dir);
         let root = rootfs.to_str().expect("UTF-8 rootfs path").to_string();
         b.edit(|s| {
