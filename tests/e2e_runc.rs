@@ -43,7 +43,8 @@ fn nvidia_index_1_gives_the_second_gpu_by_bus_order() {
     out.ok();
     let r = Report::parse(&out.stdout);
 
-    // The libraries at their sonames in glibc's default dir for this (non-Debian) image.
+    // The second GPU and the control nodes, the first absent, the libraries at their sonames
+    // in glibc's default dir for this (non-Debian) image.
     assert_nvidia_index_1(&r, &sim);
     assert!(!r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
     let mknod = r.section("mknod").join("\n");
