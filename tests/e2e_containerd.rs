@@ -188,17 +188,10 @@ fn ctr_exec_into_a_running_container_keeps_the_device() {
 
 /// `plugins."io.containerd.grpc.v1.cri".containerd` of `containerd --config F config dump`.
 fn cri_containerd_section(file: &std::path::Path) -> toml::Table {
-    let out = output(
-        std::process::Command::new("containerd")
-            .arg("--config")
-            .arg(file)
-            .args(["config", "dump"]),
-    );
-    out.ok();
-    let dump: toml::Table = toml::from_str(&out.stdout).expect("config dump is TOML");
+    let dump = containerd_config_dump(file);
     dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
         .as_table()
-        .unwrap_or_else(|| panic!("no CRI containerd section in:\n{}", out.stdout))
+        .unwrap_or_else(|| panic!("no CRI containerd section in:\n{dump}"))
         .clone()
 }
 

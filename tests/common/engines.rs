@@ -630,6 +630,25 @@ impl Drop for Containerd {
     }
 }
 
+/// The configuration containerd makes of `file`: `containerd --config <file> config dump`.
+#[track_caller]
+pub fn containerd_config_dump(file: &Path) -> toml::Table {
+    let out = output(
+        Command::new("containerd")
+            .arg("--config")
+            .arg(file)
+            .args(["config", "dump"]),
+    );
+    assert_eq!(
+        out.code,
+        0,
+        "containerd refused {}: {}",
+        file.display(),
+        out.stderr
+    );
+    toml::from_str(&out.stdout).expect("config dump is TOML")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sub-steps of one test
 // ---------------------------------------------------------------------------------------------
