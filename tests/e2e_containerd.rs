@@ -209,18 +209,7 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
         |dir| {
             let file = dir.join("config.toml");
             std::fs::write(&file, Containerd::base_config(dir)).unwrap();
-            accel_ctk(&[
-                "runtime",
-                "configure",
-                "--runtime",
-                "containerd",
-                "--config",
-                file.to_str().unwrap(),
-                "--runtime-path",
-                SHIM,
-                "--set-as-default",
-            ])
-            .ok();
+            configure_containerd(&file, SHIM, &["--set-as-default"]);
             file
         },
         &env,

@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::accel_ctk;
-use engines::containerd_config_dump;
+use engines::{configure_containerd, containerd_config_dump};
 
 const RUNTIME_PATH: &str = "/usr/bin/accel-container-runtime";
 
@@ -28,18 +27,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn configure(file: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "runtime",
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        file.to_str().unwrap(),
-        "--runtime-path",
-        RUNTIME_PATH,
-    ];
-    args.extend_from_slice(extra);
-    accel_ctk(&args).ok();
+    configure_containerd(file, RUNTIME_PATH, extra);
 }
 
 fn cri_runtime<'a>(dump: &'a toml::Table, name: &str) -> &'a toml::Value {

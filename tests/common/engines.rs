@@ -630,6 +630,23 @@ impl Drop for Containerd {
     }
 }
 
+/// `accel-ctk runtime configure --runtime containerd --config <file> --runtime-path <runtime>
+/// <extra>`; panics unless it succeeds.
+pub fn configure_containerd(file: &Path, runtime: &str, extra: &[&str]) {
+    let mut args = vec![
+        "runtime",
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        runtime,
+    ];
+    args.extend_from_slice(extra);
+    crate::common::accel_ctk(&args).ok();
+}
+
 /// The configuration containerd makes of `file`: `containerd --config <file> config dump`.
 #[track_caller]
 pub fn containerd_config_dump(file: &Path) -> toml::Table {
