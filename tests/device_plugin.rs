@@ -92,8 +92,20 @@ impl Kubelet {
         }
     }
 
+    /// A new stand-in kubelet, serving Registration (see [`Kubelet::start`]).
+    fn started() -> Kubelet {
+        let mut k = Kubelet::new();
+        k.start();
+        k
+    }
+
     fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The plugin's options, its kubelet dir this kubelet's.
+    fn plugin_options(&self) -> Options {
+        Options::new(self.dir().to_path_buf())
     }
 
     /// Serves Registration on `kubelet.sock`; each registration dials the endpoint and
@@ -237,9 +249,8 @@ fn stand_in_kubelet_drives_the_plugin() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.strategies = Strategy::ALL.to_vec();
         opts.cdi_dir = scratch.path().join("cdi");
         let plugin = Plugin::enflame(cfg, opts);
@@ -596,9 +607,8 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.strategies = vec![Strategy::CdiCri];
         opts.cdi_dir = scratch.path().join("cdi");
         opts.poll = Duration::from_millis(100);
@@ -689,9 +699,8 @@ fn a_profile_registers_when_its_first_device_appears() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.poll = Duration::from_millis(100);
         let plugin = Plugin::enflame(cfg, opts);
         tokio::time::sleep(Duration::from_millis(500)).await;
