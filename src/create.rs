@@ -231,8 +231,9 @@ pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome
             root: profile.driver_root.clone(),
             source,
         })?;
-        let nodes = facts::device_nodes(profile, &selected);
-        let driver_facts = facts::driver(profile, &caps, &cache);
+        let dev_root = discovery::DevRoot::new(profile);
+        let nodes = facts::device_nodes(&dev_root, &selected);
+        let driver_facts = facts::driver(&dev_root, &caps, &cache);
         let dir = lib_dir
             .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(bundle_dir).as_deref()));
         out.plan

@@ -265,7 +265,7 @@ fn unique() -> u64 {
 pub fn profile_nodes(profile: &Profile) -> Result<Vec<PathBuf>, DevCharError> {
     let devices = discovery::discover(profile)?;
     let all: Vec<_> = devices.iter().collect();
-    let nodes = facts::device_nodes(profile, &all);
+    let nodes = facts::device_nodes(&discovery::DevRoot::new(profile), &all);
     let mut out: Vec<PathBuf> = plan::device_edits(profile, &all, &nodes)?
         .nodes
         .into_iter()

@@ -69,6 +69,10 @@ impl<'p> DevRoot<'p> {
         }
     }
 
+    pub fn profile(&self) -> &'p Profile {
+        self.profile
+    }
+
     /// [`host_node`], with what `lstat` said of the node (a character device, not a link).
     pub fn host_node(
         &self,

@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::discovery::{self, Device, DiscoveryError};
+use crate::discovery::{DevRoot, Device, DiscoveryError};
 use crate::edits::NodeKind;
 use crate::ldcache;
 use crate::libraries;
@@ -71,8 +71,8 @@ pub enum Node {
     /// Not on the host; only an optional (control or capability) node is recorded so, a
     /// device's own node is looked for where it should be (see [`device_nodes`]).
     Absent,
-    /// [`discovery::host_node`] refused it (a link out of dev-root, not a character device, a
-    /// major not in the profile's list) or could not look.
+    /// [`crate::discovery::host_node`] refused it (a link out of dev-root, not a character
+    /// device, a major not in the profile's list) or could not look.
     Refused(Arc<DiscoveryError>),
 }
 
@@ -91,11 +91,12 @@ impl<'a> Nodes<'a> {
     }
 }
 
-/// The nodes of `devices`, each required: one [`discovery::host_node`] does not find is
-/// stat'ed where dev-root would have it, so the plan can name the path and the error.
-pub fn device_nodes<'a>(profile: &Profile, devices: &[&'a Device]) -> Nodes<'a> {
+/// The nodes of `devices`, each required: one [`crate::discovery::host_node`] does not find
+/// is stat'ed where dev-root would have it, so the plan can name the path and the error.
+/// `dev_root` is the profile's, resolved once for this and [`driver`].
+pub fn device_nodes<'a>(dev_root: &DevRoot<'_>, devices: &[&'a Device]) -> Nodes<'a> {
+    let profile = dev_root.profile();
     let mut out = Nodes::default();
-    let dev_root = discovery::DevRoot::new(profile);
     for node in devices.iter().flat_map(|d| d.nodes.iter()) {
         if out.has(node) {
             continue;
@@ -123,14 +124,15 @@ pub struct Driver<'a> {
     pub binaries: Vec<Found>,
 }
 
-/// Gathers [`Driver`] facts for `caps` (names the profile knows; others are skipped).
-pub fn driver<'a>(profile: &'a Profile, caps: &[String], cache: &ldcache::Cache) -> Driver<'a> {
+/// Gathers [`Driver`] facts for `caps` (names the profile knows; others are skipped), for
+/// the profile of `dev_root`.
+pub fn driver<'a>(dev_root: &DevRoot<'a>, caps: &[String], cache: &ldcache::Cache) -> Driver<'a> {
+    let profile = dev_root.profile();
     let groups: Vec<&'a crate::profile::Capability> = caps
         .iter()
         .filter_map(|c| profile.capabilities.get(c))
         .collect();
     let mut nodes = Nodes::default();
-    let dev_root = discovery::DevRoot::new(profile);
     let wanted = profile
         .control_nodes
         .iter()
@@ -220,7 +222,7 @@ mod tests {
         std::fs::create_dir(root.path().join("dev")).unwrap();
         let p = profile(root.path());
         let (g0, g1) = (gpu(0), gpu(1));
-        let facts = device_nodes(&p, &[&g0, &g1, &g0]);
+        let facts = device_nodes(&DevRoot::new(&p), &[&g0, &g1, &g0]);
         assert_eq!(facts.0.len(), 2, "{facts:?}");
         match facts.get(Path::new("/dev/nvidia1")) {
             Some(Node::At { host, stat: Err(e) }) => {
@@ -239,14 +241,14 @@ mod tests {
         std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
         let p = profile(root.path());
         let g0 = gpu(0);
-        let facts = device_nodes(&p, &[&g0]);
+        let facts = device_nodes(&DevRoot::new(&p), &[&g0]);
         match facts.get(Path::new("/dev/nvidia0")) {
             Some(Node::Refused(e)) => {
                 assert!(e.to_string().ends_with("is not a character device"), "{e}")
             }
             other => panic!("{other:?}"),
         }
-        let driver = driver(&p, &[], &ldcache::Cache::default());
+        let driver = driver(&DevRoot::new(&p), &[], &ldcache::Cache::default());
         assert!(matches!(
             driver.nodes.get(Path::new("/dev/nvidiactl")),
             Some(Node::Refused(_))
@@ -257,7 +259,11 @@ mod tests {
     fn absent_control_nodes_are_recorded_without_a_stat() {
         let root = tempfile::tempdir().unwrap();
         let p = profile(root.path());
-        let d = driver(&p, &["compute".into()], &ldcache::Cache::default());
+        let d = driver(
+            &DevRoot::new(&p),
+            &["compute".into()],
+            &ldcache::Cache::default(),
+        );
         assert_eq!(d.nodes.0.len(), p.control_nodes.len());
         for (path, n) in &d.nodes.0 {
             assert!(matches!(n, Node::Absent), "{path:?}: {n:?}");
@@ -279,7 +285,7 @@ mod tests {
         let p = profile(root.path());
         let cache = ldcache::Cache::default();
 
-        let d = driver(&p, &["compute".into()], &cache);
+        let d = driver(&DevRoot::new(&p), &["compute".into()], &cache);
         let cuda = d
             .libraries
             .iter()
@@ -290,7 +296,7 @@ mod tests {
         assert!(d.libraries.iter().all(|f| f.name.starts_with("libcuda.")));
         assert!(d.binaries.is_empty(), "{:?}", d.binaries);
 
-        let d = driver(&p, &["utility".into()], &cache);
+        let d = driver(&DevRoot::new(&p), &["utility".into()], &cache);
         let names: Vec<&str> = d.libraries.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["libnvidia-ml.so.1"]);
         assert_eq!(

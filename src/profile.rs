@@ -398,23 +398,24 @@ impl Profile {
 /// Used by the create's screen (src/spec/screen.rs) and to skip parsing the profiles a
 /// create cannot involve (src/config.rs).
 pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) -> bool {
-    if memchr::memchr(b'\\', text).is_some() {
-        return true;
-    }
-    for q in [b'"', b'\''] {
-        // The last two quotes seen: `"""` is three in a row.
-        let (mut before, mut last): (Option<usize>, Option<usize>) = (None, None);
-        for at in memchr::memchr_iter(q, text) {
-            if let Some(last) = last {
-                if at == last + 1 && before.map(|b| b + 1) == Some(last) {
-                    return true;
-                }
-                if is_name(&text[last + 1..at]) {
-                    return true;
-                }
+    // One pass over the text for both quotes and the backslash: per quote, the last two
+    // seen of that quote (`"""` is three in a row).
+    let mut seen: [(Option<usize>, Option<usize>); 2] = [(None, None); 2];
+    for at in memchr::memchr3_iter(b'"', b'\'', b'\\', text) {
+        let (before, last) = match text[at] {
+            b'"' => &mut seen[0],
+            b'\'' => &mut seen[1],
+            _ => return true,
+        };
+        if let Some(l) = *last {
+            if at == l + 1 && before.map(|b| b + 1) == Some(l) {
+                return true;
             }
-            (before, last) = (last, Some(at));
+            if is_name(&text[l + 1..at]) {
+                return true;
+            }
         }
+        (*before, *last) = (*last, Some(at));
     }
     false
 }

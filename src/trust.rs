@@ -71,11 +71,20 @@ pub fn open_file(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if !checked.named.iter().any(|d| d == parent) {
+    // Compared as bytes: a path spelled two ways is only checked twice.
+    if !checked
+        .named
+        .iter()
+        .any(|d| d.as_os_str() == parent.as_os_str())
+    {
         let real = std::fs::canonicalize(parent)
             .map_err(|e| OpenError::Untrusted(format!("cannot resolve: {e}")))?;
         for dir in real.ancestors() {
-            if !checked.dirs.iter().any(|d| d == dir) {
+            if !checked
+                .dirs
+                .iter()
+                .any(|d| d.as_os_str() == dir.as_os_str())
+            {
                 check_dir(dir).map_err(OpenError::Untrusted)?;
                 checked.dirs.push(dir.to_path_buf());
             }

@@ -404,7 +404,7 @@ fn injected_nodes(value: &str) -> BTreeSet<PathBuf> {
         }
         other => panic!("{other:?}"),
     };
-    let nodes = facts::device_nodes(&s.profile, &selected);
+    let nodes = facts::device_nodes(&discovery::DevRoot::new(&s.profile), &selected);
     let plan = plan::device_edits(&s.profile, &selected, &nodes).unwrap();
     let doc: Value = serde_json::from_slice(&edit(FIXTURES[1].as_bytes(), &plan)).unwrap();
     let rules: BTreeSet<(u64, u64)> = doc["linux"]["resources"]["devices"]

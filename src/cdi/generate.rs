@@ -66,7 +66,8 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         });
     }
     let all: Vec<&HostDevice> = found.iter().collect();
-    let nodes = facts::device_nodes(profile, &all);
+    let dev_root = discovery::DevRoot::new(profile);
+    let nodes = facts::device_nodes(&dev_root, &all);
     let mut devices = Vec::new();
     for d in &found {
         let edits = edits(&plan::device_edits(profile, &[d], &nodes)?);
@@ -85,7 +86,7 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         root: profile.driver_root.clone(),
         source,
     })?;
-    let driver = facts::driver(profile, &caps, &cache);
+    let driver = facts::driver(&dev_root, &caps, &cache);
     let mut shared = plan::driver_edits(profile, &caps, &driver, &opts.library_dir)?;
     // Development names (`libcuda.so`), as the variable path mounts them.
     let links = crate::loader::dev_links(profile, &shared, &opts.library_dir);

@@ -57,10 +57,12 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str>) -> Scre
     };
     let mut name_lengths = Lengths::default();
     names().for_each(|n| name_lengths.add(n.len(), false));
+    // The texts' runs are root's (the spec's names are only looked up), so a fast
+    // non-cryptographic hash cannot be flooded here (SipHash's cost: benches/BENCHMARKS.md).
+    let mut runs = foldhash::HashSet::default();
+    let mut run_lengths = Lengths::default();
     // Every text is looked at even when the spec has no name: a text the screen cannot read
     // plainly (an escape, a multi-line string) leaves it unsure.
-    let mut runs = std::collections::HashSet::new();
-    let mut run_lengths = Lengths::default();
     for t in texts {
         let unsure = crate::profile::may_quote(t.as_bytes(), |run| {
             if name_lengths.has(run.len()) {
