@@ -10,10 +10,13 @@
 //! and samples (`../shared/cdi-schema` beside the checkout, or `CDI_SCHEMA_DIR`) are an extra
 //! check when they are there, never a requirement.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{free_majors, mknod};
 use serde_json::{json, Value};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
@@ -41,24 +44,6 @@ struct Node {
     cdi_dirs: [PathBuf; 2],
 }
 
-fn mknod(path: &Path, major: u64, minor: u64, mode: u32) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(mode),
-        makedev(major, minor),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "mknod {}: {e} (these tests need root; CI runs them as root)",
-            path.display()
-        )
-    });
-    // mknod applies the umask; set the mode we mean.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
 fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
@@ -70,19 +55,6 @@ fn run_ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// A major no driver on this host registered, for the Enflame nodes (theirs is dynamic).
-fn free_major() -> u64 {
-    let devices = std::fs::read_to_string("/proc/devices").unwrap();
-    let used: Vec<u64> = devices
-        .lines()
-        .take_while(|l| !l.starts_with("Block"))
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .collect();
-    (240..=254)
-        .find(|m| !used.contains(m))
-        .expect("no free major")
 }
 
 /// The simulated driver root, its config.toml and two CDI spec dirs.
@@ -107,17 +79,12 @@ fn node() -> Node {
             format!("Model: \t\t Simulated GPU\nIRQ:   \t\t 0\nGPU UUID: \t\t {uuid}\nBus Type: \t\t PCIe\nBus Location: \t\t {bus}\nDevice Minor: \t\t {minor}\n"),
         )
         .unwrap();
-        mknod(
-            &root.join(format!("dev/nvidia{minor}")),
-            195,
-            (*minor).into(),
-            0o666,
-        );
+        mknod(&root.join(format!("dev/nvidia{minor}")), 195, *minor, 0o666);
     }
     // Not world-accessible: the container gets group 44 in additionalGids.
     mknod(&root.join("dev/nvidiactl"), 195, 255, 0o660);
     std::os::unix::fs::chown(root.join("dev/nvidiactl"), Some(0), Some(44)).unwrap();
-    let emaj = free_major();
+    let emaj = free_majors(1)[0];
     for n in 0..4 {
         mknod(&root.join(format!("dev/gcu{n}")), emaj, n, 0o666);
     }

@@ -5,11 +5,15 @@
 //!
 //! Needs root for mknod; CI runs as root and a non-root run fails loudly.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
+
+use common::mknod;
 
 const UUID1: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000001";
 const UUID2: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000002";
@@ -18,18 +22,6 @@ const UUID4: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000004";
 
 struct Node {
     dir: tempfile::TempDir,
-}
-
-fn mknod(path: &Path, major: u64, minor: u64) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major, minor),
-    )
-    .unwrap_or_else(|e| panic!("mknod {} (these tests need root): {e}", path.display()));
 }
 
 /// `sys/devices/<chain>/<bdf>` plus the `sys/bus/pci/devices/<bdf>` link, as the kernel has them.
@@ -70,7 +62,7 @@ impl Node {
         self.root().join("etc/accel-container-runtime/config.toml")
     }
 
-    fn nvidia(&self, bus: &str, minor: u64, uuid: &str, chain: &[&str], numa: i32) {
+    fn nvidia(&self, bus: &str, minor: u32, uuid: &str, chain: &[&str], numa: i32) {
         let d = self.root().join("proc/driver/nvidia/gpus").join(bus);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(
@@ -83,14 +75,24 @@ impl Node {
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n",
         )
         .unwrap();
-        mknod(&self.root().join(format!("dev/nvidia{minor}")), 195, minor);
+        mknod(
+            &self.root().join(format!("dev/nvidia{minor}")),
+            195,
+            minor,
+            0o666,
+        );
         pci(self.root(), chain, bus, numa);
     }
 
     /// An Enflame GCU: its node, and its class device under the PCI function as the driver
     /// registers it, reachable from `/sys/dev/char/<major>:<minor>`.
-    fn enflame(&self, index: u64, bdf: &str, chain: &[&str], numa: i32) {
-        mknod(&self.root().join(format!("dev/gcu{index}")), 240, index);
+    fn enflame(&self, index: u32, bdf: &str, chain: &[&str], numa: i32) {
+        mknod(
+            &self.root().join(format!("dev/gcu{index}")),
+            240,
+            index,
+            0o666,
+        );
         let real = pci(self.root(), chain, bdf, numa);
         let class = real.join(format!("enflame/gcu{index}"));
         std::fs::create_dir_all(&class).unwrap();
@@ -147,6 +149,31 @@ impl Node {
             String::from_utf8_lossy(&out.stderr)
         );
         out
+    }
+
+    /// `accel-ctk checkpoint check <flags> --checkpoint <cp>`.
+    fn check(&self, cp: &Path, flags: &[&str]) -> Output {
+        self.check_env(cp, flags, &[])
+    }
+
+    fn check_env(&self, cp: &Path, flags: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut args = vec!["checkpoint", "check"];
+        args.extend_from_slice(flags);
+        args.extend(["--checkpoint", cp.to_str().unwrap()]);
+        self.ctk_env(&args, env)
+    }
+
+    /// `accel-ctk doctor --root <node> <flags>`, with the config path as seen under `--root`.
+    fn doctor(&self, flags: &[&str]) -> Output {
+        let mut args = vec!["doctor", "--root", self.root().to_str().unwrap()];
+        args.extend_from_slice(flags);
+        self.ctk_env(
+            &args,
+            &[(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                "/etc/accel-container-runtime/config.toml",
+            )],
+        )
     }
 
     /// Copies a fixture checkpoint into the node's kubelet dir.
@@ -244,13 +271,7 @@ fn checkpoint_consistent_changes_nothing() {
     for fixture in ["list-form.json", "numa-form-several.json"] {
         let cp = n.checkpoint(fixture);
         let before = std::fs::read(&cp).unwrap();
-        let out = n.ctk(&[
-            "checkpoint",
-            "check",
-            "--fix",
-            "--checkpoint",
-            cp.to_str().unwrap(),
-        ]);
+        let out = n.check(&cp, &["--fix"]);
         assert_eq!(out.status.code(), Some(0), "{fixture}");
         assert_eq!(
             std::fs::read(&cp).unwrap(),
@@ -275,7 +296,7 @@ fn checkpoint_changed_uuids_fixed_with_backup() {
     let before = std::fs::read(&cp).unwrap();
 
     // Without --fix: reported, exit 1, untouched.
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&cp).unwrap(), before);
     assert!(backups(&cp).is_empty());
@@ -287,13 +308,7 @@ fn checkpoint_changed_uuids_fixed_with_backup() {
         .iter()
         .any(|l| l["verdict"] == "stale" && l["resource"] == "nvidia.com/gpu"));
 
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!cp.exists(), "stale checkpoint still in place");
     let b = backups(&cp);
@@ -317,13 +332,7 @@ fn checkpoint_fix_keeps_kubelet_file_with_its_checksum() {
     let n = Node::standard(new);
     let cp = n.checkpoint("../kubelet-checkpoints/stale-after-uuid-change.json");
     let before = std::fs::read(&cp).unwrap();
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(0));
     let last = json_lines(&out).pop().unwrap();
     assert_eq!(last["verdict"], "repaired");
@@ -341,7 +350,7 @@ fn checkpoint_fix_keeps_kubelet_file_with_its_checksum() {
     );
     assert_eq!(fixed.registered("nvidia.com/gpu"), new);
     assert_eq!(fixed.checksum, kubelet_checksum(&fixed.data).map(u64::from));
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(0), "consistent after the repair");
 }
 
@@ -351,19 +360,11 @@ fn checkpoint_numa_form_several_resources() {
     let cp = n.checkpoint("numa-form-several.json");
     let before = std::fs::read(&cp).unwrap();
     // enflame.com/gcu alone is consistent (GCU-0 is still there) ...
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--resource",
-        "enflame.com/gcu",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix", "--resource", "enflame.com/gcu"]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(std::fs::read(&cp).unwrap(), before);
     // ... but all resources together are not: the NUMA-keyed GPU allocation is stale.
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(1));
     let lines = json_lines(&out);
     let verdict = |r: &str| {
@@ -387,27 +388,15 @@ fn checkpoint_fix_restarts_kubelet_through_systemctl() {
     let cp = n.checkpoint("list-form.json");
     // A stand-in systemctl first on PATH records its arguments.
     let bin = n.root().join("fakebin");
-    std::fs::create_dir_all(&bin).unwrap();
     let record = n.root().join("systemctl.args");
-    let script = bin.join("systemctl");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = n.ctk_env(
-        &[
-            "checkpoint",
-            "check",
-            "--fix",
-            "--restart-kubelet",
-            "--checkpoint",
-            cp.to_str().unwrap(),
-        ],
-        &[("PATH", &path)],
+    put(
+        n.root(),
+        "/fakebin/systemctl",
+        &format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
+        0o755,
     );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = n.check_env(&cp, &["--fix", "--restart-kubelet"], &[("PATH", &path)]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         std::fs::read_to_string(record).unwrap(),
@@ -421,13 +410,7 @@ fn checkpoint_malformed_is_error_and_untouched() {
     let n = Node::standard([UUID3, UUID4]);
     let cp = n.checkpoint("malformed.json");
     let before = std::fs::read(&cp).unwrap();
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--fix",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--fix"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
@@ -442,14 +425,7 @@ fn checkpoint_malformed_is_error_and_untouched() {
 fn checkpoint_unknown_resource_is_error() {
     let n = Node::standard([UUID1, UUID2]);
     let cp = n.checkpoint("list-form.json");
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--resource",
-        "example.com/fpga",
-        "--checkpoint",
-        cp.to_str().unwrap(),
-    ]);
+    let out = n.check(&cp, &["--resource", "example.com/fpga"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8(out.stderr)
         .unwrap()
@@ -462,35 +438,34 @@ fn checkpoint_unknown_resource_is_error() {
 fn doctor_root_healthy_then_broken() {
     let n = Node::standard([UUID1, UUID2]);
     let root = n.root();
-    let write = |host: &str, text: &str, mode: u32| {
-        let p = root.join(host.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
-    };
     // Under --root the config uses the node's own paths: driver-root "/" is the root.
-    write(
+    put(
+        root,
         "/etc/accel-container-runtime/config.toml",
         "log-level = \"info\"\n",
         0o644,
     );
-    write("/usr/bin/accel-container-runtime", "", 0o755);
-    write(
+    put(root, "/usr/bin/accel-container-runtime", "", 0o755);
+    put(
+        root,
         "/usr/sbin/runc",
         "#!/bin/sh\necho 'runc version 1.1.12'\necho 'spec: 1.0.2-dev'\n",
         0o755,
     );
-    write(
+    put(
+        root,
         "/etc/docker/daemon.json",
         r#"{"default-runtime":"accel","runtimes":{"accel":{"path":"/usr/bin/accel-container-runtime"}},"log-driver":"json-file"}"#,
         0o644,
     );
-    write(
+    put(
+        root,
         "/etc/containerd/config.toml",
         "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"accel\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.accel.options]\nBinaryName = \"/usr/bin/accel-container-runtime\"\n",
         0o644,
     );
-    write(
+    put(
+        root,
         "/var/lib/kubelet/config.yaml",
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n",
         0o644,
@@ -499,15 +474,6 @@ fn doctor_root_healthy_then_broken() {
     let plugins = root.join("var/lib/kubelet/device-plugins");
     let _kubelet = std::os::unix::net::UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
 
-    let doctor = || {
-        n.ctk_env(
-            &["doctor", "--root", root.to_str().unwrap(), "--json"],
-            &[(
-                "ACCEL_CONTAINER_RUNTIME_CONFIG",
-                "/etc/accel-container-runtime/config.toml",
-            )],
-        )
-    };
     let status_of = |v: &Value, check: &str| -> Vec<String> {
         v.as_array()
             .unwrap()
@@ -516,7 +482,7 @@ fn doctor_root_healthy_then_broken() {
             .map(|f| f["status"].as_str().unwrap().to_string())
             .collect()
     };
-    let out = doctor();
+    let out = n.doctor(&["--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     for f in v.as_array().unwrap() {
         // Facts (cgroup layout, links that cgroupfs does not need) are information.
@@ -554,7 +520,7 @@ fn doctor_root_healthy_then_broken() {
     )
     .unwrap();
     drop(std::os::unix::net::UnixListener::bind(plugins.join("nvidia-gpu.sock")).unwrap());
-    let out = doctor();
+    let out = n.doctor(&["--json"]);
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status_of(&v, "kubelet-checkpoint"), ["fail"]);
@@ -562,13 +528,7 @@ fn doctor_root_healthy_then_broken() {
     assert_eq!(status_of(&v, "docker"), ["ok"]);
 
     // The plain-text form names the fix.
-    let out = n.ctk_env(
-        &["doctor", "--root", root.to_str().unwrap()],
-        &[(
-            "ACCEL_CONTAINER_RUNTIME_CONFIG",
-            "/etc/accel-container-runtime/config.toml",
-        )],
-    );
+    let out = n.doctor(&[]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -659,7 +619,7 @@ fn system_create_dev_char_symlinks_links_every_node_once() {
         "GPU-aaaaaaaa-0000-0000-0000-000000000000",
         "GPU-bbbbbbbb-0000-0000-0000-000000000000",
     ]);
-    mknod(&n.root().join("dev/nvidiactl"), 195, 255);
+    mknod(&n.root().join("dev/nvidiactl"), 195, 255, 0o666);
     let dev = n.root().join("hostdev");
     let dev_s = dev.to_str().unwrap();
 
@@ -720,13 +680,7 @@ fn put(root: &Path, host: &str, text: &str, mode: u32) {
 }
 
 fn doctor_json(n: &Node) -> (Option<i32>, Vec<Value>, String) {
-    let out = n.ctk_env(
-        &["doctor", "--root", n.root().to_str().unwrap(), "--json"],
-        &[(
-            "ACCEL_CONTAINER_RUNTIME_CONFIG",
-            "/etc/accel-container-runtime/config.toml",
-        )],
-    );
+    let out = n.doctor(&["--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     (
         out.status.code(),
@@ -895,7 +849,7 @@ fn errors_name_each_cause_once() {
     let n = Node::new();
     let cp = n.root().join("checkpoint");
     std::fs::write(&cp, "{x").unwrap();
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert_eq!(err.matches("at line 1 column 2").count(), 1, "{err}");
@@ -1004,12 +958,7 @@ fn empty_cdi_list_and_named_missing_checkpoint() {
     );
 
     let missing = n.root().join("no-such-checkpoint");
-    let out = n.ctk(&[
-        "checkpoint",
-        "check",
-        "--checkpoint",
-        missing.to_str().unwrap(),
-    ]);
+    let out = n.check(&missing, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
@@ -1050,7 +999,7 @@ fn endless_or_huge_files_are_refused_naming_them() {
 
     let cp = root.join("var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
     huge(&cp, checkpoint::MAX_SIZE + 1);
-    let out = n.ctk(&["checkpoint", "check", "--checkpoint", cp.to_str().unwrap()]);
+    let out = n.check(&cp, &[]);
     refused(&out, &cp, checkpoint::MAX_SIZE);
     assert_eq!(
         std::fs::metadata(&cp).unwrap().len(),

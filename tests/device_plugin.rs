@@ -15,7 +15,7 @@ use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
 use accel_container_runtime::plugin::server::{self, Options};
-use common::SimRoot;
+use common::{mknod, SimRoot};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
@@ -92,8 +92,20 @@ impl Kubelet {
         }
     }
 
+    /// A new stand-in kubelet, serving Registration (see [`Kubelet::start`]).
+    fn started() -> Kubelet {
+        let mut k = Kubelet::new();
+        k.start();
+        k
+    }
+
     fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The plugin's options, its kubelet dir this kubelet's.
+    fn plugin_options(&self) -> Options {
+        Options::new(self.dir().to_path_buf())
     }
 
     /// Serves Registration on `kubelet.sock`; each registration dials the endpoint and
@@ -192,15 +204,31 @@ fn enflame_host() -> (SimRoot, u32) {
     (sim, major)
 }
 
-fn mknod(path: &Path, major: u32, minor: u32) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major.into(), minor.into()),
-    )
-    .unwrap();
+/// The plugin serving `cfg`'s enflame profile with `opts`, a task on the test's runtime.
+struct Plugin {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), server::PluginError>>,
+}
+
+impl Plugin {
+    fn enflame(cfg: Config, opts: Options) -> Plugin {
+        let (stop, stop_rx) = watch::channel(false);
+        let profiles = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        Plugin {
+            stop,
+            task: tokio::spawn(server::run(profiles, opts, stop_rx)),
+        }
+    }
+
+    /// Asks it to stop; panics unless it ends without an error.
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -221,18 +249,11 @@ fn stand_in_kubelet_drives_the_plugin() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.strategies = Strategy::ALL.to_vec();
         opts.cdi_dir = scratch.path().join("cdi");
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
 
         // Registration: served before registering, one socket named in the request.
         kubelet.wait_registrations(1).await;
@@ -410,7 +431,7 @@ fn stand_in_kubelet_drives_the_plugin() {
             .wait_health("GCU-3", UNHEALTHY, Duration::from_secs(1))
             .await;
         eprintln!("GCU-3 unhealthy after {took:?}");
-        mknod(&node, major, 3);
+        mknod(&node, major, 3, 0o666);
         kubelet
             .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
             .await;
@@ -450,8 +471,7 @@ fn stand_in_kubelet_drives_the_plugin() {
         );
 
         // Shutdown removes the socket.
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
         assert!(!sock.exists());
     });
 }
@@ -587,19 +607,12 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.strategies = vec![Strategy::CdiCri];
         opts.cdi_dir = scratch.path().join("cdi");
         opts.poll = Duration::from_millis(100);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
         kubelet.wait_registrations(1).await;
         let first = kubelet.updates.recv().await.unwrap();
         assert_eq!(first.devices.len(), 8);
@@ -622,7 +635,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
         assert_ne!(ino_gone, ino);
 
         // Recreated: Healthy, and back in the spec.
-        mknod(&node, major, 3);
+        mknod(&node, major, 3, 0o666);
         kubelet
             .wait_health("GCU-3", HEALTHY, Duration::from_secs(1))
             .await;
@@ -630,7 +643,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
 
         // A device appears (no sysfs: no topology): pushed with the others, in the spec
         // before kubelet hears of it, and Allocate answers for it.
-        mknod(&sim.path().join("dev/gcu8"), major, 8);
+        mknod(&sim.path().join("dev/gcu8"), major, 8, 0o666);
         let t = Instant::now();
         let update = loop {
             let m = tokio::time::timeout(Duration::from_secs(1), kubelet.updates.recv())
@@ -671,8 +684,7 @@ fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(cdi_spec(&spec).1, ino, "rewritten with nothing changed");
 
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
     });
 }
 
@@ -687,22 +699,15 @@ fn a_profile_registers_when_its_first_device_appears() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path());
     rt().block_on(async move {
-        let mut kubelet = Kubelet::new();
-        kubelet.start();
-        let mut opts = Options::new(kubelet.dir().to_path_buf());
+        let mut kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
         opts.poll = Duration::from_millis(100);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let profiles: Vec<_> = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        let plugin = tokio::spawn(server::run(profiles, opts, stop_rx));
+        let plugin = Plugin::enflame(cfg, opts);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(kubelet.count(), 0, "registered with no device");
         assert!(!kubelet.dir().join("accel-enflame-com-gcu.sock").exists());
 
-        mknod(&sim.path().join("dev/gcu5"), major, 5);
+        mknod(&sim.path().join("dev/gcu5"), major, 5, 0o666);
         kubelet.wait_registrations(1).await;
         let first = kubelet.updates.recv().await.unwrap();
         let got: Vec<(&str, &str)> = first
@@ -714,8 +719,7 @@ fn a_profile_registers_when_its_first_device_appears() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(kubelet.count(), 1);
 
-        stop_tx.send(true).unwrap();
-        plugin.await.unwrap().unwrap();
+        plugin.stop().await;
     });
 }
 
@@ -822,7 +826,7 @@ fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
 /// through our runtime and real runc: the container sees exactly gcu1, gcu3 and gcuctl.
 #[test]
 fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
-    use common::{extra_dev, names, Bundle, Open, Probe, Report, Runc};
+    use common::{assert_enflame_1_3, Bundle, Probe, Report, Runc};
     let sim = SimRoot::standard();
     for (strategy, extra) in [
         (Strategy::Envvar, ""),
@@ -870,16 +874,6 @@ fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
         let out = runc.run(&b, &id);
         out.ok();
         let r = Report::parse(&out.stdout);
-        assert_eq!(
-            extra_dev(&r.ls("/dev")),
-            names(&["gcu1", "gcu3", "gcuctl"]),
-            "{strategy:?}: {}",
-            r.raw
-        );
-        for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
-            // The simulated major has no driver: a permitted open gets ENXIO.
-            assert_eq!(r.open(node), Open::Enxio, "{strategy:?} {node}: {}", r.raw);
-        }
-        assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{strategy:?}: {}", r.raw);
+        assert_enflame_1_3(&r, &format!("{strategy:?}: "));
     }
 }

@@ -22,18 +22,6 @@ use std::ffi::OsStr;
 use common::*;
 use engines::*;
 
-fn nvidia_probe(sim: &SimRoot) -> Probe {
-    let mut p = Probe::new()
-        .ls("/dev")
-        .ls("/usr/lib64")
-        .ls("/usr/bin")
-        .open("/dev/nvidiactl");
-    for g in sim.gpus() {
-        p = p.open(&g.node());
-    }
-    p
-}
-
 /// A containerd whose environment names `conf`'s shim config, with the busybox image.
 fn containerd_with_image(conf: &Runc) -> Containerd {
     let c = Containerd::start(&[(
@@ -84,27 +72,11 @@ fn ctr_probe(c: &Containerd, runc_binary: &str, env: &[&str], probe: &Probe) -> 
 fn ctr_nvidia_index_1_through_the_shim_as_runc_binary() {
     require_engines();
     let sim = SimRoot::standard();
-    let (gpu0, gpu1) = (&sim.gpus()[0], &sim.gpus()[1]);
     let conf = Runc::new(&sim);
     let c = containerd_with_image(&conf);
 
     let r = ctr_probe(&c, SHIM, &["NVIDIA_VISIBLE_DEVICES=1"], &nvidia_probe(&sim));
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
-    assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
-    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
-    assert_eq!(r.open(&gpu0.node()), Open::Absent, "{}", r.raw);
-    let libs = r.ls("/usr/lib64");
-    assert!(
-        libs.contains("libcuda.so.1") && libs.contains("libnvidia-ml.so.1"),
-        "{}",
-        r.raw
-    );
-    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+    assert_nvidia_index_1(&r, &sim);
     assert!(
         conf.shim_log().contains("for NVIDIA_VISIBLE_DEVICES=1"),
         "the shim did not log to the file its config (from containerd's env) names: {}",
@@ -126,16 +98,7 @@ fn ctr_enflame_1_3_and_no_variable_same_as_runc() {
         .open("/dev/gcu3")
         .open("/dev/gcuctl");
     let r = ctr_probe(&c, SHIM, &["ENFLAME_VISIBLE_DEVICES=1,3"], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["gcu1", "gcu3", "gcuctl"]),
-        "{}",
-        r.raw
-    );
-    for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
-        assert_eq!(r.open(node), Open::Enxio, "{node}: {}", r.raw);
-    }
-    assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{}", r.raw);
+    assert_enflame_1_3(&r, "");
 
     // No variable: the same container as containerd's own runc gives.
     let probe = Probe::new()
@@ -217,12 +180,7 @@ fn ctr_exec_into_a_running_container_keeps_the_device() {
     ]);
     assert_eq!(out.code, 0, "{out:#?}");
     let r = Report::parse(&out.stdout);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
     c.ctr(&["tasks", "rm", "-f", &id]).ok();
     c.ctr(&["containers", "rm", &id]).ok();
@@ -230,17 +188,10 @@ fn ctr_exec_into_a_running_container_keeps_the_device() {
 
 /// `plugins."io.containerd.grpc.v1.cri".containerd` of `containerd --config F config dump`.
 fn cri_containerd_section(file: &std::path::Path) -> toml::Table {
-    let out = output(
-        std::process::Command::new("containerd")
-            .arg("--config")
-            .arg(file)
-            .args(["config", "dump"]),
-    );
-    out.ok();
-    let dump: toml::Table = toml::from_str(&out.stdout).expect("config dump is TOML");
+    let dump = containerd_config_dump(file);
     dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
         .as_table()
-        .unwrap_or_else(|| panic!("no CRI containerd section in:\n{}", out.stdout))
+        .unwrap_or_else(|| panic!("no CRI containerd section in:\n{dump}"))
         .clone()
 }
 
@@ -258,19 +209,7 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
         |dir| {
             let file = dir.join("config.toml");
             std::fs::write(&file, Containerd::base_config(dir)).unwrap();
-            let out = output(
-                std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
-                    .args([
-                        "runtime",
-                        "configure",
-                        "--runtime",
-                        "containerd",
-                        "--config",
-                    ])
-                    .arg(&file)
-                    .args(["--runtime-path", SHIM, "--set-as-default"]),
-            );
-            out.ok();
+            configure_containerd(&file, SHIM, &["--set-as-default"]);
             file
         },
         &env,
@@ -319,11 +258,6 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
         &["NVIDIA_VISIBLE_DEVICES=0"],
         &nvidia_probe(&sim),
     );
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia3", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open(&gpu0.node()), Open::Enxio, "{}", r.raw);
 }

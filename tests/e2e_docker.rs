@@ -26,18 +26,9 @@ use std::path::Path;
 use common::*;
 use engines::*;
 
-/// `ls` of /dev and the driver dirs, every GPU node and nvidiactl opened, the variable seen.
+/// [`common::nvidia_probe`], and the variable the container saw.
 fn nvidia_probe(sim: &SimRoot) -> Probe {
-    let mut p = Probe::new()
-        .ls("/dev")
-        .ls("/usr/lib64")
-        .ls("/usr/bin")
-        .open("/dev/nvidiactl")
-        .cmd("visible", "echo \"$NVIDIA_VISIBLE_DEVICES\"");
-    for g in sim.gpus() {
-        p = p.open(&g.node());
-    }
-    p
+    common::nvidia_probe(sim).cmd("visible", "echo \"$NVIDIA_VISIBLE_DEVICES\"")
 }
 
 fn enflame_probe() -> Probe {
@@ -68,15 +59,22 @@ fn run_probe(d: &Dockerd, flags: &[&str], probe: &Probe) -> Report {
     Report::parse(&out.stdout)
 }
 
+/// `docker run -d --network none <flags> IMAGE sleep 600`; the container's id.
+#[track_caller]
+fn run_detached(d: &Dockerd, flags: &[&str]) -> String {
+    let mut args = vec!["run", "-d", "--network", "none"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[IMAGE, "sleep", "600"]);
+    let out = d.docker(&args);
+    out.ok();
+    out.stdout.trim().to_string()
+}
+
 /// What `docker info` says the default runtime is.
 fn default_runtime(d: &Dockerd) -> String {
     let out = d.docker(&["info", "--format", "{{.DefaultRuntime}}"]);
     out.ok();
     out.stdout.trim().to_string()
-}
-
-fn accel_ctk(args: &[&OsStr]) -> Out {
-    output(std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk")).args(args))
 }
 
 #[test]
@@ -115,6 +113,7 @@ fn docker_runs_containers_through_the_shim() {
     .ok();
     let original_daemon_json = std::fs::read(d.daemon_json_path()).unwrap();
 
+    let gpu_probe = nvidia_probe(&sim);
     let mut steps = Steps::new();
 
     steps.run(
@@ -123,25 +122,10 @@ fn docker_runs_containers_through_the_shim() {
             let r = run_probe(
                 &d,
                 &["--runtime", "accel", "-e", "NVIDIA_VISIBLE_DEVICES=1"],
-                &nvidia_probe(&sim),
+                &gpu_probe,
             );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
-            assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
-            assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
-            assert_eq!(r.open(&gpu0.node()), Open::Absent, "{}", r.raw);
-            let libs = r.ls("/usr/lib64");
-            assert!(
-                libs.contains("libcuda.so.1") && libs.contains("libnvidia-ml.so.1"),
-                "{}",
-                r.raw
-            );
-            assert!(!libs.contains("libefml.so.1"), "{}", r.raw);
-            assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+            assert_nvidia_index_1(&r, &sim);
+            assert!(!r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
             // The log named by the config dockerd's environment carried.
             assert!(
                 conf.shim_log().contains("for NVIDIA_VISIBLE_DEVICES=1"),
@@ -159,16 +143,7 @@ fn docker_runs_containers_through_the_shim() {
                 &["--runtime", "accel", "-e", "ENFLAME_VISIBLE_DEVICES=1,3"],
                 &enflame_probe(),
             );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["gcu1", "gcu3", "gcuctl"]),
-                "{}",
-                r.raw
-            );
-            for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
-                assert_eq!(r.open(node), Open::Enxio, "{node}: {}", r.raw);
-            }
-            assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{}", r.raw);
+            assert_enflame_1_3(&r, "");
             assert_eq!(r.open("/dev/gcu2"), Open::Absent, "{}", r.raw);
             assert!(r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
         },
@@ -199,17 +174,8 @@ fn docker_runs_containers_through_the_shim() {
     steps.run(
         "--gpus all: both GPUs, docker's hook replaced by the shim",
         || {
-            let r = run_probe(
-                &d,
-                &["--runtime", "accel", "--gpus", "all"],
-                &nvidia_probe(&sim),
-            );
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
+            let r = run_probe(&d, &["--runtime", "accel", "--gpus", "all"], &gpu_probe);
+            r.assert_extra_dev(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]);
             assert_eq!(r.section("visible"), ["all"], "{}", r.raw);
             for g in [&gpu0, &gpu1] {
                 assert_eq!(r.open(&g.node()), Open::Enxio, "{}", r.raw);
@@ -224,21 +190,7 @@ fn docker_runs_containers_through_the_shim() {
 
             // The bundle containerd handed the runtime, as the shim left it: docker's hook
             // gone, the GPU nodes and their cgroup rules in.
-            let out = d.docker(&[
-                "run",
-                "-d",
-                "--network",
-                "none",
-                "--runtime",
-                "accel",
-                "--gpus",
-                "all",
-                IMAGE,
-                "sleep",
-                "600",
-            ]);
-            out.ok();
-            let id = out.stdout.trim().to_string();
+            let id = run_detached(&d, &["--runtime", "accel", "--gpus", "all"]);
             let bundle = d
                 .dir()
                 .join("exec/containerd/daemon/io.containerd.runtime.v2.task/moby")
@@ -271,28 +223,14 @@ fn docker_runs_containers_through_the_shim() {
         let r = run_probe(
             &d,
             &["--runtime", "accel", "--gpus", "\"device=1\""],
-            &nvidia_probe(&sim),
+            &gpu_probe,
         );
-        assert_eq!(
-            extra_dev(&r.ls("/dev")),
-            names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-            "{}",
-            r.raw
-        );
+        r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
 
         let by_uuid = format!("\"device={}\"", gpu0.uuid);
-        let r = run_probe(
-            &d,
-            &["--runtime", "accel", "--gpus", &by_uuid],
-            &nvidia_probe(&sim),
-        );
-        assert_eq!(
-            extra_dev(&r.ls("/dev")),
-            names(&["nvidia3", "nvidia-uvm", "nvidiactl"]),
-            "{}",
-            r.raw
-        );
+        let r = run_probe(&d, &["--runtime", "accel", "--gpus", &by_uuid], &gpu_probe);
+        r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
         assert_eq!(r.open(&gpu0.node()), Open::Enxio, "{}", r.raw);
     });
 
@@ -360,21 +298,10 @@ fn docker_runs_containers_through_the_shim() {
     steps.run(
         "docker update --cpuset-cpus 0: the device still opens (ENXIO)",
         || {
-            let out = d.docker(&[
-                "run",
-                "-d",
-                "--network",
-                "none",
-                "--runtime",
-                "accel",
-                "-e",
-                "NVIDIA_VISIBLE_DEVICES=1",
-                IMAGE,
-                "sleep",
-                "600",
-            ]);
-            out.ok();
-            let id = out.stdout.trim().to_string();
+            let id = run_detached(
+                &d,
+                &["--runtime", "accel", "-e", "NVIDIA_VISIBLE_DEVICES=1"],
+            );
             let cpuset = if cgroup_v1() {
                 "cat /sys/fs/cgroup/cpuset/cpuset.cpus"
             } else {
@@ -443,20 +370,10 @@ fn docker_runs_containers_through_the_shim() {
             );
             assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM), "{runtimes:#}");
 
-            let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &nvidia_probe(&sim));
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia3", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
-            let r = run_probe(&d, &["--gpus", "\"device=1\""], &nvidia_probe(&sim));
-            assert_eq!(
-                extra_dev(&r.ls("/dev")),
-                names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-                "{}",
-                r.raw
-            );
+            let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &gpu_probe);
+            r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);
+            let r = run_probe(&d, &["--gpus", "\"device=1\""], &gpu_probe);
+            r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
 
             accel_ctk(&args("unconfigure")).ok();
             assert_eq!(

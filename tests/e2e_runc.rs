@@ -8,19 +8,6 @@ use common::*;
 use serde_json::Value;
 use std::process::Command;
 
-/// `ls /dev`, open every node the tests care about, the library and binary dirs.
-fn nvidia_probe(sim: &SimRoot) -> Probe {
-    let mut p = Probe::new()
-        .ls("/dev")
-        .ls("/usr/lib64")
-        .ls("/usr/bin")
-        .open("/dev/nvidiactl");
-    for g in sim.gpus() {
-        p = p.open(&g.node());
-    }
-    p
-}
-
 #[test]
 fn nvidia_index_1_gives_the_second_gpu_by_bus_order() {
     require_root();
@@ -56,27 +43,16 @@ fn nvidia_index_1_gives_the_second_gpu_by_bus_order() {
     out.ok();
     let r = Report::parse(&out.stdout);
 
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
-    assert_eq!(r.open(&second.node()), Open::Enxio, "{}", r.raw);
-    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
-    assert_eq!(r.open(&first.node()), Open::Absent, "{}", r.raw);
+    // The second GPU and the control nodes, the first absent, the libraries at their sonames
+    // in glibc's default dir for this (non-Debian) image.
+    assert_nvidia_index_1(&r, &sim);
+    assert!(!r.ls("/usr/lib64").contains("libefml.so.1"), "{}", r.raw);
     let mknod = r.section("mknod").join("\n");
     assert!(
         mknod.starts_with("made\n")
             && mknod.contains("can't open '/dev/probe': Operation not permitted"),
         "opening an unrequested GPU made with mknod must be EPERM (cgroup), got: {mknod}"
     );
-    // Libraries at their sonames in glibc's default dir for this (non-Debian) image, binaries.
-    let libs = r.ls("/usr/lib64");
-    assert!(libs.contains("libcuda.so.1"), "{}", r.raw);
-    assert!(libs.contains("libnvidia-ml.so.1"), "{}", r.raw);
-    assert!(!libs.contains("libefml.so.1"), "{}", r.raw);
-    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
 }
 
 /// Runs `probe` in a fresh busybox container with `env` set; returns the report and the bundle.
@@ -107,35 +83,20 @@ fn nvidia_by_uuid_all_none_void_unset() {
 
     // By UUID: the same GPU as index 1.
     let (r, _) = run_probe(&sim, &[&uuid1], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open("/dev/nvidia1"), Open::Enxio, "{}", r.raw);
     assert!(r.ls("/usr/lib64").contains("libcuda.so.1"), "{}", r.raw);
 
     // all: both GPUs.
     let (r, _) = run_probe(&sim, &["NVIDIA_VISIBLE_DEVICES=all"], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open("/dev/nvidia1"), Open::Enxio, "{}", r.raw);
     assert_eq!(r.open("/dev/nvidia3"), Open::Enxio, "{}", r.raw);
 
     // Index and UUID of the same GPU, and both indices: deduplicated, bus order.
     let mixed = format!("NVIDIA_VISIBLE_DEVICES=0,{},1", sim.gpus()[1].uuid);
     let (r, b) = run_probe(&sim, &[&mixed], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia1", "nvidia3", "nvidia-uvm", "nvidiactl"]);
     let spec = b.read_spec();
     let gpu_nodes = spec["linux"]["devices"]
         .as_array()
@@ -147,12 +108,7 @@ fn nvidia_by_uuid_all_none_void_unset() {
 
     // none: control nodes, libraries and binaries, no GPU.
     let (r, _) = run_probe(&sim, &["NVIDIA_VISIBLE_DEVICES=none"], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
     assert!(r.ls("/usr/lib64").contains("libcuda.so.1"), "{}", r.raw);
     assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
@@ -286,16 +242,7 @@ fn enflame_1_3_gives_gcu1_gcu3_gcuctl_only() {
         .open("/dev/gcu0")
         .cmd("efsmi", "efsmi");
     let (r, _) = run_probe(&sim, &["ENFLAME_VISIBLE_DEVICES=1,3"], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["gcu1", "gcu3", "gcuctl"]),
-        "{}",
-        r.raw
-    );
-    for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
-        assert_eq!(r.open(node), Open::Enxio, "{node}: {}", r.raw);
-    }
-    assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{}", r.raw);
+    assert_enflame_1_3(&r, "");
     // The soname and its development name (profile `dev-links`), both the driver's file.
     assert_eq!(
         r.ls("/usr/lib64"),
@@ -393,12 +340,7 @@ fn ascend_profile_file_works_without_code() {
         .cmd("npu-smi", "npu-smi");
     // Runc::new installs config/profiles/ascend.toml into the config's profiles-dir.
     let (r, _) = run_probe(&sim, &["ASCEND_VISIBLE_DEVICES=0"], &probe);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["davinci0", "davinci_manager", "devmm_svm", "hisi_hdc"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["davinci0", "davinci_manager", "devmm_svm", "hisi_hdc"]);
     assert_eq!(r.open("/dev/davinci0"), Open::Enxio, "{}", r.raw);
     assert_eq!(r.open("/dev/davinci_manager"), Open::Enxio, "{}", r.raw);
     assert_eq!(r.open("/dev/davinci1"), Open::Absent, "{}", r.raw);
@@ -564,12 +506,7 @@ fn duplicate_variable_last_entry_wins_as_in_the_container() {
     );
     assert_eq!(r.section("env"), ["1"], "{}", r.raw);
     // Index 1 is the GPU on bus 0000:af:00.0, minor 1.
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&["nvidia1", "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
 }
 
 /// Engines retry a failed start on the same bundle: a second create adds nothing twice.
@@ -593,19 +530,14 @@ fn second_create_on_the_same_bundle_adds_nothing() {
         String::from_utf8_lossy(&once)
     );
     let r = Report::parse(&out.stdout);
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&[
-            "nvidia1",
-            "nvidia3",
-            "nvidia-uvm",
-            "nvidiactl",
-            "gcu0",
-            "gcuctl"
-        ]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&[
+        "nvidia1",
+        "nvidia3",
+        "nvidia-uvm",
+        "nvidiactl",
+        "gcu0",
+        "gcuctl",
+    ]);
 }
 
 /// containerd parses runc's `runc version X` from stdout: it must come through untouched.
@@ -782,7 +714,7 @@ fn device_list_volume_named_all_gives_nothing_and_a_dev_null_bind_gives_gpu_0() 
         "destination": format!("{dir}/all"), "type": "tmpfs", "source": "tmpfs",
         "options": ["nosuid", "nodev", "mode=755"]
     }));
-    assert_eq!(extra_dev(&r.ls("/dev")), names(&[]), "{}", r.raw);
+    r.assert_extra_dev(&[]);
 
     let first = &sim.gpus()[0];
     let r = run(serde_json::json!({
@@ -791,12 +723,7 @@ fn device_list_volume_named_all_gives_nothing_and_a_dev_null_bind_gives_gpu_0() 
     }));
     let want = first.node();
     let want = want.trim_start_matches("/dev/");
-    assert_eq!(
-        extra_dev(&r.ls("/dev")),
-        names(&[want, "nvidia-uvm", "nvidiactl"]),
-        "{}",
-        r.raw
-    );
+    r.assert_extra_dev(&[want, "nvidia-uvm", "nvidiactl"]);
     assert_eq!(r.open(&first.node()), Open::Enxio, "{}", r.raw);
 }
 

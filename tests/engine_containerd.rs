@@ -7,10 +7,16 @@
 //! than skip. containerd 1.x reads config versions 1 and 2 only, so the v3 golden file is
 //! checked by the golden tests, not here.
 
+mod common;
+#[path = "common/engines.rs"]
+mod engines;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use engines::{configure_containerd, containerd_config_dump};
 
 const RUNTIME_PATH: &str = "/usr/bin/accel-container-runtime";
 
@@ -21,40 +27,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn configure(file: &Path, extra: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
-        .args([
-            "runtime",
-            "configure",
-            "--runtime",
-            "containerd",
-            "--config",
-        ])
-        .arg(file)
-        .args(["--runtime-path", RUNTIME_PATH])
-        .args(extra)
-        .output()
-        .expect("running accel-ctk");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn config_dump(file: &Path) -> toml::Table {
-    let out = Command::new("containerd")
-        .arg("--config")
-        .arg(file)
-        .args(["config", "dump"])
-        .output()
-        .expect("containerd must be installed (apt-get install containerd)");
-    assert!(
-        out.status.success(),
-        "containerd refused {}: {}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    toml::from_str(&String::from_utf8(out.stdout).unwrap()).expect("config dump is TOML")
+    configure_containerd(file, RUNTIME_PATH, extra);
 }
 
 fn cri_runtime<'a>(dump: &'a toml::Table, name: &str) -> &'a toml::Value {
@@ -67,7 +40,7 @@ fn config_dump_shows_runtime_from_operator_file() {
     let file = dir.path().join("config.toml");
     std::fs::copy(fixture("containerd-v2.toml"), &file).unwrap();
     configure(&file, &["--set-as-default"]);
-    let dump = config_dump(&file);
+    let dump = containerd_config_dump(&file);
     let accel = cri_runtime(&dump, "accel");
     assert_eq!(
         accel["runtime_type"].as_str(),
@@ -92,7 +65,7 @@ fn config_dump_shows_runtime_from_new_file() {
     // /etc/containerd may not exist before containerd's first configuration.
     let file = dir.path().join("containerd/config.toml");
     configure(&file, &["--create-parents"]);
-    let dump = config_dump(&file);
+    let dump = containerd_config_dump(&file);
     assert_eq!(
         cri_runtime(&dump, "accel")["options"]["BinaryName"].as_str(),
         Some(RUNTIME_PATH)
@@ -125,7 +98,7 @@ fn config_dump_shows_runtime_from_schema_1_file() {
         text.contains("[plugins.cri.containerd.runtimes.accel]"),
         "{text}"
     );
-    let dump = config_dump(&file);
+    let dump = containerd_config_dump(&file);
     let accel = cri_runtime(&dump, "accel");
     assert_eq!(accel["options"]["BinaryName"].as_str(), Some(RUNTIME_PATH));
     assert_eq!(accel["options"]["SystemdCgroup"].as_bool(), Some(true));

@@ -12,6 +12,8 @@
 //!   skipped); the shim adds no error of its own and runc judges the rest of the spec.
 //! - a profile without `driver-root` means `/` (the documented default), not an error.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::mknod;
 use serde_json::{json, Value};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
@@ -51,9 +54,9 @@ impl Env {
                 format!("Model: \t\t NVIDIA H100\nGPU UUID: \t\t {uuid}\nBus Location: \t\t {bus}\nDevice Minor: \t\t {i}\n"),
             )
             .unwrap();
-            mknod(&root.join(format!("dev/nvidia{i}")), 195, i as u64);
+            mknod(&root.join(format!("dev/nvidia{i}")), 195, i as u32, 0o666);
         }
-        mknod(&root.join("dev/nvidiactl"), 195, 255);
+        mknod(&root.join("dev/nvidiactl"), 195, 255, 0o666);
         std::fs::create_dir_all(e.bundle()).unwrap();
         e.set_env(&[]);
         let runtime = e.path("runtime");
@@ -208,18 +211,6 @@ impl Env {
         std::fs::remove_file(self.path("runtime-called")).unwrap();
         self.spec()
     }
-}
-
-fn mknod(path: &Path, major: u64, minor: u64) {
-    use nix::sys::stat::{makedev, Mode, SFlag};
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    nix::sys::stat::mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major, minor),
-    )
-    .unwrap_or_else(|e| panic!("mknod {} (these tests need root): {e}", path.display()));
 }
 
 /// Runs to completion, or kills the process and fails after `limit` (a FIFO must not hang).
@@ -1403,7 +1394,7 @@ fn host_nodes_outside_dev_root_or_of_the_wrong_kind_are_refused() {
     let e = Env::new();
     let dev = e.root().join("dev");
     // A symlink out of the driver root, to a node that exists.
-    mknod(&e.path("outside/nvidia1"), 195, 1);
+    mknod(&e.path("outside/nvidia1"), 195, 1, 0o666);
     std::fs::remove_file(dev.join("nvidia1")).unwrap();
     std::os::unix::fs::symlink(e.path("outside/nvidia1"), dev.join("nvidia1")).unwrap();
     e.set_env(&["NVIDIA_VISIBLE_DEVICES=1"]);
@@ -1421,7 +1412,7 @@ fn host_nodes_outside_dev_root_or_of_the_wrong_kind_are_refused() {
     e.refused(&["nvidia2", "not a character device"]);
     // Another driver's major (a loop device's, 7).
     std::fs::remove_file(dev.join("nvidia2")).unwrap();
-    mknod(&dev.join("nvidia2"), 7, 2);
+    mknod(&dev.join("nvidia2"), 7, 2, 0o666);
     e.refused(&["nvidia2", "major 7", "device-majors"]);
     // A symlink that stays inside is followed.
     std::fs::remove_file(dev.join("nvidia2")).unwrap();
@@ -1551,6 +1542,12 @@ fn spec_text_with(e: &Env, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
+/// Writes `plain` as config.json, then it again with `from` replaced by `to`.
+fn reset_then_write_with(e: &Env, plain: &str, from: &str, to: &str) {
+    e.write_spec(plain.as_bytes());
+    e.write_spec(spec_text_with(e, from, to).as_bytes());
+}
+
 #[test]
 fn spec_keys_are_read_as_runc_reads_them_or_refused() {
     let e = Env::new();
@@ -1571,60 +1568,50 @@ fn spec_keys_are_read_as_runc_reads_them_or_refused() {
     e.refused(&["\"Bounding\"", "process.capabilities", "`bounding` to runc"]);
     // The environment runc sets is the later, case-variant key's: no request to runc.
     e.config("");
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"cwd\":", "\"ENV\":[],\"cwd\":").as_bytes());
+    reset_then_write_with(&e, &plain, "\"cwd\":", "\"ENV\":[],\"cwd\":");
     e.refused(&["\"ENV\"", "`process`", "`env` to runc"]);
     // The other way round, the shim sees no request: nothing is given (runc's environment
     // has the variable, but no device is in the spec).
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"env\":[", "\"env\":[],\"ENV\":[").as_bytes());
+    reset_then_write_with(&e, &plain, "\"env\":[", "\"env\":[],\"ENV\":[");
     assert_eq!(device_paths(&e.accepted()), Vec::<String>::new());
     // Unicode simple folding: U+017F (long s) is `s` to Go.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(spec_text_with(&e, "\"mounts\":[", "\"mount\u{17f}\":[],\"mounts\":[").as_bytes());
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"mounts\":[",
+        "\"mount\u{17f}\":[],\"mounts\":[",
+    );
     e.refused(&["mount\u{17f}", "`mounts` to runc"]);
     // ... and U+212A (Kelvin sign) is `k`: a hook runc would run, hidden from an exact reader.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"hoo\u{212a}s\":{\"prestart\":[]},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"hoo\u{212a}s\":{\"prestart\":[]},\"process\":{",
     );
     e.refused(&["hoo\u{212a}s", "`hooks` to runc"]);
     // A repeated object: runc merges it into the first, serde_json keeps the last.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"linux\":{\"devices\":[]},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"linux\":{\"devices\":[]},\"process\":{",
     );
     e.refused(&["`linux` repeated", "top level"]);
     // A repeated annotation.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
     );
     e.refused(&["\"a\" repeated", "`annotations`"]);
     // Keys that name no field runc reads are ignored by both, whatever their case.
-    e.write_spec(plain.as_bytes());
-    e.write_spec(
-        spec_text_with(
-            &e,
-            "\"process\":{",
-            "\"Mountz\":1,\"X\":1,\"x\":2,\"process\":{",
-        )
-        .as_bytes(),
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"process\":{",
+        "\"Mountz\":1,\"X\":1,\"x\":2,\"process\":{",
     );
     assert_eq!(
         device_paths(&e.accepted()),

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::common::{output, Bundle, Out};
+use crate::common::{output, sh_ok, which, Bundle, Out};
 
 /// Debian's docker client, the same release as its dockerd (a newer client in
 /// /usr/local/bin would need DOCKER_API_VERSION against a 20.10 daemon).
@@ -77,14 +77,6 @@ pub fn require_engines() {
     );
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
-}
-
 /// PATH for the daemons: the caller's, plus the sbin dirs (dockerd, runc) a test runner's
 /// PATH may lack.
 fn daemon_path(first: Option<&Path>) -> std::ffi::OsString {
@@ -94,13 +86,6 @@ fn daemon_path(first: Option<&Path>) -> std::ffi::OsString {
     }
     dirs.extend(["/usr/sbin".into(), "/sbin".into()]);
     std::env::join_paths(dirs).expect("PATH entries without ':'")
-}
-
-#[track_caller]
-fn ok(cmd: &mut Command) -> Out {
-    let out = output(cmd);
-    assert_eq!(out.code, 0, "{cmd:?} failed: {out:#?}");
-    out
 }
 
 /// A short temp dir under /tmp: every socket path built on it stays far below 108 bytes.
@@ -118,18 +103,20 @@ fn short_tempdir(prefix: &str) -> TempDir {
 /// The harness's busybox rootfs (`/bin/busybox` and its applet links) as a tarball at `dest`.
 pub fn busybox_rootfs_tar(dest: &Path) -> PathBuf {
     let bundle = Bundle::busybox();
-    ok(Command::new("tar")
-        .arg("-C")
-        .arg(bundle.rootfs())
-        .arg("--numeric-owner")
-        .arg("-cf")
-        .arg(dest)
-        .arg("."));
+    sh_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(bundle.rootfs())
+            .arg("--numeric-owner")
+            .arg("-cf")
+            .arg(dest)
+            .arg("."),
+    );
     dest.to_path_buf()
 }
 
 fn sha256_file(path: &Path) -> String {
-    let out = ok(Command::new("sha256sum").arg(path));
+    let out = sh_ok(Command::new("sha256sum").arg(path));
     let hex = out.stdout.split_whitespace().next().unwrap_or_default();
     assert_eq!(
         hex.len(),
@@ -204,12 +191,14 @@ pub fn oci_image_archive(rootfs_tar: &Path, dest: &Path) -> PathBuf {
     });
     std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    ok(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-cf")
-        .arg(dest)
-        .args(["oci-layout", "index.json", "blobs"]));
+    sh_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&dir)
+            .arg("-cf")
+            .arg(dest)
+            .args(["oci-layout", "index.json", "blobs"]),
+    );
     dest.to_path_buf()
 }
 
@@ -313,6 +302,22 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Starts the daemon `cmd` with `env` added, its output to the file `log`, and in its own
+/// process group: a ^C to the test run reaches the test, whose Drop stops it.
+fn spawn_logged(mut cmd: Command, log: &Path, env: &[(&str, &OsStr)], name: &str) -> Child {
+    let file = std::fs::File::create(log).unwrap();
+    cmd.env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .process_group(0);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
+}
+
 /// Polls `ready` until it holds, panicking with the daemon's log tail if the daemon exits or
 /// `limit` passes.
 fn wait_ready(
@@ -393,7 +398,6 @@ impl Dockerd {
 
     fn spawn(dir: TempDir, env: &[(&str, &OsStr)]) -> Dockerd {
         let d = dir.path();
-        let log = std::fs::File::create(d.join("dockerd.log")).unwrap();
         // By full path: a test runner's PATH may lack /usr/sbin.
         let mut cmd = Command::new(which("dockerd").expect("dockerd"));
         cmd.args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
@@ -408,17 +412,8 @@ impl Dockerd {
             .arg("--config-file")
             .arg(d.join("daemon.json"))
             .env("PATH", daemon_path(Some(&d.join("bin"))))
-            .env_remove("DOCKER_HOST")
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            // Its own process group: a ^C to the test run reaches the test, whose Drop stops it.
-            .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("cannot start dockerd");
+            .env_remove("DOCKER_HOST");
+        let child = spawn_logged(cmd, &d.join("dockerd.log"), env, "dockerd");
         let mut daemon = Dockerd { child, dir };
         let log = daemon.log_path();
         let dir = daemon.dir.path().to_path_buf();
@@ -567,20 +562,11 @@ impl Containerd {
 
     fn spawn(dir: TempDir, env: &[(&str, &OsStr)]) -> Containerd {
         let d = dir.path();
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
         let mut cmd = Command::new(which("containerd").expect("containerd"));
         cmd.arg("--config")
             .arg(d.join("config.toml"))
-            .env("PATH", daemon_path(None))
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("cannot start containerd");
+            .env("PATH", daemon_path(None));
+        let child = spawn_logged(cmd, &d.join("containerd.log"), env, "containerd");
         let mut daemon = Containerd { child, dir };
         let log = daemon.log_path();
         let sock = daemon.socket();
@@ -642,6 +628,42 @@ impl Drop for Containerd {
         stop_child(&mut self.child, Duration::from_secs(20));
         umount_under(self.dir.path());
     }
+}
+
+/// `accel-ctk runtime configure --runtime containerd --config <file> --runtime-path <runtime>
+/// <extra>`; panics unless it succeeds.
+pub fn configure_containerd(file: &Path, runtime: &str, extra: &[&str]) {
+    let mut args = vec![
+        "runtime",
+        "configure",
+        "--runtime",
+        "containerd",
+        "--config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        runtime,
+    ];
+    args.extend_from_slice(extra);
+    crate::common::accel_ctk(&args).ok();
+}
+
+/// The configuration containerd makes of `file`: `containerd --config <file> config dump`.
+#[track_caller]
+pub fn containerd_config_dump(file: &Path) -> toml::Table {
+    let out = output(
+        Command::new("containerd")
+            .arg("--config")
+            .arg(file)
+            .args(["config", "dump"]),
+    );
+    assert_eq!(
+        out.code,
+        0,
+        "containerd refused {}: {}",
+        file.display(),
+        out.stderr
+    );
+    toml::from_str(&out.stdout).expect("config dump is TOML")
 }
 
 // ---------------------------------------------------------------------------------------------

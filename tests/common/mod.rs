@@ -84,7 +84,8 @@ pub fn require_root() {
     );
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// `tool`'s path on PATH or in the sbin dirs (a test runner's PATH may lack them).
+pub fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
@@ -140,6 +141,11 @@ pub fn output(cmd: &mut Command) -> Out {
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     Out::from(o)
+}
+
+/// `accel-ctk args...`.
+pub fn accel_ctk<S: AsRef<OsStr>>(args: &[S]) -> Out {
+    output(Command::new(env!("CARGO_BIN_EXE_accel-ctk")).args(args))
 }
 
 #[track_caller]
@@ -381,15 +387,22 @@ impl SimRoot {
     }
 }
 
-fn mknod(path: &Path, major: u32, minor: u32, mode: u32) {
+/// A character device node at `path` (its parent dirs made) with exactly `mode`.
+pub fn mknod(path: &Path, major: u32, minor: u32, mode: u32) {
     use nix::sys::stat::{makedev, Mode, SFlag};
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     nix::sys::stat::mknod(
         path,
         SFlag::S_IFCHR,
         Mode::from_bits_truncate(mode),
         makedev(major.into(), minor.into()),
     )
-    .unwrap_or_else(|e| panic!("mknod {} c {major} {minor}: {e}", path.display()));
+    .unwrap_or_else(|e| {
+        panic!(
+            "mknod {} c {major} {minor}: {e} (these tests need root; CI runs them as root)",
+            path.display()
+        )
+    });
     // mknod's mode is filtered by the umask; set it exactly.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
@@ -463,14 +476,19 @@ pub struct Bundle {
     spec: Value,
 }
 
+/// A new bundle's temp dir, once [`require_root`] has checked these tests can run here.
+fn bundle_dir() -> TempDir {
+    require_root();
+    tempfile::Builder::new()
+        .prefix("accel-e2e-bundle.")
+        .tempdir()
+        .expect("temp dir for the bundle")
+}
+
 impl Bundle {
     /// rootfs: `/bin/busybox` with a symlink per applet; config from `runc spec`.
     pub fn busybox() -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         install_busybox(&dir.path().join("rootfs"));
         Self::from_dir(dir)
     }
@@ -480,11 +498,7 @@ impl Bundle {
     /// link to `usr/lib` (merged /usr), busybox for a shell, and the image's own
     /// `/etc/ld.so.cache` made by `ldconfig -r rootfs` (so it knows only the image's files).
     pub fn glibc(program: &Path) -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         let rootfs = dir.path().join("rootfs");
         install_busybox(&rootfs);
         let libdir = rootfs.join(&LIB_DIR[1..]);
@@ -712,10 +726,14 @@ impl Runc {
     /// `create --bundle B --pid-file P ID`, detached. The container's stdio goes to files in
     /// the scratch dir (a pipe would be held open by the container and never reach EOF).
     pub fn create(&self, bundle: &Bundle, id: &str) -> Out {
+        self.create_with(self.shim_cmd(), bundle, id)
+    }
+
+    /// `cmd create --bundle B --pid-file P ID`, its stdio in files (see [`Runc::create`]).
+    fn create_with(&self, mut cmd: Command, bundle: &Bundle, id: &str) -> Out {
         let base = self.dir.path().join(id);
         let file = |ext: &str| std::fs::File::create(base.with_extension(ext)).unwrap();
-        let status = self
-            .shim_cmd()
+        let status = cmd
             .arg("create")
             .arg("--bundle")
             .arg(bundle.path())
@@ -726,7 +744,7 @@ impl Runc {
             .stdout(file("stdout"))
             .stderr(file("stderr"))
             .status()
-            .expect("cannot start the shim");
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let read = |ext: &str| std::fs::read_to_string(base.with_extension(ext)).unwrap();
         Out {
             code: status.code().unwrap_or(-1),
@@ -907,6 +925,66 @@ pub fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+impl Report {
+    /// Panics unless the accelerator nodes in the container's `/dev` (see [`extra_dev`]) are
+    /// exactly `want`.
+    #[track_caller]
+    pub fn assert_extra_dev(&self, want: &[&str]) {
+        assert_eq!(extra_dev(&self.ls("/dev")), names(want), "{}", self.raw);
+    }
+}
+
+/// `ls` of /dev and the driver dirs, nvidiactl and every GPU node of `sim` opened.
+pub fn nvidia_probe(sim: &SimRoot) -> Probe {
+    let mut p = Probe::new()
+        .ls("/dev")
+        .ls("/usr/lib64")
+        .ls("/usr/bin")
+        .open("/dev/nvidiactl");
+    for g in sim.gpus() {
+        p = p.open(&g.node());
+    }
+    p
+}
+
+/// What [`nvidia_probe`] saw in a container given `NVIDIA_VISIBLE_DEVICES=1` on
+/// [`SimRoot::standard`]: the second GPU by bus order (nvidia1) and the control nodes, each
+/// opening with ENXIO (allowed, no driver), the first GPU absent, the driver's libraries and
+/// nvidia-smi.
+#[track_caller]
+pub fn assert_nvidia_index_1(r: &Report, sim: &SimRoot) {
+    let (gpu0, gpu1) = (&sim.gpus()[0], &sim.gpus()[1]);
+    r.assert_extra_dev(&["nvidia1", "nvidia-uvm", "nvidiactl"]);
+    assert_eq!(r.open(&gpu1.node()), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/nvidiactl"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open(&gpu0.node()), Open::Absent, "{}", r.raw);
+    let libs = r.ls("/usr/lib64");
+    assert!(
+        libs.contains("libcuda.so.1") && libs.contains("libnvidia-ml.so.1"),
+        "{}",
+        r.raw
+    );
+    assert!(r.ls("/usr/bin").contains("nvidia-smi"), "{}", r.raw);
+}
+
+/// What a probe that lists /dev and opens gcu0, gcu1, gcu3 and gcuctl saw in a container
+/// given `ENFLAME_VISIBLE_DEVICES=1,3` on [`SimRoot::standard`]: gcu1, gcu3 and gcuctl, each
+/// opening with ENXIO (the simulated major has no driver), and gcu0 absent. `ctx` starts each
+/// failure message.
+#[track_caller]
+pub fn assert_enflame_1_3(r: &Report, ctx: &str) {
+    assert_eq!(
+        extra_dev(&r.ls("/dev")),
+        names(&["gcu1", "gcu3", "gcuctl"]),
+        "{ctx}{}",
+        r.raw
+    );
+    for node in ["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"] {
+        assert_eq!(r.open(node), Open::Enxio, "{ctx}{node}: {}", r.raw);
+    }
+    assert_eq!(r.open("/dev/gcu0"), Open::Absent, "{ctx}{}", r.raw);
+}
+
 // =============================================================================================
 // Stress and soak helpers (tests/stress.rs): shared read-only rootfs, a low-level runtime
 // wrapper, waiting for a detached container, and host-state counters for leak checks.
@@ -925,11 +1003,7 @@ impl Bundle {
     /// `rootfs`, read-only, so many bundles share one image; the bundle dir itself holds only
     /// `config.json`.
     pub fn on_rootfs(rootfs: &Path) -> Bundle {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("accel-e2e-bundle.")
-            .tempdir()
-            .expect("temp dir for the bundle");
+        let dir = bundle_dir();
         let mut b = Self::from_dir(dir);
         let root = rootfs.to_str().expect("UTF-8 rootfs path").to_string();
         b.edit(|s| {
@@ -1014,27 +1088,7 @@ impl Runc {
 
     /// As [`Runc::create`], started through `launcher` (see [`Runc::shim_via`]).
     pub fn create_via(&self, launcher: &Path, bundle: &Bundle, id: &str) -> Out {
-        let base = self.dir.path().join(id);
-        let file = |ext: &str| std::fs::File::create(base.with_extension(ext)).unwrap();
-        let status = self
-            .launched(launcher)
-            .arg("create")
-            .arg("--bundle")
-            .arg(bundle.path())
-            .arg("--pid-file")
-            .arg(base.with_extension("pid"))
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(file("stdout"))
-            .stderr(file("stderr"))
-            .status()
-            .expect("cannot start the launcher");
-        let read = |ext: &str| std::fs::read_to_string(base.with_extension(ext)).unwrap();
-        Out {
-            code: status.code().unwrap_or(-1),
-            stdout: read("stdout"),
-            stderr: read("stderr"),
-        }
+        self.create_with(self.launched(launcher), bundle, id)
     }
 
     fn launched(&self, launcher: &Path) -> Command {
