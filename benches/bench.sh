@@ -8,8 +8,10 @@
 #   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # before/after
 #
 # What ships is what is measured: the build the packages ship (packaging/target.sh: `cargo
-# build --release --target <triple>` with its one flag, static glibc), with the shipped config.toml and the four
-# profile files the packages install in profiles-dir, bundles on a tmpfs as engines keep them.
+# build --release --target <triple>` with its one flag, static glibc), installed on the disk
+# and read back from it as after a boot (every binary compared is treated alike), with the
+# shipped config.toml and the four profile files the packages install in profiles-dir,
+# bundles on a tmpfs as engines keep them.
 # What is compared, every command given the argv `state ctr` / `create --bundle B ctr`:
 #   noop               a static C program that exits 0: the "low-level runtime" here
 #   exec-only C        static C wrapper that only execv's its argument (the floor for C)
@@ -54,7 +56,16 @@ triple=$(bash packaging/target.sh)
 rustflags=$(bash packaging/target.sh --rustflags)
 echo "== building the shipped build: RUSTFLAGS='$rustflags' cargo build --release --target $triple" >&2
 RUSTFLAGS="$rustflags" cargo build --release --quiet --locked --bin accel-container-runtime --target "$triple"
-shim=$repo/target/$triple/release/accel-container-runtime
+# Every measured binary is installed on the disk, as a package installs it, and is later
+# dropped from the page cache (below).
+bins=$disk/bin
+mkdir -p "$bins"
+install -m 0755 "$repo/target/$triple/release/accel-container-runtime" "$bins/accel-container-runtime"
+shim=$bins/accel-container-runtime
+if [ -n "${BASELINE:-}" ]; then
+  install -m 0755 "$BASELINE" "$bins/baseline"
+  BASELINE=$bins/baseline
+fi
 
 cat >"$work/noop.c" <<'EOF'
 int main(void) { return 0; }
@@ -77,9 +88,9 @@ fn main() {
     std::process::exit(127);
 }
 EOF
-gcc -O2 -static -o "$work/noop" "$work/noop.c"
-gcc -O2 -static -o "$work/exec-c" "$work/exec.c"
-rustc -O -o "$work/exec-rust" "$work/exec.rs"
+gcc -O2 -static -o "$bins/noop" "$work/noop.c"
+gcc -O2 -static -o "$bins/exec-c" "$work/exec.c"
+rustc -O -o "$bins/exec-rust" "$work/exec.rs"
 
 echo "== simulated driver root: 8 GPUs, control nodes, libraries, binaries" >&2
 root=$work/driver
@@ -109,14 +120,14 @@ done
 echo "/usr/lib/$multiarch" >"$root/etc/ld.so.conf"
 ldconfig -r "$root"
 for bin in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-control nvidia-cuda-mps-server; do
-  cp "$work/noop" "$root/usr/bin/$bin"
+  cp "$bins/noop" "$root/usr/bin/$bin"
 done
 
 # The shipped config.toml and the profile files the packages install (Cargo.toml's assets),
 # pointed at the no-op runtime, a private log and the simulated driver root.
 mkdir -p "$work/profiles.d"
 for p in ascend cambricon habana mthreads; do cp "config/profiles/$p.toml" "$work/profiles.d/"; done
-sed -e "s|^low-level-runtime = .*|low-level-runtime = \"$work/noop\"|" \
+sed -e "s|^low-level-runtime = .*|low-level-runtime = \"$bins/noop\"|" \
   -e "s|^log-file = .*|log-file = \"$work/shim.log\"|" \
   -e "s|^profiles-dir = .*|profiles-dir = \"$work/profiles.d\"|" config/config.toml >"$work/config.toml"
 printf '\n[profiles.nvidia]\ndriver-root = "%s"\n' "$root" >>"$work/config.toml"
@@ -164,9 +175,9 @@ cmp "$work/b-again/config.json" "$work/b-again/config.json.edited"
 echo "   create none: config.json unchanged; create again: unchanged; state: exit 0" >&2
 
 cmds=(
-  noop "true" "$work/noop state ctr"
-  "exec-only C (static)" "true" "$work/exec-c $work/noop state ctr"
-  "exec-only Rust (rustc -O)" "true" "$work/exec-rust $work/noop state ctr"
+  noop "true" "$bins/noop state ctr"
+  "exec-only C (static)" "true" "$bins/exec-c $bins/noop state ctr"
+  "exec-only Rust (rustc -O)" "true" "$bins/exec-rust $bins/noop state ctr"
 )
 add_shim() { # label binary
   cmds+=(
@@ -184,6 +195,19 @@ add_shim "shim" "$shim"
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" >&2
 echo "== kernel $(uname -r); bundles on $(stat -f -c %T "$work"), disk bundle on $(stat -f -c %T "$disk")" >&2
+# Each binary as a node runs it after a boot: read from the disk into the page cache by
+# readahead. How a file came into the page cache changes what exec costs (the same binary
+# just written by cp runs faster than when read back from the disk: BENCHMARKS.md, fifth
+# pass), so every binary is put in the same state: synced, then dropped from the cache.
+sync
+python3 - "$bins"/* <<'EOF'
+import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+EOF
+echo "== binaries on $(stat -f -c %T "$bins"), dropped from the page cache before the first round" >&2
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # The machine may be shared and its speed drifts: in ROUNDS rounds, each running every command
 # RUNS/ROUNDS times in a new random order, a slow spell hits all commands alike; medians are
@@ -227,8 +251,8 @@ rss() { # label prepare command...
 }
 {
   echo "Peak RSS (ru_maxrss of the process, over the shim and the no-op it execs):"
-  rss "noop" true "$work/noop" state ctr
-  rss "exec-only Rust" true "$work/exec-rust" "$work/noop" state ctr
+  rss "noop" true "$bins/noop" state ctr
+  rss "exec-only Rust" true "$bins/exec-rust" "$bins/noop" state ctr
   for label in shim ${BASELINE:+baseline}; do
     bin=$shim; [ "$label" = shim ] || bin=$BASELINE
     rss "$label state" true "$bin" state ctr
