@@ -101,14 +101,9 @@ pub fn device_nodes<'a>(dev_root: &DevRoot<'_>, devices: &[&'a Device]) -> Nodes
         if out.has(node) {
             continue;
         }
-        let fact = match dev_root.host_node(node, true) {
-            Ok((host, meta)) => Node::At {
-                host,
-                stat: Ok(Stat::of(&meta)),
-            },
-            Err(e) if e.is_not_found() => at(Profile::under(profile.dev_root(), node)),
-            Err(e) => Node::Refused(Arc::new(e)),
-        };
+        let fact = looked_up(dev_root, node, true, || {
+            at(Profile::under(profile.dev_root(), node))
+        });
         out.0.push((node, fact));
     }
     out
@@ -142,14 +137,7 @@ pub fn driver<'a>(dev_root: &DevRoot<'a>, caps: &[String], cache: &ldcache::Cach
             continue;
         }
         // nvidia-modeset only exists with a display driver: a node not found is left out.
-        let fact = match dev_root.host_node(node, false) {
-            Ok((host, meta)) => Node::At {
-                host,
-                stat: Ok(Stat::of(&meta)),
-            },
-            Err(e) if e.is_not_found() => Node::Absent,
-            Err(e) => Node::Refused(Arc::new(e)),
-        };
+        let fact = looked_up(dev_root, node, false, || Node::Absent);
         nodes.0.push((node, fact));
     }
     let stems: Vec<&str> = groups
@@ -168,6 +156,24 @@ pub fn driver<'a>(dev_root: &DevRoot<'a>, caps: &[String], cache: &ldcache::Cach
         nodes,
         libraries,
         binaries,
+    }
+}
+
+/// The fact for `node` as [`DevRoot::host_node`] finds it (`device`: a device's own node,
+/// whose major the profile may restrict); `not_found` says what a node that is not there is.
+fn looked_up(
+    dev_root: &DevRoot<'_>,
+    node: &Path,
+    device: bool,
+    not_found: impl FnOnce() -> Node,
+) -> Node {
+    match dev_root.host_node(node, device) {
+        Ok((host, meta)) => Node::At {
+            host,
+            stat: Ok(Stat::of(&meta)),
+        },
+        Err(e) if e.is_not_found() => not_found(),
+        Err(e) => Node::Refused(Arc::new(e)),
     }
 }
 
