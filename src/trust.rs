@@ -179,16 +179,23 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 
-    /// Needs root (files made here must be root's); CI runs as root.
-    #[test]
-    fn owner_mode_and_directories() {
+    /// A temp dir with `etc/` (0755) holding `name` (0644, `text`), all root's when run as
+    /// root: the trusted starting point each test then spoils.
+    fn trusted_file(name: &str, text: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("etc");
         std::fs::create_dir(&dir).unwrap();
         chmod(&dir, 0o755);
-        let f = dir.join("config.toml");
-        std::fs::write(&f, "").unwrap();
+        let f = dir.join(name);
+        std::fs::write(&f, text).unwrap();
         chmod(&f, 0o644);
+        (t, dir, f)
+    }
+
+    /// Needs root (files made here must be root's); CI runs as root.
+    #[test]
+    fn owner_mode_and_directories() {
+        let (t, dir, f) = trusted_file("config.toml", "");
         check_file(&f).unwrap();
 
         chmod(&f, 0o664);
@@ -235,13 +242,7 @@ mod tests {
     /// descriptor it returns; a FIFO is refused without blocking.
     #[test]
     fn open_file_judges_what_it_opens() {
-        let t = tempfile::tempdir().unwrap();
-        let dir = t.path().join("etc");
-        std::fs::create_dir(&dir).unwrap();
-        chmod(&dir, 0o755);
-        let f = dir.join("a.toml");
-        std::fs::write(&f, "x").unwrap();
-        chmod(&f, 0o644);
+        let (t, dir, f) = trusted_file("a.toml", "x");
         let mut checked = Checked::default();
         let (_, meta) = open_file(&f, &mut checked).unwrap();
         assert_eq!(meta.len(), 1);
