@@ -192,6 +192,20 @@ mod tests {
         (t, dir, f)
     }
 
+    /// `dir/link.toml`, a symlink to a root-owned 0644 file in `other`, a directory anyone
+    /// can write (mode 0777): returns (other, target, link).
+    fn link_to_open_dir(t: &tempfile::TempDir, dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let other = t.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        chmod(&other, 0o777);
+        let target = other.join("real.toml");
+        std::fs::write(&target, "").unwrap();
+        chmod(&target, 0o644);
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        (other, target, link)
+    }
+
     /// Needs root (files made here must be root's); CI runs as root.
     #[test]
     fn owner_mode_and_directories() {
@@ -218,14 +232,7 @@ mod tests {
         chmod(&dir, 0o755);
 
         // A symlink: judged by its target and the target's directories.
-        let other = t.path().join("other");
-        std::fs::create_dir(&other).unwrap();
-        chmod(&other, 0o777);
-        let target = other.join("real.toml");
-        std::fs::write(&target, "").unwrap();
-        chmod(&target, 0o644);
-        let link = dir.join("link.toml");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let (other, target, link) = link_to_open_dir(&t, &dir);
         let e = check_file(&link).unwrap_err();
         assert!(
             e.contains(&format!("directory {}", other.display())) && !e.contains("symlink"),
@@ -265,14 +272,7 @@ mod tests {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
         assert!(untrusted(&fifo, &mut checked).contains("not a regular file"));
         // A symlink: judged by its target's directories, as check_file does.
-        let other = t.path().join("other");
-        std::fs::create_dir(&other).unwrap();
-        chmod(&other, 0o777);
-        let target = other.join("real.toml");
-        std::fs::write(&target, "").unwrap();
-        chmod(&target, 0o644);
-        let link = dir.join("link.toml");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let (other, _, link) = link_to_open_dir(&t, &dir);
         assert_eq!(
             untrusted(&link, &mut checked),
             check_file(&link).unwrap_err()
