@@ -426,29 +426,51 @@ pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) 
 #[derive(Debug, Default)]
 pub struct Names {
     set: std::collections::HashSet<Vec<u8>>,
-    /// Bit `n`: a name of `n` bytes (`n` < 256) is in `set`.
-    lengths: [u64; 4],
-    /// A name of 256 bytes or more is in `set`.
-    long: bool,
+    lengths: Lengths,
 }
 
 impl Names {
     pub fn insert(&mut self, name: &[u8]) {
-        match self.lengths.get_mut(name.len() / 64) {
-            Some(bits) => *bits |= 1 << (name.len() % 64),
-            None => self.long = true,
-        }
+        self.lengths.add(name.len(), true);
         if !self.set.contains(name) {
             self.set.insert(name.to_vec());
         }
     }
 
     pub fn contains(&self, run: &[u8]) -> bool {
-        let maybe = match self.lengths.get(run.len() / 64) {
-            Some(bits) => bits & (1 << (run.len() % 64)) != 0,
-            None => self.long,
-        };
-        maybe && self.set.contains(run)
+        self.lengths.has(run.len()) && self.set.contains(run)
+    }
+}
+
+/// Lengths of names or runs, to reject most of them before any hashing: a bitmap below 256
+/// bytes. Longer ones are rare (a comment between two strings, a hostile spec's names): each
+/// is kept where the caller says so (few, from root's texts), else only the longest, so
+/// that a hostile spec costs no memory.
+#[derive(Debug, Default)]
+pub struct Lengths {
+    short: [u64; 4],
+    long: std::collections::HashSet<usize>,
+    longest: usize,
+}
+
+impl Lengths {
+    pub fn add(&mut self, n: usize, keep_long: bool) {
+        match self.short.get_mut(n / 64) {
+            Some(bits) => *bits |= 1 << (n % 64),
+            None if keep_long => {
+                self.long.insert(n);
+            }
+            None => self.longest = self.longest.max(n),
+        }
+    }
+
+    /// Whether `n` may be one of the lengths added (where only the longest was kept: any up
+    /// to it).
+    pub fn has(&self, n: usize) -> bool {
+        match self.short.get(n / 64) {
+            Some(bits) => bits & (1 << (n % 64)) != 0,
+            None => n <= self.longest || self.long.contains(&n),
+        }
     }
 }
 

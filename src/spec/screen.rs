@@ -14,6 +14,7 @@
 //! which string wins, never which strings are there, so they cannot hide a request.
 //! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
 
+use crate::profile::Lengths;
 use crate::spec::DOCKER_GPU_HOOK;
 
 /// The prefix of CDI's annotation keys (`cdi.k8s.io/<plugin>`).
@@ -82,36 +83,6 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str>) -> Scre
     // spec serde_json refuses but Go reads (invalid UTF-8, nesting deeper than serde_json's
     // limit) and that asks for nothing then reaches runc as it would without the shim.
     Screen::Nothing
-}
-
-/// Lengths of names or runs: a bitmap below 256 bytes. Longer ones are rare (a comment
-/// between two strings, a hostile spec's names): of the runs every one is kept (few, as the
-/// texts are small); of the names only the longest, so a hostile spec costs no memory here.
-#[derive(Default)]
-struct Lengths {
-    short: [u64; 4],
-    long: std::collections::HashSet<usize>,
-    longest: usize,
-}
-
-impl Lengths {
-    fn add(&mut self, n: usize, keep_long: bool) {
-        match self.short.get_mut(n / 64) {
-            Some(bits) => *bits |= 1 << (n % 64),
-            None if keep_long => {
-                self.long.insert(n);
-            }
-            None => self.longest = self.longest.max(n),
-        }
-    }
-
-    /// Whether `n` may be one of the lengths added (only the longest kept: any up to it).
-    fn has(&self, n: usize) -> bool {
-        match self.short.get(n / 64) {
-            Some(bits) => bits & (1 << (n % 64)) != 0,
-            None => n <= self.longest || self.long.contains(&n),
-        }
-    }
 }
 
 #[cfg(test)]
