@@ -35,6 +35,11 @@ pub const MAX_SIZE: u64 = 64 << 20;
 /// The name docker's `--gpus` hook has; its work is done in the spec instead.
 pub const DOCKER_GPU_HOOK: &str = "nvidia-container-runtime-hook";
 
+/// Prefix of the OCI annotations through which Kubernetes device plugins request CDI devices
+/// (`cdi.k8s.io/<plugin>`). Here, below src/cdi/, so that the screen and CDI's reading of the
+/// annotations cannot disagree on it.
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("cannot open {}: {source}", path.display())]

@@ -16,8 +16,7 @@ pub const VERSIONS: &[&str] = &[
     "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
 ];
 
-/// Prefix of the OCI annotations through which Kubernetes device plugins request CDI devices.
-pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+pub use crate::spec::CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -15,10 +15,7 @@
 //! tests: `screen_never_skips_a_request_the_full_read_sees` (below) compares the two.
 
 use crate::profile::Lengths;
-use crate::spec::DOCKER_GPU_HOOK;
-
-/// The prefix of CDI's annotation keys (`cdi.k8s.io/<plugin>`).
-const CDI_ANNOTATION_PREFIX: &[u8] = b"cdi.k8s.io/";
+use crate::spec::{CDI_ANNOTATION_PREFIX, DOCKER_GPU_HOOK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Screen {
@@ -33,7 +30,7 @@ pub fn screen<'t>(data: &[u8], texts: impl IntoIterator<Item = &'t str>) -> Scre
     if memchr::memchr(b'\\', data).is_some()
         || data.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{')
         || memchr::memmem::find(data, DOCKER_GPU_HOOK.as_bytes()).is_some()
-        || memchr::memmem::find(data, CDI_ANNOTATION_PREFIX).is_some()
+        || memchr::memmem::find(data, CDI_ANNOTATION_PREFIX.as_bytes()).is_some()
     {
         return Screen::Maybe;
     }
