@@ -39,7 +39,13 @@ pub fn read_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
 
 /// [`read_file`] as UTF-8 text.
 pub fn read_text(path: &Path, limit: u64) -> std::io::Result<String> {
-    String::from_utf8(read_file(path, limit)?)
+    text(read_file(path, limit)?)
+}
+
+/// Bytes read by [`read`] or [`read_hinted`] as UTF-8 text, refused as `fs::read_to_string`
+/// refuses them.
+pub fn text(data: Vec<u8>) -> std::io::Result<String> {
+    String::from_utf8(data)
         .map_err(|_| Error::new(ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
 }
 

@@ -409,13 +409,10 @@ fn read_text(path: &Path, checked: &mut trust::Checked) -> Result<Option<String>
             })
         }
     };
-    let data = crate::bounded::read_hinted(file, MAX_FILE_SIZE, meta.len()).map_err(read_err)?;
-    String::from_utf8(data).map(Some).map_err(|_| {
-        read_err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "stream did not contain valid UTF-8",
-        ))
-    })
+    crate::bounded::read_hinted(file, MAX_FILE_SIZE, meta.len())
+        .and_then(crate::bounded::text)
+        .map(Some)
+        .map_err(read_err)
 }
 
 /// What a pass-through command (`state`, `kill`, `delete`, `--version`, ...) execs, and a
