@@ -46,6 +46,9 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "plugin")]
+pub mod kubelet;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::os::unix::fs::{symlink, PermissionsExt};

@@ -1,0 +1,180 @@
+//! The stand-in kubelet of the device-plugin tests: a `v1beta1.Registration` server on a temp
+//! `kubelet.sock` that records registrations, dials each registered endpoint and watches it as
+//! kubelet does, and can be restarted the way kubelet restarts. Also the simulated Enflame
+//! host with the bridge chains of Enflame's PCIe-switch example.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use accel_container_runtime::plugin::api::*;
+use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
+use accel_container_runtime::plugin::server::Options;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+
+/// Enflame's guide: gcu0,gcu1 under one switch, gcu2 and gcu3 alone under their root ports,
+/// gcu4,gcu5 under another switch, gcu6 and gcu7 alone; gcu0-3 on socket 0, gcu4-7 on 1.
+pub fn enflame_sysfs(root: &Path, major: u32) {
+    let chains: [(&[&str], u32); 8] = [
+        (
+            &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:08.0"],
+            0,
+        ),
+        (
+            &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:10.0"],
+            0,
+        ),
+        (&["pci0000:00", "0000:00:02.0"], 0),
+        (&["pci0000:00", "0000:00:03.0"], 0),
+        (
+            &["pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:08.0"],
+            1,
+        ),
+        (
+            &["pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:10.0"],
+            1,
+        ),
+        (&["pci0000:80", "0000:80:02.0"], 1),
+        (&["pci0000:80", "0000:80:03.0"], 1),
+    ];
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
+    for (n, (chain, numa)) in chains.iter().enumerate() {
+        let bdf = format!("0000:{:02x}:00.0", 0x10 + n);
+        let rel: PathBuf = chain.iter().collect::<PathBuf>().join(&bdf);
+        let real = root.join("sys/devices").join(&rel);
+        std::fs::create_dir_all(real.join(format!("enflame/gcu{n}"))).unwrap();
+        std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
+        symlink(
+            Path::new("../../../devices").join(&rel),
+            root.join("sys/bus/pci/devices").join(&bdf),
+        )
+        .unwrap();
+        symlink(
+            Path::new("../../devices")
+                .join(&rel)
+                .join(format!("enflame/gcu{n}")),
+            root.join(format!("sys/dev/char/{major}:{n}")),
+        )
+        .unwrap();
+    }
+}
+
+pub struct Kubelet {
+    dir: tempfile::TempDir,
+    pub registrations: Arc<Mutex<Vec<RegisterRequest>>>,
+    /// Every ListAndWatch message the stand-in received, in order.
+    pub updates: mpsc::UnboundedReceiver<ListAndWatchResponse>,
+    updates_tx: mpsc::UnboundedSender<ListAndWatchResponse>,
+    /// Stops the stand-in's current server (a kubelet restart).
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Dropping this ends the stand-in's current ListAndWatch stream.
+    pub drop_stream: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+impl Kubelet {
+    pub fn new() -> Kubelet {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Kubelet {
+            dir: tempfile::tempdir().unwrap(),
+            registrations: Arc::default(),
+            updates: rx,
+            updates_tx: tx,
+            stop: None,
+            drop_stream: Arc::default(),
+        }
+    }
+
+    /// A new stand-in kubelet, serving Registration (see [`Kubelet::start`]).
+    pub fn started() -> Kubelet {
+        let mut k = Kubelet::new();
+        k.start();
+        k
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The plugin's options, its kubelet dir this kubelet's.
+    pub fn plugin_options(&self) -> Options {
+        Options::new(self.dir().to_path_buf())
+    }
+
+    /// Serves Registration on `kubelet.sock`; each registration dials the endpoint and
+    /// watches it, as kubelet does.
+    pub fn start(&mut self) {
+        let sock = self.dir().join(KUBELET_SOCKET);
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let regs = Arc::clone(&self.registrations);
+        let dir = self.dir().to_path_buf();
+        let tx = self.updates_tx.clone();
+        let drop_stream = Arc::clone(&self.drop_stream);
+        let svc = RegistrationServer(move |r: RegisterRequest| {
+            regs.lock().unwrap().push(r.clone());
+            let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
+            tokio::spawn(async move {
+                let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")
+                    .await
+                    .unwrap();
+                let mut stream = grpc::list_and_watch(&ch).await.unwrap();
+                let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel();
+                *drop_stream.lock().unwrap() = Some(stop_tx);
+                loop {
+                    tokio::select! {
+                        m = stream.next() => match m {
+                            Some(Ok(m)) => { let _ = tx.send(m); }
+                            _ => break,
+                        },
+                        _ = &mut stop_rx => break,
+                    }
+                }
+            });
+            Ok(())
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        self.stop = Some(stop_tx);
+    }
+
+    pub fn count(&self) -> usize {
+        self.registrations.lock().unwrap().len()
+    }
+
+    pub async fn wait_registrations(&self, n: usize) {
+        let t = Instant::now();
+        while self.count() < n {
+            assert!(t.elapsed() < Duration::from_secs(10), "no registration {n}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The next update whose device `id` has `health`, within `limit`.
+    pub async fn wait_health(&mut self, id: &str, health: &str, limit: Duration) -> Duration {
+        let t = Instant::now();
+        loop {
+            let left = limit.checked_sub(t.elapsed()).unwrap_or_default();
+            let m = tokio::time::timeout(left, self.updates.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{id} not {health} within {limit:?}"))
+                .unwrap();
+            if m.devices.iter().any(|d| d.id == id && d.health == health) {
+                return t.elapsed();
+            }
+        }
+    }
+}
