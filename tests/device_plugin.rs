@@ -12,6 +12,7 @@ use accel_container_runtime::config::Config;
 use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc;
+use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{self, Options};
 use common::kubelet::{enflame_sysfs, seed, shuffled, Kubelet};
 use common::{mknod, SimRoot};
@@ -30,8 +31,12 @@ fn config(sim: &SimRoot, scratch: &Path) -> Config {
     Config::load_from(&path).unwrap()
 }
 
+/// The seed's 8 GCUs with one driver library (the CDI generator refuses a driver without).
 fn enflame_host() -> (SimRoot, u32) {
-    let sim = SimRoot::builder().enflame(8).build();
+    let sim = SimRoot::builder()
+        .enflame(8)
+        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
+        .build();
     let major = sim.enflame_major().unwrap();
     enflame_sysfs(sim.path(), major);
     (sim, major)
@@ -379,6 +384,83 @@ fn a_kubelet_restart_is_one_registration_at_once() {
             );
         }
         plugin.stop().await;
+    });
+}
+
+/// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
+/// profiles with the host's own driver-root (`/`). Devices and libraries are found under it,
+/// and every path handed out (device specs, the CDI spec) is the host's, not the pod's.
+#[test]
+fn a_plugin_in_a_pod_reads_the_host_under_host_root() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("config.toml");
+    std::fs::write(&path, "").unwrap();
+    let cfg = Config::load_from(&path).unwrap();
+    let root = sim.path().to_str().unwrap().to_string();
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
+        opts.strategies = vec![Strategy::DeviceSpecs, Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        opts.host_root = HostRoot::new(sim.path().to_path_buf());
+        let plugin = Plugin::enflame(cfg, opts);
+        kubelet.wait_registrations(1).await;
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        let ch = grpc::connect(&kubelet.dir().join(&reg.endpoint), "localhost")
+            .await
+            .unwrap();
+        let a = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-2"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        let hosts: Vec<&str> = a.container_responses[0]
+            .devices
+            .iter()
+            .map(|d| d.host_path.as_str())
+            .collect();
+        assert_eq!(hosts, ["/dev/gcu2", "/dev/gcuctl"]);
+        let spec = std::fs::read_to_string(scratch.path().join("cdi/accel-enflame.json")).unwrap();
+        assert!(!spec.contains(&root), "pod paths in the CDI spec: {spec}");
+        assert!(
+            spec.contains("\"hostPath\": \"/usr/lib/x86_64-linux-gnu/libefml.so.1"),
+            "{spec}"
+        );
+        plugin.stop().await;
+    });
+}
+
+/// cdi-cri where the plugin cannot see the driver's libraries (its pod given /dev only):
+/// the plugin stops with the reason instead of writing a spec without them (issue 22, 7).
+#[test]
+fn a_plugin_that_cannot_see_the_libraries_writes_no_cdi_spec() {
+    let sim = SimRoot::builder().enflame(2).build();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
+        opts.strategies = vec![Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        let (_stop, rx) = watch::channel(false);
+        let profiles = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let e = server::run(profiles, opts, rx).await.unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no enflame driver library found under"),
+            "{e:#}"
+        );
+        assert!(!scratch.path().join("cdi/accel-enflame.json").exists());
+        assert_eq!(kubelet.count(), 0);
     });
 }
 
