@@ -6,13 +6,17 @@
 //! rootfs, as they would inside the container, and `/proc/self/...`-style links are refused.
 //! Where a symlink is not wanted at all (the loader cache the runtime replaces), the lookup adds
 //! `RESOLVE_NO_SYMLINKS` and the last component is checked with `AT_SYMLINK_NOFOLLOW`.
+//! A file of the image is opened only once it is known to be a regular file: first `O_PATH`
+//! (which runs no driver's open and does not block on a FIFO), `fstat`, then a real open of
+//! that same inode (issue 23, class 1). Directories are opened with `O_DIRECTORY`, which the
+//! kernel checks before any open of the inode.
 //! This is the class of CVE-2024-0132 and CVE-2025-23267 (a hook that followed a link in the
 //! image to a host file) kept impossible by construction.
 //! Ref: openat2(2); NVIDIA security bulletins for CVE-2024-0132 and CVE-2025-23267.
 
 use std::fs::File;
 use std::io::Write as _;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -134,20 +138,26 @@ impl Rootfs {
             Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let fd = match rustix::fs::openat(
+        // O_PATH opens nothing: no driver's open runs for a device node, a FIFO does not
+        // block or wake its writer. Only once the inode is known to be a regular file is it
+        // opened for reading, through the same fd, so it cannot be swapped in between.
+        let path = match rustix::fs::openat(
             &dfd,
             name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         ) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(None),
-            Err(Errno::LOOP) => return Err(other(format!("{name} is a symlink"))),
             Err(e) => return Err(e.into()),
         };
-        let st = rustix::fs::fstat(&fd)?;
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(other(format!("{name} is not a regular file")));
+        let st = rustix::fs::fstat(&path)?;
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            return Err(other(format!(
+                "{name} is {}, not a regular file; not opened",
+                kind_name(kind)
+            )));
         }
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if size > limit {
@@ -155,18 +165,11 @@ impl Rootfs {
                 "{name} is {size} bytes, over the {limit} byte limit"
             )));
         }
+        let fd = reopen(&path, OFlags::RDONLY)?;
         // The limit holds while reading too: a file that grew past it is refused.
-        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(File::from(fd), limit.saturating_add(1)),
-            &mut data,
-        )?;
-        if data.len() as u64 > limit {
-            return Err(other(format!(
-                "{name} grew over the {limit} byte limit while read"
-            )));
-        }
-        Ok(Some(data))
+        crate::bounded::read_hinted(File::from(fd), limit, size)
+            .map(Some)
+            .map_err(|e| other(format!("{name}: {e}")))
     }
 
     /// Replaces regular file `dir/name` with `data` atomically (a temp file in the same
@@ -222,6 +225,32 @@ impl Rootfs {
             let _ = rustix::fs::unlinkat(&dfd, tmp.as_str(), rustix::fs::AtFlags::empty());
         }
         result
+    }
+}
+
+/// A real open of the inode an `O_PATH` fd holds, through `/proc/self/fd`: the name it was
+/// found under is not looked up again, so what was checked is what is opened.
+fn reopen(fd: &OwnedFd, flags: OFlags) -> std::io::Result<OwnedFd> {
+    let magic = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::open(
+        magic.as_str(),
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// What a non-regular file is, for messages.
+fn kind_name(kind: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match kind {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symlink",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "of an unknown type",
     }
 }
 
@@ -297,6 +326,18 @@ mod tests {
             .is_err());
         assert!(r.read_strict(Path::new("/etc"), "c", 10).is_err());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // A FIFO is refused without being opened (an open for reading would block here).
+        std::fs::create_dir_all(root.join("fifo")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("fifo/c"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let e = r.read_strict(Path::new("/fifo"), "c", 10).unwrap_err();
+        assert!(
+            e.to_string().contains("is a FIFO, not a regular file"),
+            "{e}"
+        );
         // A directory where the file should be is refused too.
         std::fs::remove_file(root.join("etc")).unwrap();
         std::fs::create_dir_all(root.join("etc/c")).unwrap();

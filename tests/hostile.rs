@@ -16,7 +16,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -1749,4 +1749,91 @@ fn temp_files_of_a_killed_rewrite_are_removed_by_the_next_create() {
     want.sort();
     assert_eq!(left, want);
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+}
+
+// ---- issue 23: hardening round 3 ----------------------------------------------------------
+
+/// A driver with one library and an image: the spec's `root.path` names `<bundle>/rootfs`
+/// (with an empty `/etc`), so a create that asks for a device reaches the image's loader cache.
+fn with_image(e: &Env, env: &[&str]) -> PathBuf {
+    let lib = e.root().join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libcuda.so.550.54.14"), "elf").unwrap();
+    with_cache(
+        e,
+        &[(
+            "libcuda.so.1",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14",
+        )],
+    );
+    e.set_env(env);
+    let rootfs = e.bundle().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+    let mut spec = e.spec();
+    spec["root"]["path"] = json!(rootfs);
+    e.write_spec(&serde_json::to_vec(&spec).unwrap());
+    rootfs
+}
+
+/// Issue 23, class 1: nothing of the image is opened on the host before it is known to be a
+/// regular file. A FIFO at `/etc/ld.so.cache` (a writer blocked in open(2) here sees whether
+/// anything opened it for reading) and a character device there (whose driver's open could
+/// arm a watchdog) are never opened: the container starts, the node stays as it is, and the
+/// log names the path and what it is.
+#[test]
+fn image_nodes_are_never_opened_on_the_host() {
+    let e = Env::new();
+    let rootfs = with_image(&e, &["NVIDIA_VISIBLE_DEVICES=0"]);
+    let cache = rootfs.join("etc/ld.so.cache");
+    nix::unistd::mkfifo(&cache, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fifo = cache.clone();
+    let writer = std::thread::spawn(move || {
+        let opened = std::fs::OpenOptions::new().write(true).open(&fifo);
+        let _ = tx.send(opened.is_ok());
+    });
+    // The writer blocks until a reader opens the FIFO; give it time to get there.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(rx.try_recv().is_err(), "writer did not block");
+    let spec = e.accepted();
+    assert_eq!(device_paths(&spec), ["/dev/nvidia0", "/dev/nvidiactl"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let opened = rx.try_recv().is_ok();
+    // Release the writer whatever happened.
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&cache)
+        .unwrap();
+    writer.join().unwrap();
+    assert!(!opened, "the shim opened the image's FIFO for reading");
+    let log = e.log();
+    assert!(
+        log.contains("/etc/ld.so.cache") && log.contains("is a FIFO, not a regular file"),
+        "{log}"
+    );
+    assert!(std::fs::symlink_metadata(&cache)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+
+    // A character device no driver serves: an open would fail with ENXIO, so the log tells
+    // whether it was attempted.
+    std::fs::remove_file(&cache).unwrap();
+    std::fs::remove_file(e.path("shim.log")).unwrap();
+    mknod(&cache, 240, 0, 0o644);
+    assert_eq!(
+        device_paths(&e.accepted()),
+        ["/dev/nvidia0", "/dev/nvidiactl"]
+    );
+    let log = e.log();
+    assert!(
+        log.contains("/etc/ld.so.cache")
+            && log.contains("is a character device, not a regular file"),
+        "{log}"
+    );
+    assert!(std::fs::symlink_metadata(&cache)
+        .unwrap()
+        .file_type()
+        .is_char_device());
 }
