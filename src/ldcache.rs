@@ -8,7 +8,7 @@
 //! so nothing is copied per entry.
 //! Ref: glibc `elf/cache.c`, `sysdeps/generic/dl-cache.h`.
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::OsStr;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -37,6 +37,8 @@ pub enum LdCacheError {
     BadMagic,
     #[error("truncated ld.so.cache: {0}")]
     Truncated(&'static str),
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,18 +155,16 @@ fn new_table_start(data: &[u8]) -> Result<Option<usize>, LdCacheError> {
     }
 }
 
-/// The entries of an image as offsets, every string checked.
+/// The entries of an image as offsets, every string checked. Linear in the image's size
+/// (issue 23, class 2): entries may share a string or point into the middle of one (glibc's
+/// `ldconfig` stores a name as the tail of its path), so each string's end and UTF-8 check
+/// come from one pass over the referenced strings, never from a scan per entry.
 fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
     let Some(start) = new_table_start(data)? else {
         // An old-format-only cache has no soname table we trust; treat as empty.
         return Ok(Vec::new());
     };
     let new = &data[start..];
-    let cstr = |off: usize| -> Option<Range<usize>> {
-        let rest = new.get(off..)?;
-        let len = CStr::from_bytes_until_nul(rest).ok()?.to_bytes().len();
-        Some(start + off..start + off + len)
-    };
     let nlibs = read_u32(new, 20).ok_or(LdCacheError::Truncated("header"))? as usize;
     if new.len() < NEW_HEADER {
         return Err(LdCacheError::Truncated("header"));
@@ -174,7 +174,7 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
         .and_then(|x| x.checked_add(NEW_HEADER))
         .filter(|&e| e <= new.len())
         .ok_or(LdCacheError::Truncated("entries"))?;
-    let mut out = Vec::with_capacity(nlibs);
+    let mut raw = Vec::with_capacity(nlibs);
     for off in (NEW_HEADER..table_end).step_by(NEW_ENTRY) {
         let flags = read_u32(new, off).ok_or(LdCacheError::Truncated("entry"))? as i32;
         let key = read_u32(new, off + 4).ok_or(LdCacheError::Truncated("entry"))? as usize;
@@ -185,23 +185,77 @@ fn slots(data: &[u8]) -> Result<Vec<Slot>, LdCacheError> {
             .and_then(|b| b.try_into().ok())
             .map(u64::from_ne_bytes)
             .ok_or(LdCacheError::Truncated("entry"))?;
-        let (Some(name), Some(path)) = (cstr(key), cstr(value)) else {
-            return Err(LdCacheError::Truncated("string table"));
-        };
-        if std::str::from_utf8(&data[name.clone()]).is_err()
-            || std::str::from_utf8(&data[path.clone()]).is_err()
-        {
-            return Err(LdCacheError::Truncated("string table"));
-        }
-        out.push(Slot {
+        raw.push((flags, key, value, osversion, hwcap));
+    }
+    let strings = Strings::new(new, raw.iter().flat_map(|r| [r.1, r.2]).collect())
+        .ok_or(LdCacheError::Truncated("string table"))?;
+    let at = |off: usize| {
+        let r = strings.get(off);
+        start + r.start..start + r.end
+    };
+    Ok(raw
+        .into_iter()
+        .map(|(flags, key, value, osversion, hwcap)| Slot {
             flags,
             osversion,
             hwcap,
-            name,
-            path,
-        });
+            name: at(key),
+            path: at(value),
+        })
+        .collect())
+}
+
+/// NUL-terminated UTF-8 strings of `data` at a set of offsets, each checked once.
+pub(crate) struct Strings {
+    /// Sorted, distinct offsets and where each string ends (its NUL).
+    offsets: Vec<(usize, usize)>,
+}
+
+impl Strings {
+    /// `None` when a string has no NUL before the end of `data` or is not UTF-8. Offsets are
+    /// taken in order: one that lies inside the string the previous one started (a tail of
+    /// it) ends at the same NUL, and is UTF-8 when it starts on a character boundary of that
+    /// string, already checked whole. So every byte is searched and checked at most once.
+    pub(crate) fn new(data: &[u8], mut wanted: Vec<usize>) -> Option<Strings> {
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut offsets = Vec::with_capacity(wanted.len());
+        // The NUL ending the string that began at an earlier offset.
+        let mut nul: Option<usize> = None;
+        for off in wanted {
+            let end = match nul {
+                Some(n) if off <= n => {
+                    if !is_char_boundary(data[off]) {
+                        return None;
+                    }
+                    n
+                }
+                _ => {
+                    let rest = data.get(off..)?;
+                    let n = off + memchr::memchr(0, rest)?;
+                    std::str::from_utf8(&data[off..n]).ok()?;
+                    nul = Some(n);
+                    n
+                }
+            };
+            offsets.push((off, end));
+        }
+        Some(Strings { offsets })
     }
-    Ok(out)
+
+    /// The string at `off`, which must be one of the offsets given to [`Strings::new`].
+    pub(crate) fn get(&self, off: usize) -> Range<usize> {
+        let i = self
+            .offsets
+            .binary_search_by_key(&off, |&(o, _)| o)
+            .expect("an offset given to Strings::new");
+        off..self.offsets[i].1
+    }
+}
+
+/// Whether a string of valid UTF-8 may start at this byte (it is not a continuation byte).
+fn is_char_boundary(b: u8) -> bool {
+    (b as i8) >= -0x40
 }
 
 /// Larger than any real cache (a full distribution's is a few hundred KiB).

@@ -233,8 +233,12 @@ pub fn update_cache(image: &Image, vendors: &[VendorLibs]) -> Result<CacheUpdate
         .map_err(|e| format!("/etc/ld.so.cache: {e}"))?;
     let own = match &old {
         Some(data) if data.is_empty() => Vec::new(),
-        Some(data) => ldcache::records(data)
-            .map_err(|e| format!("the image's /etc/ld.so.cache does not parse: {e}"))?,
+        Some(data) => ldcache::records(data).map_err(|e| match e {
+            ldcache::LdCacheError::TooLarge(_) => {
+                format!("the image's /etc/ld.so.cache is left as it is: {e}")
+            }
+            _ => format!("the image's /etc/ld.so.cache does not parse: {e}"),
+        })?,
         None => Vec::new(),
     };
     let mut merged: Vec<Record> = vendors

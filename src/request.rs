@@ -74,6 +74,8 @@ pub fn device_list_from_mounts(dir: &str, mounts: &[serde_json::Value]) -> Vec<S
     let str_of =
         |m: &serde_json::Value, k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let mut ids: Vec<String> = Vec::new();
+    // A spec may hold 65,536 mounts: a set keeps the dedup linear in their number.
+    let mut seen = std::collections::HashSet::new();
     for m in mounts {
         let (Some(dest), Some(source)) = (str_of(m, "destination"), str_of(m, "source")) else {
             continue;
@@ -95,7 +97,7 @@ pub fn device_list_from_mounts(dir: &str, mounts: &[serde_json::Value]) -> Vec<S
         if id.is_empty() || id.contains('/') || matches!(id, "all" | "none" | "void") {
             continue;
         }
-        if !ids.iter().any(|i| i == id) {
+        if seen.insert(id.to_string()) {
             ids.push(id.to_string());
         }
     }

@@ -24,7 +24,7 @@
 //! <https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/> Table 3.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::quote::quote;
 
@@ -218,21 +218,23 @@ pub struct Names<'a> {
 
 /// Checks every requirement in `env` (the container's variables, last value per name)
 /// against `host`. Variables are checked in name order, so the error is the same every time.
+/// Linear in the size of `env` (n log n for the sort of the names): one map of each name's
+/// last value, never a scan of `env` per name (issue 23, class 2).
 pub fn check(names: Names<'_>, env: &[(&str, &str)], host: &Host) -> Result<(), RequireError> {
-    let get = |name: &str| env.iter().rev().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let last: HashMap<&str, &str> = env.iter().copied().collect();
+    let get = |name: &str| last.get(name).copied();
     if let Some(d) = names.disable.and_then(get) {
         // Go's strconv.ParseBool, as NVIDIA's toolkit reads it.
         if matches!(d, "1" | "t" | "T" | "true" | "TRUE" | "True") {
             return Ok(());
         }
     }
-    let mut vars: Vec<&str> = env
-        .iter()
-        .map(|(k, _)| *k)
+    let mut vars: Vec<&str> = last
+        .keys()
+        .copied()
         .filter(|k| k.len() > names.prefix.len() && k.starts_with(names.prefix))
         .collect();
     vars.sort_unstable();
-    vars.dedup();
     let mut checks: Vec<(String, String)> = vars
         .iter()
         .filter_map(|k| Some((k.to_string(), get(k)?.to_string())))

@@ -1775,6 +1775,14 @@ fn with_image(e: &Env, env: &[&str]) -> PathBuf {
     rootfs
 }
 
+/// The sonames the image's `/etc/ld.so.cache` lists (empty when it is not a cache).
+fn cache_names(rootfs: &Path) -> Vec<String> {
+    let data = std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap_or_default();
+    accel_container_runtime::ldcache::records(&data)
+        .map(|r| r.into_iter().map(|r| r.name).collect())
+        .unwrap_or_default()
+}
+
 /// Issue 23, class 1: nothing of the image is opened on the host before it is known to be a
 /// regular file. A FIFO at `/etc/ld.so.cache` (a writer blocked in open(2) here sees whether
 /// anything opened it for reading) and a character device there (whose driver's open could
@@ -1836,4 +1844,147 @@ fn image_nodes_are_never_opened_on_the_host() {
         .unwrap()
         .file_type()
         .is_char_device());
+}
+
+/// A glibc-shaped cache image of `n` entries whose names and paths all point into one
+/// NUL-free run of `run` bytes (each entry one byte further in): every string differs, and
+/// copying each one costs `n * run` bytes from a file of `24 * n + run`.
+fn shared_string_cache(n: usize, run: usize) -> Vec<u8> {
+    let mut img = accel_container_runtime::ldcache::build(&[]);
+    let strings_at = img.len() + 24 * n;
+    img[20..24].copy_from_slice(&(n as u32).to_ne_bytes());
+    let flags = accel_container_runtime::ldcache::native_flags();
+    let mut table = Vec::with_capacity(24 * n);
+    for i in 0..n {
+        let at = (strings_at + i) as u32;
+        table.extend_from_slice(&flags.to_ne_bytes());
+        table.extend_from_slice(&at.to_ne_bytes());
+        table.extend_from_slice(&at.to_ne_bytes());
+        table.extend_from_slice(&[0u8; 12]);
+    }
+    img.extend_from_slice(&table);
+    img.extend(std::iter::repeat_n(b'l', run));
+    img.push(0);
+    img
+}
+
+/// [`Env::create`] with the shim's address space capped at `limit` bytes (an algorithm that
+/// needs more fails to allocate), and how long it took.
+fn create_capped(e: &Env, limit: u64) -> (Output, Duration) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = e.command(&["create", "--bundle", e.bundle().to_str().unwrap(), "ctr"]);
+    // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        cmd.pre_exec(move || {
+            let l = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let start = Instant::now();
+    let out = wait_with_timeout(cmd, Duration::from_secs(60));
+    (out, start.elapsed())
+}
+
+/// Issue 23, class 2: every input the container controls costs time and memory linear in its
+/// size. Ceilings are many times what the linear algorithms take in a debug build on a loaded
+/// machine, and far below what the quadratic ones took (README, security classes).
+#[test]
+fn container_input_costs_linear_time_and_memory() {
+    const MEMORY: u64 = 512 << 20;
+    const TIME: Duration = Duration::from_secs(5);
+    let e = Env::new();
+    // An image cache of 500 KB whose strings all share one run: each entry's copy used to
+    // cost the whole run. Left as it is, with a warning, and the container starts.
+    let rootfs = with_image(&e, &["NVIDIA_VISIBLE_DEVICES=0"]);
+    let hostile = shared_string_cache(2_000, 450_000);
+    std::fs::write(rootfs.join("etc/ld.so.cache"), &hostile).unwrap();
+    let (out, took) = create_capped(&e, MEMORY);
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < TIME, "hostile image cache: {took:?}");
+    assert!(
+        std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap() == hostile,
+        "the image's cache was rewritten"
+    );
+    let log = e.log();
+    assert!(
+        log.contains("/etc/ld.so.cache") && log.contains("over the"),
+        "{log}"
+    );
+    std::fs::remove_file(e.path("runtime-called")).unwrap();
+
+    // A real-shaped image cache of 20,000 libraries (a distribution's has a few thousand):
+    // merged, in the same time.
+    let names: Vec<(String, String)> = (0..20_000)
+        .map(|i| {
+            (
+                format!("libx{i}.so.1"),
+                format!("/usr/lib/x86_64-linux-gnu/libx{i}.so.1"),
+            )
+        })
+        .collect();
+    let records: Vec<accel_container_runtime::ldcache::Record> = names
+        .iter()
+        .map(|(n, p)| accel_container_runtime::ldcache::Record::native(n, p))
+        .collect();
+    std::fs::write(
+        rootfs.join("etc/ld.so.cache"),
+        accel_container_runtime::ldcache::write(records),
+    )
+    .unwrap();
+    let (out, took) = create_capped(&e, MEMORY);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < TIME, "large image cache: {took:?}");
+    let merged = cache_names(&rootfs);
+    assert_eq!(merged.len(), 20_001);
+    assert!(merged.iter().any(|n| n == "libcuda.so.1"));
+    std::fs::remove_file(e.path("runtime-called")).unwrap();
+
+    // 60,000 NVIDIA_REQUIRE_* variables (each met: an empty requirement).
+    let require: Vec<String> = (0..60_000)
+        .map(|i| format!("NVIDIA_REQUIRE_X{i}="))
+        .collect();
+    let mut env: Vec<&str> = require.iter().map(String::as_str).collect();
+    env.push("NVIDIA_VISIBLE_DEVICES=0");
+    e.set_env(&env);
+    let (out, took) = create_capped(&e, MEMORY);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < TIME,
+        "{} NVIDIA_REQUIRE_* variables: {took:?}",
+        require.len()
+    );
+    std::fs::remove_file(e.path("runtime-called")).unwrap();
+
+    // 65,536 device-list mounts, each a /dev/null bind naming another device: refused as
+    // more items than any node has devices, as the variable is.
+    e.config("accept-container-devices-as-mounts = true");
+    e.set_env(&[]);
+    let dir = "/var/run/nvidia-container-devices";
+    let mounts: Vec<Value> = (0..65_536)
+        .map(|i| json!({"destination": format!("{dir}/{i}"), "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"]}))
+        .collect();
+    with_mounts(&e, &mounts);
+    let before = e.snapshot();
+    let (out, took) = create_capped(&e, MEMORY);
+    e.check_refusal(&out, &["at most 1024 allowed"], &before);
+    assert!(took < TIME, "{} device-list mounts: {took:?}", mounts.len());
 }

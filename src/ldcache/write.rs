@@ -16,7 +16,7 @@
 
 use std::cmp::Ordering;
 
-use super::{new_table_start, read_u32, slots, LdCacheError, HWCAP_EXTENSION, NEW_HEADER};
+use super::{new_table_start, read_u32, slots, LdCacheError, Strings, HWCAP_EXTENSION, NEW_HEADER};
 use super::{NEW_ENTRY, NEW_MAGIC};
 
 /// `cache_extension_magic` in dl-cache.h: `(uint32_t) -358342284`.
@@ -164,28 +164,64 @@ pub fn hwcaps_names(data: &[u8]) -> Result<Vec<String>, LdCacheError> {
                     .ok_or(LdCacheError::Truncated("extension"))?,
             )
             .ok_or(LdCacheError::Truncated("extension"))?;
-        let mut names = Vec::with_capacity(size / 4);
-        for w in array.chunks_exact(4) {
-            let s = u32::from_ne_bytes(w.try_into().expect("4 bytes")) as usize;
-            let name = data
-                .get(s..)
-                .and_then(|r| std::ffi::CStr::from_bytes_until_nul(r).ok())
-                .and_then(|c| c.to_str().ok())
-                .ok_or(LdCacheError::Truncated("extension"))?;
-            names.push(name.to_string());
+        let offsets: Vec<usize> = array
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes(w.try_into().expect("4 bytes")) as usize)
+            .collect();
+        let strings =
+            Strings::new(data, offsets.clone()).ok_or(LdCacheError::Truncated("extension"))?;
+        let bytes: usize = offsets.iter().map(|&o| strings.get(o).len()).sum();
+        if offsets.len() > MAX_HWCAPS || bytes > MAX_STRING_BYTES {
+            return Err(LdCacheError::TooLarge(format!(
+                "{} glibc-hwcaps names of {bytes} bytes, over the limit of {MAX_HWCAPS} names and {MAX_STRING_BYTES} bytes",
+                offsets.len()
+            )));
         }
+        let names: Vec<String> = offsets
+            .iter()
+            .map(|&o| String::from_utf8_lossy(&data[strings.get(o)]).into_owned())
+            .collect();
         return Ok(names);
     }
     Ok(Vec::new())
 }
 
+/// Most entries [`records`] reads from one image: a distribution's cache lists a few
+/// thousand libraries.
+pub const MAX_RECORDS: usize = 1 << 16;
+/// Most bytes of strings [`records`] copies out of one image, each entry's name, path and
+/// glibc-hwcaps subdirectory counted for that entry. Entries may share strings, so this, not
+/// the file's size, bounds the memory the copies take and the size of a cache written from
+/// them.
+pub const MAX_STRING_BYTES: usize = 16 << 20;
+/// Most glibc-hwcaps subdirectory names an image may list (glibc knows four per architecture).
+pub const MAX_HWCAPS: usize = 1024;
+
 /// Every entry of an image as [`Record`]s, in the file's order. An entry naming a
 /// glibc-hwcaps subdirectory the image does not list is dropped (the loader could never use
-/// it either).
+/// it either). An image over [`MAX_RECORDS`] entries or [`MAX_STRING_BYTES`] is refused
+/// before anything is copied.
 pub fn records(data: &[u8]) -> Result<Vec<Record>, LdCacheError> {
     let names = hwcaps_names(data)?;
-    let mut out = Vec::new();
-    for slot in slots(data)? {
+    let slots = slots(data)?;
+    let dir_of = |hwcap: u64| {
+        (hwcap & HWCAP_EXTENSION != 0).then(|| names.get((hwcap & HWCAPS_INDEX_MASK) as usize))
+    };
+    let bytes: usize = slots
+        .iter()
+        .map(|s| {
+            let dir = dir_of(s.hwcap).flatten().map_or(0, String::len);
+            s.name.len() + s.path.len() + dir
+        })
+        .sum();
+    if slots.len() > MAX_RECORDS || bytes > MAX_STRING_BYTES {
+        return Err(LdCacheError::TooLarge(format!(
+            "{} entries whose strings come to {bytes} bytes, over the limit of {MAX_RECORDS} entries and {MAX_STRING_BYTES} bytes",
+            slots.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(slots.len());
+    for slot in slots {
         let e = slot.entry(data);
         let hwcaps_dir = if e.hwcap & HWCAP_EXTENSION != 0 {
             match names.get((e.hwcap & HWCAPS_INDEX_MASK) as usize) {
