@@ -29,6 +29,17 @@ pub fn is_temp_of(candidate: &str, target: &str) -> bool {
         .is_some_and(|r| r.len() == TEMP_RANDOM && r.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
+/// A new temp file for replacing `dir/name`, named as [`is_temp_of`] expects: created
+/// `O_EXCL` (a name planted there is never opened, another random one is tried) and mode
+/// 0600, removed when dropped unless kept.
+pub fn temp_in(dir: &Path, name: &str) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}{TEMP_MARK}"))
+        .suffix(TEMP_SUFFIX)
+        .rand_bytes(TEMP_RANDOM)
+        .tempfile_in(dir)
+}
+
 /// Removes what a killed [`replace`] of `path` left in its directory: the entries whose name
 /// [`is_temp_of`] matches, and nothing else (a symlink is unlinked, never followed). Returns
 /// how many were removed. Engines never create one bundle twice at once, so no other
@@ -98,11 +109,7 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         .unwrap_or_default();
     let old = std::fs::metadata(path).ok();
     failpoint("before-temp-create");
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}{TEMP_MARK}"))
-        .suffix(TEMP_SUFFIX)
-        .rand_bytes(TEMP_RANDOM)
-        .tempfile_in(dir)?;
+    let tmp = temp_in(dir, &name)?;
     let mut file = tmp.as_file();
     // Two writes only where a crash between them is being tested.
     let half = if cfg!(feature = "failpoints") {

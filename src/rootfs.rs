@@ -202,29 +202,47 @@ impl Rootfs {
             }
             Err(e) => return Err(e.into()),
         };
-        let tmp = format!(".{name}.accel-{}", std::process::id());
-        let fd = rustix::fs::openat(
-            &dfd,
-            tmp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
+        remove_temp_leftovers(&dfd, name);
+        // The temp file is made in the directory `dfd` holds, reached through its fd (no
+        // path of the image is walked again); its name is random, so none can be planted.
+        let dir_of_fd = PathBuf::from(format!("/proc/self/fd/{}", dfd.as_raw_fd()));
+        let tmp = crate::atomic::temp_in(&dir_of_fd, name)?;
+        let tmp_name = tmp
+            .path()
+            .file_name()
+            .ok_or_else(|| other(format!("temp file for {name} has no name")))?
+            .to_os_string();
+        let f = tmp.as_file();
+        (&*f).write_all(data)?;
+        rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(mode))?;
+        rustix::fs::fchown(
+            f.as_fd(),
+            Some(rustix::fs::Uid::from_raw(owner.0)),
+            Some(rustix::fs::Gid::from_raw(owner.1)),
         )?;
-        let result = (|| -> std::io::Result<()> {
-            let mut f = File::from(fd);
-            f.write_all(data)?;
-            rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(mode))?;
-            rustix::fs::fchown(
-                f.as_fd(),
-                Some(rustix::fs::Uid::from_raw(owner.0)),
-                Some(rustix::fs::Gid::from_raw(owner.1)),
-            )?;
-            rustix::fs::renameat(&dfd, tmp.as_str(), &dfd, name)?;
-            Ok(())
-        })();
-        if result.is_err() {
-            let _ = rustix::fs::unlinkat(&dfd, tmp.as_str(), rustix::fs::AtFlags::empty());
+        rustix::fs::renameat(&dfd, tmp_name.as_os_str(), &dfd, name)?;
+        // Renamed: there is nothing left for the drop to remove.
+        let _ = tmp.into_temp_path().keep();
+        Ok(())
+    }
+}
+
+/// Removes the temp files a create killed while replacing `name` left in directory `dfd`
+/// (names [`crate::atomic::is_temp_of`] matches; a symlink is unlinked, not followed). Best
+/// effort: a leftover that cannot be removed only costs its space.
+fn remove_temp_leftovers(dfd: &OwnedFd, name: &str) {
+    let Ok(dir) = rustix::fs::Dir::read_from(dfd) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Ok(n) = entry.file_name().to_str() else {
+            continue;
+        };
+        if crate::atomic::is_temp_of(n, name) {
+            if let Err(e) = rustix::fs::unlinkat(dfd, n, rustix::fs::AtFlags::empty()) {
+                log::warn!("cannot remove leftover temp file {n}: {e}");
+            }
         }
-        result
     }
 }
 

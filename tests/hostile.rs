@@ -1988,3 +1988,58 @@ fn container_input_costs_linear_time_and_memory() {
     e.check_refusal(&out, &["at most 1024 allowed"], &before);
     assert!(took < TIME, "{} device-list mounts: {took:?}", mounts.len());
 }
+
+/// Issue 23, class 5: the container's new loader cache is written through a temp file whose
+/// name nobody can guess (a name planted in the image cannot stop the write), and the temp
+/// files a killed create left in the image's `/etc` are removed by the next create; other
+/// names are not touched.
+#[test]
+fn container_cache_temp_names_are_unguessable_and_leftovers_removed() {
+    let e = Env::new();
+    let rootfs = with_image(&e, &["NVIDIA_VISIBLE_DEVICES=0"]);
+    let etc = rootfs.join("etc");
+    let ours = [
+        ".ld.so.cache.accel-AbCdEf0123456789.tmp",
+        ".ld.so.cache.accel-0000000000000000.tmp",
+    ];
+    let others = [
+        ".ld.so.cache.accel-AbCdEf012345678.tmp",
+        ".ld.so.cache.tmp",
+        "ld.so.cache.accel-AbCdEf0123456789.tmp",
+        ".passwd.accel-AbCdEf0123456789.tmp",
+    ];
+    for n in ours.iter().chain(&others) {
+        std::fs::write(etc.join(n), b"half").unwrap();
+    }
+    // In a new PID namespace the shim is pid 1 (or 2): directories at every name a
+    // pid-derived temp name could take there.
+    for pid in 1..=4 {
+        std::fs::create_dir(etc.join(format!(".ld.so.cache.accel-{pid}"))).unwrap();
+        std::fs::create_dir(etc.join(format!(".ld.so.cache.accel-{pid}.tmp"))).unwrap();
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", SHIM, "create", "--bundle"])
+        .arg(e.bundle())
+        .arg("ctr")
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", e.path("config.toml"))
+        .current_dir(e.dir.path())
+        .stdin(Stdio::null());
+    let out = wait_with_timeout(cmd, Duration::from_secs(20));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(e.runtime_ran());
+    assert_eq!(cache_names(&rootfs), ["libcuda.so.1"], "{}", e.log());
+    let mut left: Vec<String> = std::fs::read_dir(&etc)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".ld.so.cache.accel-") || n.len() > 24)
+        .collect();
+    left.sort();
+    let mut want: Vec<String> = others.iter().map(|s| s.to_string()).collect();
+    want.push("ld.so.cache".into());
+    want.sort();
+    assert_eq!(left, want);
+}
