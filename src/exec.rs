@@ -1,5 +1,6 @@
 //! Handing over to the low-level runtime with `execv`: same pid, same fds (console socket,
-//! `--preserve-fds`, stdio), same argv after `argv[0]`. Never spawn-and-wait.
+//! `--preserve-fds`, stdio), same argv after `argv[0]`. Never spawn-and-wait, except for
+//! `--version`, which makes no container and must print the runtime's output first.
 
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -68,6 +69,26 @@ pub fn exec(runtime: &Path, args: &[OsString]) -> ExecError {
         },
         Ok(never) => match never {},
     }
+}
+
+/// Runs `runtime` with argv[1..] of `args` (same stdio and fds) and waits for it: its exit
+/// status, or 128 + the signal that ended it, as a shell reports it. Only for `--version`,
+/// whose output must come before the shim's own line (issue 23, class 6); every other
+/// command goes through [`exec`].
+pub fn run_and_wait(runtime: &Path, args: &[OsString]) -> Result<i32, ExecError> {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let status = std::process::Command::new(runtime)
+        .arg0(runtime)
+        .args(args.iter().skip(1))
+        .status()
+        .map_err(|e| ExecError::Exec {
+            path: runtime.into(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
 }
 
 #[cfg(test)]

@@ -2043,3 +2043,68 @@ fn container_cache_temp_names_are_unguessable_and_leftovers_removed() {
     want.sort();
     assert_eq!(left, want);
 }
+
+/// Issue 23, class 6: `--version` and `-v` print the low-level runtime's output first and
+/// unchanged (runc's own test suite reads both streams), then the shim's line on stderr;
+/// the exit status is the runtime's.
+#[test]
+fn version_prints_runc_s_output_first_and_unchanged() {
+    let e = Env::new();
+    let runc = Command::new("runc").arg("--version").output().unwrap();
+    assert!(runc.status.success() && !runc.stdout.is_empty());
+    e.config("");
+    let config = std::fs::read_to_string(e.path("config.toml"))
+        .unwrap()
+        .replace(
+            &format!("low-level-runtime = {:?}", e.path("runtime")),
+            "low-level-runtime = \"runc\"",
+        );
+    std::fs::write(e.path("config.toml"), config).unwrap();
+    for flag in ["--version", "-v"] {
+        let out = e.run(&[flag]);
+        assert!(out.status.success(), "{flag}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&runc.stdout),
+            "{flag}"
+        );
+        // Both streams into one pipe, as a test harness that reads them together sees them.
+        let mut both = e.command(&[flag]);
+        // SAFETY: dup2 is async-signal-safe; it makes stderr the stdout pipe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            both.pre_exec(|| {
+                if libc::dup2(1, 2) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = wait_with_timeout(both, Duration::from_secs(20));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with(&*String::from_utf8_lossy(&runc.stdout)),
+            "{flag}: {text:?}"
+        );
+        assert!(
+            text.ends_with(&format!(
+                "accel-container-runtime version {}\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{flag}: {text:?}"
+        );
+    }
+    // The runtime's exit status comes through.
+    std::fs::write(e.path("fails"), "#!/bin/sh\necho fail-out\nexit 3\n").unwrap();
+    std::fs::set_permissions(e.path("fails"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = std::fs::read_to_string(e.path("config.toml"))
+        .unwrap()
+        .replace(
+            "low-level-runtime = \"runc\"",
+            &format!("low-level-runtime = {:?}", e.path("fails")),
+        );
+    std::fs::write(e.path("config.toml"), config).unwrap();
+    let out = e.run(&["--version"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, b"fail-out\n");
+}

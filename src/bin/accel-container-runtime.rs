@@ -113,11 +113,17 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
         msg
     };
     if inv.version {
-        // stderr: containerd and docker parse stdout for runc's own `runc version` line.
+        // The runtime's output first and unchanged (containerd and docker parse its
+        // `runc version` line on stdout; runc's own tests read stdout and stderr together),
+        // then ours on stderr. The runtime prints its version and makes nothing whatever
+        // else argv holds, so nothing is edited.
+        let runtime = exec::resolve(&pass_through_runtime()).map_err(|e| e.to_string())?;
+        let code = exec::run_and_wait(&runtime, args).map_err(|e| err_chain(&e))?;
         eprintln!(
             "accel-container-runtime version {}",
             env!("CARGO_PKG_VERSION")
         );
+        std::process::exit(code);
     }
     // What a create parsed and built is kept until the exec below replaces the process:
     // freeing it would only cost time.
