@@ -747,7 +747,9 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
     .map_err(|e| err(e.into()))?;
     let spec = opts.host_root.spec(spec);
     let text = serde_json::to_vec_pretty(&spec).map_err(|e| err(e.into()))?;
-    if std::fs::read(&path).is_ok_and(|old| old == text) {
+    // The spec in place is read no further than the new one's length: anything longer
+    // differs, and a huge file there costs nothing.
+    if crate::bounded::read_file(&path, text.len() as u64).is_ok_and(|old| old == text) {
         return Ok(false);
     }
     std::fs::create_dir_all(&opts.cdi_dir).map_err(|e| err(e.into()))?;
