@@ -1,7 +1,7 @@
 //! The `create` path, top to bottom ([`run`], the one way in): read the config and the spec
 //! once (its bytes: [`Bundle`]; what the shim reads of it: [`spec::View`]), decide what is
-//! asked ([`asked`]), look at the host once ([`discover`], [`look`]), plan from what was seen
-//! ([`plan`]), the image side ([`image_side`]), apply ([`apply`]), write atomically.
+//! asked (`asked`), look at the host once (`discover`, `look`), plan from what was seen
+//! (`plan`), the image side (`image_side`), apply (`apply`), write atomically.
 //! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
 //! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
@@ -96,7 +96,7 @@ impl Bundle {
 }
 
 /// A bundle whose config.json was parsed: what it can involve decides which profiles are
-/// built ([`Parsed::variables`]) before [`create_parsed`] edits it.
+/// built ([`Parsed::variables`]) before [`run`] edits it.
 #[derive(Debug)]
 pub struct Parsed {
     dir: PathBuf,
