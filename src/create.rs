@@ -74,13 +74,13 @@ pub struct Outcome {
     pub removed_docker_hook: bool,
 }
 
-/// The bundle's config.json, read once: [`spec::screen`] looks at the bytes, [`create`]
+/// The bundle's config.json, read once: [`spec::screen`] looks at the bytes, [`run`]
 /// parses and edits them.
 #[derive(Debug)]
 pub struct Bundle {
     pub dir: PathBuf,
     pub config_json: PathBuf,
-    /// The file's bytes, or why they could not be read (reported by [`create`]).
+    /// The file's bytes, or why they could not be read (reported by [`run`]).
     pub data: Result<Vec<u8>, SpecError>,
 }
 
