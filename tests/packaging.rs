@@ -938,3 +938,63 @@ exit 0
     assert_eq!(code, Some(100));
     assert_eq!(calls.lines().count(), 1, "no retry of another failure");
 }
+
+/// Issue 22, item 9: into an empty cache, `tests/vm/build-guest.sh` printed mke2fs's
+/// "Creating regular file ..." on stdout, and `tests/vm/run.sh` took that line as the image
+/// directory. Stand-ins for mmdebstrap and mke2fs that write to stdout, as the real ones do,
+/// run the whole script without network or root; its stdout must be the one line, cold and
+/// warm.
+#[test]
+fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stubs = tmp.path().join("bin");
+    std::fs::create_dir_all(&stubs).unwrap();
+    let stub = |name: &str, body: &str| {
+        let p = stubs.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    // mmdebstrap [options] SUITE TARGET MIRROR: a root with a kernel and an initramfs.
+    stub(
+        "mmdebstrap",
+        "eval \"root=\\${$(($# - 1))}\"\n\
+         echo 'I: chroot architecture amd64 is equal to the host architecture'\n\
+         mkdir -p \"$root/boot\"\n\
+         echo kernel > \"$root/boot/vmlinuz-6.1.0-accel\"\n\
+         echo initrd > \"$root/boot/initrd.img-6.1.0-accel\"\n",
+    );
+    // mke2fs ... -d ROOT IMAGE SIZE: what e2fsprogs 1.47 prints even with -q.
+    stub(
+        "mke2fs",
+        "eval \"image=\\${$(($# - 1))}\"\n\
+         echo \"Creating regular file $image\"\n\
+         echo disk > \"$image\"\n",
+    );
+    let cache = tmp.path().join("cache");
+    let path = format!(
+        "{}:{}",
+        stubs.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for run in ["cold", "warm"] {
+        let out = Command::new("bash")
+            .arg(repo().join("tests/vm/build-guest.sh"))
+            .arg(&cache)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{run}: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 1, "{run}: stdout is not one line: {stdout:?}");
+        let dir = Path::new(lines[0]);
+        assert!(dir.starts_with(&cache), "{run}: {stdout:?}");
+        for f in ["disk.img", "kernel", "initrd.img"] {
+            assert!(dir.join(f).is_file(), "{run}: no {f} in {}", dir.display());
+        }
+    }
+}
