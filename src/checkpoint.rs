@@ -22,6 +22,40 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+/// Where systemd looks for a `kubelet.service` unit (admin, runtime, vendor dirs).
+const KUBELET_UNITS: [&str; 5] = [
+    "/etc/systemd/system/kubelet.service",
+    "/run/systemd/system/kubelet.service",
+    "/usr/local/lib/systemd/system/kubelet.service",
+    "/usr/lib/systemd/system/kubelet.service",
+    "/lib/systemd/system/kubelet.service",
+];
+
+/// Whether kubelet is a systemd unit on the node under `root` (systemd running, a
+/// `kubelet.service` installed): only then can `systemctl restart kubelet` restart it.
+/// Kubelets run by another supervisor (a container, a snap, a hand-written script) are not.
+pub fn kubelet_is_systemd_unit(root: &std::path::Path) -> bool {
+    let at = |p: &str| root.join(p.trim_start_matches('/'));
+    at("/run/systemd/system").is_dir() && KUBELET_UNITS.iter().any(|u| at(u).exists())
+}
+
+/// The repair command to advise on the node under `root`, with `--restart-kubelet` only
+/// where it can work, and what to do otherwise.
+pub fn repair_advice(root: &std::path::Path, checkpoint: Option<&std::path::Path>) -> String {
+    let mut cmd = String::from("accel-ctk checkpoint check --fix");
+    let systemd = kubelet_is_systemd_unit(root);
+    if systemd {
+        cmd.push_str(" --restart-kubelet");
+    }
+    if let Some(p) = checkpoint {
+        cmd.push_str(&format!(" --checkpoint {}", p.display()));
+    }
+    if !systemd {
+        cmd.push_str(", then restart kubelet the way this node runs it (no kubelet.service unit)");
+    }
+    cmd
+}
+
 use serde::{Deserialize, Serialize};
 
 use crate::discovery::DiscoveryError;

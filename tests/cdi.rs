@@ -726,3 +726,54 @@ fn toolkit_style_spec_loads_and_its_hook_is_refused() {
         )
     );
 }
+
+/// A generator that sees the nodes but none of the driver's libraries (a plugin pod given
+/// only /dev, issue 22, 7) refuses with one line naming the vendor, the root and what it
+/// looked for; it never writes a spec that hands out devices frameworks cannot use.
+#[test]
+fn generate_refuses_a_spec_without_the_drivers_libraries() {
+    let node = node();
+    let libdir = node.root.join("usr/lib/x86_64-linux-gnu");
+    for e in std::fs::read_dir(&libdir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("libcuda")
+            || p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("libnvidia-ml")
+        {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let out_file = node.dir.join("nvidia.json");
+    let out = node.ctk(&[
+        "cdi",
+        "generate",
+        "--vendor",
+        "nvidia",
+        "--output",
+        out_file.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "no nvidia driver library found under {} (looked for libcuda, ",
+            node.root.display()
+        )),
+        "{err}"
+    );
+    assert!(!out_file.exists(), "no spec written");
+    // Every vendor at once: the same refusal, not a spec with the others only.
+    let out = node.ctk(&["cdi", "generate", "--output", node.dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no nvidia driver library found"));
+    // Enflame's library is still there: its spec is written.
+    node.ctk_ok(&["cdi", "generate", "--vendor", "enflame"]);
+}

@@ -527,12 +527,30 @@ fn doctor_root_healthy_then_broken() {
     assert_eq!(status_of(&v, "device-plugin-sockets"), ["fail"]);
     assert_eq!(status_of(&v, "docker"), ["ok"]);
 
-    // The plain-text form names the fix.
+    // The plain-text form names the fix; `--restart-kubelet` only where kubelet is a systemd
+    // unit (issue 22, 10: the advice was given on nodes whose kubelet systemd does not run).
     let out = n.doctor(&[]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("fix: accel-ctk checkpoint check --fix --restart-kubelet"),
+        text.contains("fix: accel-ctk checkpoint check --fix --checkpoint ")
+            && text.contains(
+                ", then restart kubelet the way this node runs it (no kubelet.service unit)"
+            )
+            && !text.contains("--restart-kubelet"),
+        "{text}"
+    );
+    std::fs::create_dir_all(root.join("run/systemd/system")).unwrap();
+    put(
+        root,
+        "/lib/systemd/system/kubelet.service",
+        "[Service]\n",
+        0o644,
+    );
+    let out = n.doctor(&[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("fix: accel-ctk checkpoint check --fix --restart-kubelet --checkpoint "),
         "{text}"
     );
     assert!(

@@ -12,8 +12,9 @@ use accel_container_runtime::config::Config;
 use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc;
+use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{self, Options};
-use common::kubelet::{enflame_sysfs, Kubelet};
+use common::kubelet::{enflame_sysfs, seed, shuffled, Kubelet};
 use common::{mknod, SimRoot};
 use tokio::sync::watch;
 
@@ -30,8 +31,12 @@ fn config(sim: &SimRoot, scratch: &Path) -> Config {
     Config::load_from(&path).unwrap()
 }
 
+/// The seed's 8 GCUs with one driver library (the CDI generator refuses a driver without).
 fn enflame_host() -> (SimRoot, u32) {
-    let sim = SimRoot::builder().enflame(8).build();
+    let sim = SimRoot::builder()
+        .enflame(8)
+        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
+        .build();
     let major = sim.enflame_major().unwrap();
     enflame_sysfs(sim.path(), major);
     (sim, major)
@@ -149,26 +154,40 @@ fn stand_in_kubelet_drives_the_plugin() {
             .collect();
         assert_eq!(got, want);
 
-        // Enflame's example: {0,1}, then {4,5}; must_include pulls toward its switch.
+        // Enflame's example: {0,1}, then {4,5}; must_include pulls toward its switch. kubelet
+        // sends the free IDs in Go's map order, another at every call: {0,1} and {4,5} are
+        // equally good, and the lower indexes must win every time (issue 22: 18 to 17 in 35
+        // tries under a real kubelet).
         let all: Vec<String> = (0..8).map(|i| format!("GCU-{i}")).collect();
         let prefer = |avail: Vec<String>, must: Vec<String>, n: i32| {
             let ch = ch.clone();
             async move {
-                grpc::get_preferred(
-                    &ch,
-                    PreferredAllocationRequest {
-                        container_requests: vec![ContainerPreferredAllocationRequest {
-                            available_device_ids: avail,
-                            must_include_device_ids: must,
-                            allocation_size: n,
-                        }],
-                    },
-                )
-                .await
-                .unwrap()
-                .container_responses[0]
-                    .device_ids
-                    .clone()
+                let mut answers = std::collections::BTreeSet::new();
+                for _ in 0..40 {
+                    let seed = seed();
+                    let got = grpc::get_preferred(
+                        &ch,
+                        PreferredAllocationRequest {
+                            container_requests: vec![ContainerPreferredAllocationRequest {
+                                available_device_ids: shuffled(&avail, seed),
+                                must_include_device_ids: must.clone(),
+                                allocation_size: n,
+                            }],
+                        },
+                    )
+                    .await
+                    .unwrap()
+                    .container_responses[0]
+                        .device_ids
+                        .clone();
+                    answers.insert(got);
+                }
+                assert_eq!(
+                    answers.len(),
+                    1,
+                    "one answer whatever the order: {answers:?}"
+                );
+                answers.pop_first().unwrap()
             }
         };
         assert_eq!(
@@ -183,6 +202,35 @@ fn stand_in_kubelet_drives_the_plugin() {
             prefer(all.clone(), ids(&["GCU-5"]), 2).await,
             ids(&["GCU-4", "GCU-5"])
         );
+        // Lone devices: the lowest indexes, whatever the order.
+        assert_eq!(
+            prefer(ids(&["GCU-7", "GCU-6", "GCU-3", "GCU-2"]), vec![], 1).await,
+            ids(&["GCU-2"])
+        );
+        // IDs beyond what the plugin lists are refused without work, with a reason.
+        let many: Vec<String> = (0..10_000).map(|i| format!("GCU-{i}")).collect();
+        let e = grpc::get_preferred(
+            &ch,
+            PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_ids: many.clone(),
+                    must_include_device_ids: vec![],
+                    allocation_size: 2,
+                }],
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.message(), "10000 device IDs offered, 8 listed");
+        let e = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest { devices_ids: many }],
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.message(), "10000 device IDs asked for, 8 offered");
 
         // Allocate: every strategy, the same answer for the same IDs.
         let alloc = |v: Vec<String>| {
@@ -276,15 +324,10 @@ fn stand_in_kubelet_drives_the_plugin() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(kubelet.count(), n + 1, "stream end: one registration");
 
-        // kubelet restarts: it deletes the plugin sockets and recreates kubelet.sock.
+        // kubelet restarts: the socket is served again, and answers.
         let n = kubelet.count();
-        kubelet.stop.take().unwrap().send(()).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        std::fs::remove_file(&sock).unwrap();
-        kubelet.start();
+        kubelet.restart(Duration::from_millis(100)).await;
         kubelet.wait_registrations(n + 1).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(kubelet.count(), n + 1, "kubelet restart: one registration");
         assert!(sock.exists(), "socket served again");
         let ch = grpc::connect(&sock, "localhost").await.unwrap();
         assert_eq!(
@@ -306,6 +349,180 @@ fn stand_in_kubelet_drives_the_plugin() {
         // Shutdown removes the socket.
         plugin.stop().await;
         assert!(!sock.exists());
+    });
+}
+
+/// kubelet restarts as kubelet does (stream ended, down a while, directory emptied,
+/// kubelet.sock recreated): one registration each time, at once. Down long enough for the
+/// plugin to be sleeping in its backoff when kubelet comes back: the events of the restart
+/// queued during that sleep made a second registration (issue 22, 4), and the sleep made
+/// it late (5).
+#[test]
+fn a_kubelet_restart_is_one_registration_at_once() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let plugin = Plugin::enflame(cfg, kubelet.plugin_options());
+        kubelet.wait_registrations(1).await;
+        for down in [1000, 300, 2500] {
+            let n = kubelet.count();
+            kubelet.restart(Duration::from_millis(down)).await;
+            kubelet.wait_registrations(n + 1).await;
+            let latency = kubelet.latency(n);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert_eq!(
+                kubelet.count(),
+                n + 1,
+                "kubelet down {down} ms: one registration"
+            );
+            eprintln!("kubelet down {down} ms: registered {latency:?} after kubelet.sock");
+            assert!(
+                latency < Duration::from_millis(500),
+                "kubelet down {down} ms: registered {latency:?} after kubelet.sock appeared"
+            );
+        }
+        plugin.stop().await;
+    });
+}
+
+/// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
+/// profiles with the host's own driver-root (`/`). Devices and libraries are found under it,
+/// and every path handed out (device specs, the CDI spec) is the host's, not the pod's.
+#[test]
+fn a_plugin_in_a_pod_reads_the_host_under_host_root() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("config.toml");
+    std::fs::write(&path, "").unwrap();
+    let cfg = Config::load_from(&path).unwrap();
+    let root = sim.path().to_str().unwrap().to_string();
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
+        opts.strategies = vec![Strategy::DeviceSpecs, Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        opts.host_root = HostRoot::new(sim.path().to_path_buf());
+        let plugin = Plugin::enflame(cfg, opts);
+        kubelet.wait_registrations(1).await;
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        let ch = grpc::connect(&kubelet.dir().join(&reg.endpoint), "localhost")
+            .await
+            .unwrap();
+        let a = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-2"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        let hosts: Vec<&str> = a.container_responses[0]
+            .devices
+            .iter()
+            .map(|d| d.host_path.as_str())
+            .collect();
+        assert_eq!(hosts, ["/dev/gcu2", "/dev/gcuctl"]);
+        let spec = std::fs::read_to_string(scratch.path().join("cdi/accel-enflame.json")).unwrap();
+        assert!(!spec.contains(&root), "pod paths in the CDI spec: {spec}");
+        assert!(
+            spec.contains("\"hostPath\": \"/usr/lib/x86_64-linux-gnu/libefml.so.1"),
+            "{spec}"
+        );
+        plugin.stop().await;
+    });
+}
+
+/// cdi-cri where the plugin cannot see the driver's libraries (its pod given /dev only):
+/// the plugin stops with the reason instead of writing a spec without them (issue 22, 7).
+#[test]
+fn a_plugin_that_cannot_see_the_libraries_writes_no_cdi_spec() {
+    let sim = SimRoot::builder().enflame(2).build();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let mut opts = kubelet.plugin_options();
+        opts.strategies = vec![Strategy::CdiCri];
+        opts.cdi_dir = scratch.path().join("cdi");
+        let (_stop, rx) = watch::channel(false);
+        let profiles = cfg
+            .profiles
+            .into_iter()
+            .filter(|p| p.name == "enflame")
+            .collect();
+        let e = server::run(profiles, opts, rx).await.unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no enflame driver library found under"),
+            "{e:#}"
+        );
+        assert!(!scratch.path().join("cdi/accel-enflame.json").exists());
+        assert_eq!(kubelet.count(), 0);
+    });
+}
+
+/// A node boots with the plugin first: no kubelet.sock for seconds, so the plugin backs off.
+/// kubelet admits the pods it finds about 60 ms after it listens, and a device pod admitted
+/// before the plugin registers is refused for good: the plugin must register the moment
+/// kubelet.sock appears, not at its next retry (issue 22, 5: up to 30 s late).
+#[test]
+fn a_plugin_started_before_kubelet_registers_when_kubelet_sock_appears() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path());
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::new();
+        let plugin = Plugin::enflame(cfg, kubelet.plugin_options());
+        // Many retries in: the plugin is sleeping its longest wait so far.
+        tokio::time::sleep(Duration::from_millis(4000)).await;
+        assert_eq!(kubelet.count(), 0);
+        kubelet.start();
+        kubelet.wait_registrations(1).await;
+        let latency = kubelet.latency(0);
+        eprintln!("plugin first: registered {latency:?} after kubelet.sock");
+        assert!(
+            latency < Duration::from_millis(500),
+            "registered {latency:?} after kubelet.sock appeared"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(kubelet.count(), 1, "one registration");
+        plugin.stop().await;
+    });
+}
+
+/// The plugin's socket is 0600 whatever the umask: anyone who can connect can call
+/// Allocate (issue 22, 10). The binary, started under umask 0.
+#[test]
+fn the_plugin_socket_is_private_under_any_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path());
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"umask 000; exec "$0" --kubelet-dir "$1""#)
+            .arg(env!("CARGO_BIN_EXE_accel-device-plugin"))
+            .arg(kubelet.dir())
+            .env(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                scratch.path().join("config.toml"),
+            )
+            .spawn()
+            .unwrap();
+        kubelet.wait_registrations(1).await;
+        let reg = kubelet.registrations.lock().unwrap()[0].clone();
+        let mode = std::fs::metadata(kubelet.dir().join(&reg.endpoint))
+            .unwrap()
+            .permissions()
+            .mode();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
     });
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use accel_container_runtime::config::Config;
 use accel_container_runtime::plugin::allocate::Strategy;
+use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{log, run, Options};
 use clap::Parser;
 
@@ -28,6 +29,11 @@ struct Args {
     /// Directory for the CDI spec that the cdi-* strategies name.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
+    /// Where the host's `/` is mounted in this container (the DaemonSet mounts it read-only
+    /// at /host): every profile's driver-root and dev-root are read under it, and the paths
+    /// handed to kubelet and written in CDI specs are the host's. `/` when run on the host.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
     /// Seconds between health polls (inotify reports changes at once; this is the fallback).
     #[arg(long, default_value_t = 1.0)]
     poll_seconds: f64,
@@ -63,6 +69,13 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     let mut opts = Options::new(args.kubelet_dir);
     opts.strategies = args.strategy;
     opts.cdi_dir = args.cdi_dir;
+    if !args.host_root.is_absolute() || !args.host_root.is_dir() {
+        anyhow::bail!(
+            "--host-root {:?} is not an absolute path to a directory (mount the host's / there)",
+            args.host_root
+        );
+    }
+    opts.host_root = HostRoot::new(args.host_root);
     if let Some(d) = config.container_library_dir.clone() {
         opts.library_dir = d;
     }

@@ -38,6 +38,18 @@ pub enum GenerateError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "no {vendor} driver library found under {} (looked for {wanted}): a spec without them \
+         gives containers devices their frameworks cannot use; point the profile's driver-root \
+         at the driver's files (in the device plugin's pod: mount the host's / and pass \
+         --host-root)",
+        root.display()
+    )]
+    NoLibraries {
+        vendor: String,
+        root: PathBuf,
+        wanted: String,
+    },
     #[error("generated {vendor} spec is invalid: {msg}")]
     Invalid { vendor: String, msg: String },
 }
@@ -87,6 +99,24 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         source,
     })?;
     let driver = facts::driver(&dev_root, &caps, &cache);
+    // Every node but none of the libraries means the driver's files are somewhere this
+    // process cannot see (a plugin pod given /dev only): refused, never written silently.
+    let stems: Vec<&str> = caps
+        .iter()
+        .filter_map(|c| profile.capabilities.get(c))
+        .flat_map(|g| g.libraries.iter().map(String::as_str))
+        .collect();
+    if !stems.is_empty() && driver.libraries.is_empty() {
+        let mut wanted = stems.iter().take(4).copied().collect::<Vec<_>>().join(", ");
+        if stems.len() > 4 {
+            wanted.push_str(", ...");
+        }
+        return Err(GenerateError::NoLibraries {
+            vendor: profile.name.clone(),
+            root: profile.driver_root.clone(),
+            wanted,
+        });
+    }
     let mut shared = plan::driver_edits(profile, &caps, &driver, &opts.library_dir)?;
     // Development names (`libcuda.so`), as the variable path mounts them.
     let links = crate::loader::dev_links(profile, &shared, &opts.library_dir);

@@ -7,7 +7,7 @@
 //! record of what was found and done. Exit status: 0 consistent or repaired, 1 stale (or
 //! undecidable) and not repaired, 2 error (the file is then untouched).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::SystemTime;
 
@@ -179,7 +179,10 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         log(
             "warning",
             "verdict",
-            "stale checkpoint left in place; repair with `accel-ctk checkpoint check --fix --restart-kubelet`",
+            &format!(
+                "stale checkpoint left in place; repair with `{}`",
+                checkpoint::repair_advice(Path::new("/"), None)
+            ),
             json!({"checkpoint": path, "verdict": "stale"}),
         );
         return Ok(ExitCode::from(1));

@@ -89,14 +89,10 @@ pub fn check_checkpoint(ctx: &Ctx, config: &Config) -> Finding {
     if !file.exists() {
         return Finding::ok(C, "no device checkpoint");
     }
-    let fix = if ctx.is_real_root() {
-        "accel-ctk checkpoint check --fix --restart-kubelet".to_string()
-    } else {
-        format!(
-            "accel-ctk checkpoint check --fix --restart-kubelet --checkpoint {}",
-            file.display()
-        )
-    };
+    let fix = checkpoint::repair_advice(
+        ctx.path("/").as_path(),
+        (!ctx.is_real_root()).then_some(file.as_path()),
+    );
     let cp = match Checkpoint::load(&file) {
         Ok(c) => c,
         Err(e) => {

@@ -2,13 +2,16 @@
 //!
 //! Floors: `preferred` (pure topology choice) and `allocate` (pure answer) stand on
 //! `devices` (discovery + health of one profile, over the library's discovery and topology);
-//! with the `plugin` feature, `api` (v1beta1 messages) → `grpc` (service glue) → `server`
-//! (sockets, registration, health watch), with `authority` (old kubelets' `:authority`)
-//! under `server`.
+//! `registration` (when to register: a pure state machine) and `host_root` (paths as the
+//! host names them) are pure too. With the `plugin` feature, `api` (v1beta1 messages) →
+//! `grpc` (service glue) and `watch` (inotify tasks) → `server` (sockets, the registration
+//! loop, Allocate), with `authority` (old kubelets' `:authority`) under `server`.
 
 pub mod allocate;
 pub mod devices;
+pub mod host_root;
 pub mod preferred;
+pub mod registration;
 
 #[cfg(feature = "plugin")]
 pub mod api;
@@ -18,3 +21,5 @@ pub mod authority;
 pub mod grpc;
 #[cfg(feature = "plugin")]
 pub mod server;
+#[cfg(feature = "plugin")]
+pub mod watch;

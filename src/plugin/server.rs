@@ -1,18 +1,10 @@
 //! The running plugin: one socket per profile that has devices, served before it registers
-//! with kubelet, health pushed on ListAndWatch as it changes, and re-registration exactly
-//! once per kubelet event.
-//!
-//! kubelet never re-dials a plugin whose ListAndWatch ended (k/k #131013) and a restarted
-//! kubelet deletes every socket in its directory and recreates `kubelet.sock`, so the plugin
-//! registers again when `kubelet.sock` is created, when its own socket is deleted and when
-//! the stream of its current registration ends. Events that arrive together (a restart is
-//! all three) are debounced into one registration; a stream of an older registration ending
-//! is expected (kubelet replaced it) and ignored, which is what keeps this from looping
-//! (bottlerocket #4250). While kubelet is away, registration retries with backoff.
+//! with kubelet, health pushed on ListAndWatch as it changes, and registration as
+//! `registration` decides it (once per kubelet restart, at once when kubelet's socket
+//! appears). Watching is `watch`'s; everything runs as tasks of one tokio runtime.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -25,7 +17,10 @@ use super::allocate::{allocate, Strategy};
 use super::api::*;
 use super::devices::{self, healthy, DevicesError, PluginDevice};
 use super::grpc::{self, DevicePlugin, DevicePluginServer, DeviceStream};
+use super::host_root::HostRoot;
 use super::preferred::{choose, Place};
+use super::registration::{Action, Event, FileId, Registrar, Sockets};
+use super::watch::WatchError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -45,12 +40,8 @@ pub enum PluginError {
         #[source]
         source: anyhow::Error,
     },
-    #[error("cannot watch {}: {source}", path.display())]
-    Watch {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Watch(#[from] WatchError),
 }
 
 /// One line on stderr (what `kubectl logs` shows).
@@ -71,9 +62,13 @@ pub struct Options {
     pub library_dir: PathBuf,
     /// Health is re-checked at least this often, whatever inotify reports.
     pub poll: Duration,
-    pub debounce: Duration,
+    /// First wait between registration attempts while kubelet is away (and again after
+    /// each kubelet event).
+    pub min_backoff: Duration,
     /// Longest wait between registration attempts while kubelet is away.
     pub max_backoff: Duration,
+    /// Where the host's `/` is in this container (see `host_root`).
+    pub host_root: HostRoot,
 }
 
 impl Options {
@@ -84,18 +79,11 @@ impl Options {
             cdi_dir: PathBuf::from("/var/run/cdi"),
             library_dir: PathBuf::from(crate::spec::MULTIARCH_LIBRARY_DIR),
             poll: Duration::from_secs(1),
-            debounce: Duration::from_millis(300),
+            min_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(30),
+            host_root: HostRoot::default(),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Event {
-    KubeletSocket,
-    OwnSocketDeleted,
-    /// The ListAndWatch of this registration epoch ended.
-    StreamEnded(u64),
 }
 
 /// What ListAndWatch reports: every device seen since start, and whether each is healthy.
@@ -115,6 +103,7 @@ pub struct Plugin {
     events: mpsc::UnboundedSender<Event>,
     /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
     cdi: Option<Options>,
+    host_root: HostRoot,
     /// The last re-discovery error logged, so a lasting one is logged once.
     last_error: Mutex<Option<String>>,
 }
@@ -153,6 +142,7 @@ impl Plugin {
             epoch: AtomicU64::new(0),
             events: tx,
             cdi: None,
+            host_root: HostRoot::default(),
             last_error: Mutex::new(None),
         };
         (plugin, rx)
@@ -323,7 +313,28 @@ impl DevicePlugin for Served {
     }
 }
 
+/// At most this many device IDs in a log line; the rest are counted.
+const LOGGED_IDS: usize = 8;
+
+/// `ids` for a log line: the first few, quoted and escaped, and how many more.
+fn shown(ids: &[String]) -> String {
+    let mut out: Vec<String> = ids
+        .iter()
+        .take(LOGGED_IDS)
+        .map(|i| format!("{:?}", i.chars().take(80).collect::<String>()))
+        .collect();
+    if ids.len() > LOGGED_IDS {
+        out.push(format!("and {} more", ids.len() - LOGGED_IDS));
+    }
+    format!("[{}]", out.join(", "))
+}
+
 impl Plugin {
+    /// The best-connected `allocation_size` of the offered devices. The offered IDs are
+    /// taken in device-index order, whatever order kubelet sends them in (Go's map order,
+    /// different at every call): equal choices then always fall to the lower indexes, so
+    /// the same free devices give the same answer. IDs this plugin does not offer are left
+    /// out, which also bounds the work to the device table.
     pub fn preferred(
         &self,
         req: PreferredAllocationRequest,
@@ -331,36 +342,65 @@ impl Plugin {
         let mut out = PreferredAllocationResponse::default();
         let table = self.table();
         for r in req.container_requests {
-            let place = |id: &String| {
-                table
-                    .iter()
-                    .find(|d| d.id == *id)
-                    .map(|d| d.place.clone())
-                    .unwrap_or_default()
-            };
-            let places: Vec<Place> = r.available_device_ids.iter().map(place).collect();
-            let must: Vec<usize> = r
-                .must_include_device_ids
-                .iter()
-                .filter_map(|m| r.available_device_ids.iter().position(|a| a == m))
-                .collect();
-            let size = usize::try_from(r.allocation_size).unwrap_or(0);
+            // kubelet offers only IDs this plugin listed: a longer list is refused before
+            // any per-ID work.
+            let listed = r
+                .available_device_ids
+                .len()
+                .max(r.must_include_device_ids.len());
+            if listed > table.len() {
+                return Err(self.refused(
+                    "GetPreferredAllocation",
+                    format!("{listed} device IDs offered, {} listed", table.len()),
+                ));
+            }
+            let position = |id: &String| table.iter().position(|d| d.id == *id);
+            let mut offered: Vec<usize> =
+                r.available_device_ids.iter().filter_map(position).collect();
+            offered.sort_unstable();
+            offered.dedup();
+            let mut must: Vec<usize> = Vec::new();
+            for id in &r.must_include_device_ids {
+                match position(id).and_then(|t| offered.binary_search(&t).ok()) {
+                    Some(k) => must.push(k),
+                    None => {
+                        return Err(self.refused(
+                            "GetPreferredAllocation",
+                            format!(
+                                "required device {:?} is not among the offered devices",
+                                id.chars().take(80).collect::<String>()
+                            ),
+                        ))
+                    }
+                }
+            }
+            let places: Vec<Place> = offered.iter().map(|&t| table[t].place.clone()).collect();
+            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
             let chosen = choose(&places, &must, size).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "{}: cannot choose {} of {} offered devices with {} required",
-                    self.resource,
-                    r.allocation_size,
-                    r.available_device_ids.len(),
-                    r.must_include_device_ids.len()
-                ))
+                self.refused(
+                    "GetPreferredAllocation",
+                    format!(
+                        "cannot choose {} of {} offered devices with {} required",
+                        r.allocation_size,
+                        offered.len(),
+                        must.len()
+                    ),
+                )
             })?;
+            let ids: Vec<String> = chosen
+                .into_iter()
+                .map(|k| table[offered[k]].id.clone())
+                .collect();
+            log(&format!(
+                "{}: GetPreferredAllocation of {} from {} offered ({} required): {}",
+                self.resource,
+                r.allocation_size,
+                offered.len(),
+                must.len(),
+                shown(&ids)
+            ));
             out.container_responses
-                .push(ContainerPreferredAllocationResponse {
-                    device_ids: chosen
-                        .into_iter()
-                        .map(|i| r.available_device_ids[i].clone())
-                        .collect(),
-                });
+                .push(ContainerPreferredAllocationResponse { device_ids: ids });
         }
         Ok(out)
     }
@@ -369,18 +409,25 @@ impl Plugin {
         let mut out = AllocateResponse::default();
         let table = self.table();
         for r in req.container_requests {
+            // kubelet never asks for more than the plugin offers; a longer list is refused
+            // before any per-ID work.
+            if r.devices_ids.len() > table.len() {
+                return Err(self.refused(
+                    "Allocate",
+                    format!(
+                        "{} device IDs asked for, {} offered",
+                        r.devices_ids.len(),
+                        table.len()
+                    ),
+                ));
+            }
             let answer = allocate(&self.profile, &table, &self.strategies, &r.devices_ids)
-                .map_err(|e| {
-                    log(&format!(
-                        "{}: Allocate {:?} refused: {e}",
-                        self.resource, r.devices_ids
-                    ));
-                    Status::invalid_argument(e.to_string())
-                })?;
+                .map_err(|e| self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids))))?;
+            let answer = self.host_root.answer(answer);
             log(&format!(
-                "{}: Allocate {:?}: {} env, {} mounts, {} device nodes, {} CDI devices",
+                "{}: Allocate {}: {} env, {} mounts, {} device nodes, {} CDI devices",
                 self.resource,
-                r.devices_ids,
+                shown(&r.devices_ids),
                 answer.envs.len(),
                 answer.mounts.len(),
                 answer.devices.len(),
@@ -390,113 +437,11 @@ impl Plugin {
         }
         Ok(out)
     }
-}
 
-/// Watches device nodes (inotify on their directories, and on the driver's version file's)
-/// and re-checks health on every event and at least every `poll`.
-fn spawn_health(plugins: Vec<Arc<Plugin>>, poll: Duration, stop: Arc<AtomicBool>) {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for p in &plugins {
-        for f in devices::watched_paths(&p.profile, &p.table()) {
-            if let Some(d) = f.parent() {
-                if !dirs.iter().any(|x| x == d) {
-                    dirs.push(d.to_path_buf());
-                }
-            }
-        }
+    fn refused(&self, call: &str, why: String) -> Status {
+        log(&format!("{}: {call} refused: {why}", self.resource));
+        Status::invalid_argument(why)
     }
-    std::thread::spawn(move || {
-        use inotify::{Inotify, WatchMask};
-        let ino = Inotify::init().ok();
-        if let Some(ino) = &ino {
-            for d in &dirs {
-                if let Err(e) = ino.watches().add(
-                    d,
-                    WatchMask::CREATE
-                        | WatchMask::DELETE
-                        | WatchMask::MOVED_FROM
-                        | WatchMask::MOVED_TO
-                        | WatchMask::ATTRIB,
-                ) {
-                    log(&format!(
-                        "cannot watch {} ({e}); polling every {poll:?}",
-                        d.display()
-                    ));
-                }
-            }
-        }
-        let mut ino = ino;
-        let mut buf = [0u8; 4096];
-        while !stop.load(Ordering::Relaxed) {
-            wait_readable(ino.as_ref().map(|i| i.as_raw_fd()), poll);
-            if let Some(i) = ino.as_mut() {
-                while i.read_events(&mut buf).is_ok_and(|ev| ev.count() > 0) {}
-            }
-            for p in &plugins {
-                p.recheck();
-            }
-        }
-    });
-}
-
-fn wait_readable(fd: Option<i32>, timeout: Duration) {
-    match fd {
-        Some(fd) => {
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, for the duration of the call.
-            unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
-        }
-        None => std::thread::sleep(timeout),
-    }
-}
-
-/// Watches kubelet's directory: `kubelet.sock` created, a plugin socket deleted.
-fn spawn_dir_watch(
-    dir: &Path,
-    sockets: Vec<(String, mpsc::UnboundedSender<Event>)>,
-    stop: Arc<AtomicBool>,
-) -> Result<(), PluginError> {
-    use inotify::{Inotify, WatchMask};
-    let watch_err = |source| PluginError::Watch {
-        path: dir.into(),
-        source,
-    };
-    let mut ino = Inotify::init().map_err(watch_err)?;
-    ino.watches()
-        .add(
-            dir,
-            WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM,
-        )
-        .map_err(watch_err)?;
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while !stop.load(Ordering::Relaxed) {
-            wait_readable(Some(ino.as_raw_fd()), Duration::from_millis(500));
-            let Ok(events) = ino.read_events(&mut buf) else {
-                continue;
-            };
-            for e in events {
-                let Some(name) = e.name.and_then(|n| n.to_str()) else {
-                    continue;
-                };
-                let created = e
-                    .mask
-                    .intersects(inotify::EventMask::CREATE | inotify::EventMask::MOVED_TO);
-                for (sock, tx) in &sockets {
-                    if created && name == KUBELET_SOCKET {
-                        let _ = tx.send(Event::KubeletSocket);
-                    } else if !created && name == sock {
-                        let _ = tx.send(Event::OwnSocketDeleted);
-                    }
-                }
-            }
-        }
-    });
-    Ok(())
 }
 
 /// The plugin's gRPC server on `listener` until `shutdown` completes (benchmarks call it too).
@@ -517,18 +462,48 @@ pub async fn serve_listener(
         .await
 }
 
-/// Serves `plugin` on `path` until `stop` fires (or the server fails).
-fn serve(
-    plugin: &Arc<Plugin>,
-    path: &Path,
-) -> Result<tokio::sync::oneshot::Sender<()>, PluginError> {
-    if path.symlink_metadata().is_ok() {
-        let _ = std::fs::remove_file(path);
+/// Binds a socket only root can connect to at `path`, whatever the umask: bound under a
+/// temporary name, made 0600, then renamed into place, so it is never reachable with
+/// looser permissions (anyone who can connect can call Allocate).
+fn bind_private(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(|source| PluginError::Listen {
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// A plugin's server on its socket: stopped when dropped.
+struct Serving {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    id: Option<FileId>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// Serves `plugin` on `path` (replacing whatever is there) until the result is dropped.
+fn serve(plugin: &Arc<Plugin>, path: &Path) -> Result<Serving, PluginError> {
+    let listen_err = |source| PluginError::Listen {
         path: path.into(),
         source,
-    })?;
+    };
+    let listener = bind_private(path)
+        .and_then(tokio::net::UnixListener::from_std)
+        .map_err(listen_err)?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let plugin = Arc::clone(plugin);
     tokio::spawn(async move {
@@ -539,7 +514,10 @@ fn serve(
             log(&format!("server stopped: {e}"));
         }
     });
-    Ok(tx)
+    Ok(Serving {
+        stop: Some(tx),
+        id: FileId::of(path),
+    })
 }
 
 async fn register_once(plugin: &Plugin, dir: &Path) -> Result<(), String> {
@@ -568,8 +546,9 @@ impl Served {
     }
 }
 
-/// Registration loop of one plugin: serve, register (with backoff), then wait for the
-/// next event that calls for registering again.
+/// Registration loop of one plugin: serve, register, and wait for what `Registrar` says
+/// calls for registering again; while kubelet is away, retry after its delays or at once on
+/// a kubelet event.
 async fn manage(
     plugin: Arc<Plugin>,
     mut events: mpsc::UnboundedReceiver<Event>,
@@ -577,86 +556,99 @@ async fn manage(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let path = opts.kubelet_dir.join(plugin.socket_name());
-    let mut server: Option<tokio::sync::oneshot::Sender<()>> = None;
+    let kubelet = opts.kubelet_dir.join(KUBELET_SOCKET);
     // A profile with no device yet (a driver still loading) registers once one appears.
     let mut state = plugin.state.subscribe();
     tokio::select! {
         r = state.wait_for(|s| !s.table.is_empty()) => if r.is_err() { return },
-        _ = shutdown.changed() => return,
+        _ = shutdown.wait_for(|s| *s) => return,
     }
     drop(state);
+    let mut reg = Registrar::new(opts.min_backoff, opts.max_backoff);
+    let mut server: Option<Serving> = None;
+    let mut last_failure: Option<String> = None;
+    let started = std::time::Instant::now();
     loop {
-        let mut delay = Duration::from_millis(200);
-        loop {
-            if server.is_none() || !path.exists() {
-                if let Some(s) = server.take() {
-                    let _ = s.send(());
-                }
-                match serve(&plugin, &path) {
-                    Ok(s) => server = Some(s),
-                    Err(e) => log(&format!("{}: {e}", plugin.resource)),
-                }
-            }
-            let epoch = plugin.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-            match register_once(&plugin, &opts.kubelet_dir).await {
-                Ok(()) => {
-                    log(&format!(
-                        "{}: registered with kubelet as {} ({} devices, registration {epoch})",
-                        plugin.resource,
-                        plugin.socket_name(),
-                        plugin.table().len()
-                    ));
-                    break;
-                }
-                Err(e) => {
-                    log(&format!(
-                        "{}: kubelet not reachable ({e}); retrying in {delay:?}",
-                        plugin.resource
-                    ));
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.changed() => return stop(server, &path),
-                    }
-                    delay = (delay * 2).min(opts.max_backoff);
-                }
+        if server
+            .as_ref()
+            .is_none_or(|s| s.id.is_none() || s.id != FileId::of(&path))
+        {
+            server = None;
+            match serve(&plugin, &path) {
+                Ok(s) => server = Some(s),
+                Err(e) => log(&format!("{}: {e}", plugin.resource)),
             }
         }
-        // Wait for an event that calls for registering again.
+        let epoch = reg.attempt();
+        plugin.epoch.store(epoch, Ordering::SeqCst);
+        let wait = match register_once(&plugin, &opts.kubelet_dir).await {
+            Ok(()) => {
+                let against = Sockets {
+                    kubelet: FileId::of(&kubelet),
+                    own: server.as_ref().and_then(|s| s.id),
+                };
+                reg.registered(epoch, against);
+                last_failure = None;
+                log(&format!(
+                    "{}: registered with kubelet as {} ({} devices, registration {epoch}, {} ms after start)",
+                    plugin.resource,
+                    plugin.socket_name(),
+                    plugin.table().len(),
+                    started.elapsed().as_millis()
+                ));
+                None
+            }
+            Err(e) => {
+                let wait = reg.failed();
+                // A kubelet that stays away is said once, not at every retry.
+                if last_failure.as_deref() != Some(e.as_str()) {
+                    log(&format!(
+                        "{}: kubelet not reachable ({e}); retrying with backoff up to {:?}, at once when {KUBELET_SOCKET} appears",
+                        plugin.resource, opts.max_backoff
+                    ));
+                    last_failure = Some(e);
+                }
+                Some(wait)
+            }
+        };
+        let backoff = async {
+            match wait {
+                Some(w) => tokio::time::sleep(w).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(backoff);
         loop {
             let ev = tokio::select! {
+                _ = &mut backoff => break,
                 ev = events.recv() => ev,
-                _ = shutdown.changed() => return stop(server, &path),
+                _ = shutdown.wait_for(|s| *s) => return stop(server, &path),
             };
-            let Some(mut ev) = ev else {
+            let Some(ev) = ev else {
                 return stop(server, &path);
             };
-            // A restart is several events; they become one registration.
-            tokio::time::sleep(opts.debounce).await;
-            let mut relevant = is_relevant(ev, &plugin);
-            while let Ok(more) = events.try_recv() {
-                ev = more;
-                relevant |= is_relevant(ev, &plugin);
-            }
-            if relevant {
-                log(&format!("{}: {ev:?}: registering again", plugin.resource));
+            let now = Sockets {
+                kubelet: FileId::of(&kubelet),
+                own: FileId::of(&path),
+            };
+            let was_registered = reg.is_registered();
+            if reg.on_event(ev, now) == Action::Register {
+                if was_registered {
+                    log(&format!("{}: {ev:?}: registering again", plugin.resource));
+                }
                 break;
             }
         }
     }
 }
 
-fn is_relevant(ev: Event, plugin: &Plugin) -> bool {
-    match ev {
-        Event::StreamEnded(e) => e == plugin.epoch.load(Ordering::SeqCst),
-        Event::KubeletSocket | Event::OwnSocketDeleted => true,
+fn stop(server: Option<Serving>, path: &Path) {
+    let ours = server.as_ref().and_then(|s| s.id);
+    drop(server);
+    // Only our own socket: a newer plugin may have taken the name since.
+    if ours.is_some() && ours == FileId::of(path) {
+        let _ = std::fs::remove_file(path);
     }
-}
-
-fn stop(server: Option<tokio::sync::oneshot::Sender<()>>, path: &Path) {
-    if let Some(s) = server {
-        let _ = s.send(());
-    }
-    let _ = std::fs::remove_file(path);
 }
 
 /// Runs a plugin for each profile that has devices until `shutdown` turns true; removes
@@ -675,6 +667,7 @@ pub async fn run(
         .any(|s| matches!(s, Strategy::CdiCri | Strategy::CdiAnnotations));
     let mut plugins = Vec::new();
     for profile in profiles.into_iter().filter(|p| p.resource_name.is_some()) {
+        let profile = opts.host_root.rebase(profile);
         let table = devices::discover(&profile)?;
         if table.is_empty() {
             log(&format!(
@@ -686,25 +679,43 @@ pub async fn run(
         }
         let (mut plugin, rx) = Plugin::with_table(profile, opts.strategies.clone(), table);
         plugin.cdi = cdi.then(|| opts.clone());
+        plugin.host_root = opts.host_root.clone();
         plugins.push((Arc::new(plugin), rx));
     }
     if plugins.is_empty() {
         log("no profile names a resource; idle");
     }
-    let stop_threads = Arc::new(AtomicBool::new(false));
-    spawn_health(
-        plugins.iter().map(|(p, _)| Arc::clone(p)).collect(),
-        opts.poll,
-        Arc::clone(&stop_threads),
-    );
-    spawn_dir_watch(
+    super::watch::kubelet_dir(
         &opts.kubelet_dir,
         plugins
             .iter()
             .map(|(p, _)| (p.socket_name(), p.events.clone()))
             .collect(),
-        Arc::clone(&stop_threads),
+        shutdown.clone(),
     )?;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for (p, _) in &plugins {
+        for f in devices::watched_paths(&p.profile, &p.table()) {
+            if let Some(d) = f.parent() {
+                if !dirs.iter().any(|x| x == d) {
+                    dirs.push(d.to_path_buf());
+                }
+            }
+        }
+    }
+    let checked: Vec<Arc<Plugin>> = plugins.iter().map(|(p, _)| Arc::clone(p)).collect();
+    for e in super::watch::health(
+        &dirs,
+        opts.poll,
+        move || {
+            for p in &checked {
+                p.recheck();
+            }
+        },
+        shutdown.clone(),
+    ) {
+        log(&format!("{e}; health is polled every {:?}", opts.poll));
+    }
     let tasks: Vec<_> = plugins
         .into_iter()
         .map(|(p, rx)| tokio::spawn(manage(p, rx, opts.clone(), shutdown.clone())))
@@ -713,7 +724,6 @@ pub async fn run(
     for t in tasks {
         let _ = t.await;
     }
-    stop_threads.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -735,6 +745,7 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
         },
     )
     .map_err(|e| err(e.into()))?;
+    let spec = opts.host_root.spec(spec);
     let text = serde_json::to_vec_pretty(&spec).map_err(|e| err(e.into()))?;
     if std::fs::read(&path).is_ok_and(|old| old == text) {
         return Ok(false);

@@ -72,6 +72,10 @@ pub struct Kubelet {
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Dropping this ends the stand-in's current ListAndWatch stream.
     pub drop_stream: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+    /// When each registration arrived, in order.
+    pub registered_at: Arc<Mutex<Vec<Instant>>>,
+    /// When `kubelet.sock` was last created.
+    pub socket_at: Option<Instant>,
 }
 
 impl Kubelet {
@@ -84,6 +88,8 @@ impl Kubelet {
             updates_tx: tx,
             stop: None,
             drop_stream: Arc::default(),
+            registered_at: Arc::default(),
+            socket_at: None,
         }
     }
 
@@ -109,11 +115,14 @@ impl Kubelet {
         let sock = self.dir().join(KUBELET_SOCKET);
         let _ = std::fs::remove_file(&sock);
         let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        self.socket_at = Some(Instant::now());
         let regs = Arc::clone(&self.registrations);
+        let times = Arc::clone(&self.registered_at);
         let dir = self.dir().to_path_buf();
         let tx = self.updates_tx.clone();
         let drop_stream = Arc::clone(&self.drop_stream);
         let svc = RegistrationServer(move |r: RegisterRequest| {
+            times.lock().unwrap().push(Instant::now());
             regs.lock().unwrap().push(r.clone());
             let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
             tokio::spawn(async move {
@@ -151,6 +160,28 @@ impl Kubelet {
         self.stop = Some(stop_tx);
     }
 
+    /// A kubelet restart as kubelet makes one: the process ends (its registration server
+    /// stops, the ListAndWatch stream ends, `kubelet.sock` is left behind), and `down` later
+    /// the new kubelet empties its directory (the plugins' sockets and the stale
+    /// `kubelet.sock`) and listens on a new `kubelet.sock`.
+    pub async fn restart(&mut self, down: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        drop(self.drop_stream.lock().unwrap().take());
+        tokio::time::sleep(down).await;
+        for e in std::fs::read_dir(self.dir()).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        self.start();
+    }
+
+    /// How long the registration `n` (0-based) came after `kubelet.sock` was last created.
+    pub fn latency(&self, n: usize) -> Duration {
+        let at = self.registered_at.lock().unwrap()[n];
+        at.saturating_duration_since(self.socket_at.unwrap())
+    }
+
     pub fn count(&self) -> usize {
         self.registrations.lock().unwrap().len()
     }
@@ -177,4 +208,29 @@ impl Kubelet {
             }
         }
     }
+}
+
+/// `ids` in a different order each call, as kubelet sends them (Go's map iteration order);
+/// the seed is returned so a failure can name it.
+pub fn shuffled(ids: &[String], seed: u64) -> Vec<String> {
+    let mut v = ids.to_vec();
+    let mut x = seed | 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// A seed that differs between runs and calls.
+pub fn seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    t ^ N.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
 }
