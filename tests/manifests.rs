@@ -34,6 +34,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use accel_container_runtime::plugin::api::{AllocateRequest, ContainerAllocateRequest};
+use accel_container_runtime::plugin::grpc;
 use common::kubelet::{enflame_sysfs, Kubelet};
 use common::{busybox_rootfs, require_root, sh_ok, unique, Bundle, SimRoot};
 use serde_json::{json, Value};
@@ -801,6 +803,38 @@ fn device_plugin_daemonset_starts_and_registers() {
             r.endpoint
         );
     }
+    // Found through /host, answered with the host's own paths: kubelet passes them to the
+    // container runtime on the host, where /host means nothing.
+    let gcu = regs
+        .iter()
+        .find(|r| r.resource_name == "enflame.com/gcu")
+        .unwrap();
+    let answer = rt.block_on(async {
+        let ch = grpc::connect(&kubelet.dir().join(&gcu.endpoint), "localhost")
+            .await
+            .unwrap();
+        grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: vec!["GCU-0".into()],
+                }],
+            },
+        )
+        .await
+        .unwrap()
+    });
+    let hosts: Vec<&str> = answer.container_responses[0]
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect();
+    let gcu0 = sim.path().join("dev/gcu0");
+    assert!(
+        hosts.contains(&gcu0.to_str().unwrap()),
+        "no {} among {hosts:?}",
+        gcu0.display()
+    );
     pod.assert_stays_running("accel-device-plugin");
 }
 
