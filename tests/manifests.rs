@@ -49,8 +49,8 @@ const CHECKPOINT: &str = "packaging/kubernetes/accel-checkpoint-daemonset.yaml";
 /// images set the same.
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// containerd's default capability set (`oci.WithDefaultUnixDevices`' neighbour
-/// `defaultUnixCaps`), what a container with no capabilities section gets.
+/// containerd's default capability set (`defaultUnixCaps()` in its `oci/spec.go`), what a
+/// container with no capabilities section gets.
 const DEFAULT_CAPS: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
@@ -386,7 +386,7 @@ impl Drop for Pod {
     }
 }
 
-/// The one Pod template of a manifest, and its namespace.
+/// The one Pod template of a manifest.
 fn pod_template(docs: &[Yaml]) -> &Yaml {
     let templates: Vec<&Yaml> = docs
         .iter()
