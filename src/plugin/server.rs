@@ -761,3 +761,23 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
     ));
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocate and preferred-allocation lines name at most 8 IDs, each cut and escaped
+    /// (issue 22, 10: a 10,000-ID request logged 10,000 IDs).
+    #[test]
+    fn logged_id_lists_are_bounded_and_escaped() {
+        let ids: Vec<String> = (0..10_000).map(|i| format!("GCU-{i}")).collect();
+        let line = shown(&ids);
+        assert!(line.ends_with(", \"GCU-7\", and 9992 more]"), "{line}");
+        assert!(line.len() < 200, "{line}");
+        let odd = vec!["a\nb".to_string(), "x".repeat(500)];
+        let line = shown(&odd);
+        assert!(line.starts_with("[\"a\\nb\", \"xxx"), "{line}");
+        assert!(!line.contains('\n') && line.len() < 100, "{line}");
+        assert_eq!(shown(&[]), "[]");
+    }
+}
