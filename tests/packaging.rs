@@ -1078,3 +1078,35 @@ fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
         }
     }
 }
+
+/// Issue 22, 8: the volume-mounts strategy hands a device to any pod that can mount hostPath
+/// /dev/null at the device-list path. The DaemonSet that defaults to it, and the README's
+/// security model, must say that it is safe only under Pod Security "baseline".
+#[test]
+fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
+    let manifest = read("packaging/kubernetes/accel-device-plugin-daemonset.yaml");
+    let readme = read("README.md");
+    let header: String = manifest
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        manifest.contains("--strategy=volume-mounts"),
+        "the test is about the default strategy"
+    );
+    for text in [&header, &readme] {
+        assert!(
+            text.contains("pod-security.kubernetes.io/enforce=baseline"),
+            "no Pod Security requirement in {}",
+            &text[..80]
+        );
+        assert!(text.contains("hostPath"), "hostPath not named");
+    }
+    let security = &readme[readme.find("### Security model").unwrap()..];
+    let security = &security[..security.find("\n## ").unwrap()];
+    assert!(
+        security.contains("baseline"),
+        "the README's security model does not state the Pod Security requirement"
+    );
+}
