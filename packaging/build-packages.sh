@@ -6,7 +6,7 @@
 #   packaging/build-packages.sh [--no-build] [--help] [OUT_DIR]   (OUT_DIR default: target/packages)
 #
 # Needs: cargo install --locked cargo-deb cargo-generate-rpm; dpkg-deb (dpkg); rpm (apt-get
-# install rpm; rpm2cpio and cpio) to read the .rpm back; readelf (binutils). --no-build packages the static
+# install rpm; rpm2cpio and cpio) to read the .rpm back; readelf (binutils); file. --no-build packages the static
 # binaries already in target/<triple>/release (the triple packaging/target.sh prints).
 set -eu
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ done
 out="${out:-target/packages}"
 mkdir -p "$out"
 
-for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf; do
+for tool in cargo-deb cargo-generate-rpm dpkg-deb rpm rpm2cpio cpio readelf file; do
     command -v "$tool" >/dev/null 2>&1 || {
         echo "build-packages.sh: $tool not found (see the header of this script)" >&2
         exit 1
@@ -55,6 +55,14 @@ for b in accel-container-runtime accel-ctk accel-device-plugin; do
         echo "build-packages.sh: $bin is dynamically linked" >&2
         exit 1
     fi
+    # file(1) as a second reader: these are what nodes with a glibc older than the build
+    # machine's run (and what the image recipes copy onto nodes, issue 22).
+    kind="$(LC_ALL=C file -b "$bin")"
+    case "$kind" in
+        *"dynamically linked"*|*interpreter*) echo "build-packages.sh: $bin: $kind" >&2; exit 1 ;;
+        *"static-pie linked"*|*"statically linked"*) ;;
+        *) echo "build-packages.sh: $bin: file(1) says neither static nor dynamic: $kind" >&2; exit 1 ;;
+    esac
 done
 rm -f "$out"/*.deb "$out"/*.rpm
 cargo deb --no-build --target "$triple" --output "$out/"

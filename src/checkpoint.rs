@@ -22,6 +22,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use serde::{Deserialize, Serialize};
+
+use crate::discovery::DiscoveryError;
+use crate::profile::Profile;
+use crate::topology::{discover_located, Located};
+
 /// Where systemd looks for a `kubelet.service` unit (admin, runtime, vendor dirs).
 const KUBELET_UNITS: [&str; 5] = [
     "/etc/systemd/system/kubelet.service",
@@ -34,14 +40,14 @@ const KUBELET_UNITS: [&str; 5] = [
 /// Whether kubelet is a systemd unit on the node under `root` (systemd running, a
 /// `kubelet.service` installed): only then can `systemctl restart kubelet` restart it.
 /// Kubelets run by another supervisor (a container, a snap, a hand-written script) are not.
-pub fn kubelet_is_systemd_unit(root: &std::path::Path) -> bool {
+pub fn kubelet_is_systemd_unit(root: &Path) -> bool {
     let at = |p: &str| root.join(p.trim_start_matches('/'));
     at("/run/systemd/system").is_dir() && KUBELET_UNITS.iter().any(|u| at(u).exists())
 }
 
 /// The repair command to advise on the node under `root`, with `--restart-kubelet` only
 /// where it can work, and what to do otherwise.
-pub fn repair_advice(root: &std::path::Path, checkpoint: Option<&std::path::Path>) -> String {
+pub fn repair_advice(root: &Path, checkpoint: Option<&Path>) -> String {
     let mut cmd = String::from("accel-ctk checkpoint check --fix");
     let systemd = kubelet_is_systemd_unit(root);
     if systemd {
@@ -55,12 +61,6 @@ pub fn repair_advice(root: &std::path::Path, checkpoint: Option<&std::path::Path
     }
     cmd
 }
-
-use serde::{Deserialize, Serialize};
-
-use crate::discovery::DiscoveryError;
-use crate::profile::Profile;
-use crate::topology::{discover_located, Located};
 
 pub const DEFAULT_PATH: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 

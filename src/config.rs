@@ -278,6 +278,48 @@ impl Config {
         check_runtime(&parsed.low_level_runtime, path)
     }
 
+    /// The config of the node whose `/` is `root` (the doctor's `--root`): config.toml at
+    /// `path` under it, `profiles-dir` under it, every profile's driver-root and dev-root
+    /// under it. Nothing of this machine's own files is read. config.toml is read bounded
+    /// but not judged by owner (a root copied from another node keeps its owners).
+    pub fn load_under(root: &Path, path: &Path) -> Result<Config, ConfigError> {
+        let at = Profile::under(root, path);
+        let text = match crate::bounded::read_text(&at, MAX_FILE_SIZE) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(ConfigError::Read { path: at, source }),
+        };
+        let shown_at = text.as_ref().map(|_| at.as_path());
+        let (mut file, mut warnings) = parse_file(text.as_deref().unwrap_or(""), &shown(shown_at))?;
+        file.profiles_dir = Profile::under(root, &file.profiles_dir);
+        let files = read_profile_files(
+            &file.profiles_dir,
+            &mut warnings,
+            &mut trust::Checked::default(),
+        )?;
+        let mut cfg = Self::build(file, warnings, shown_at, Some(files), None)?;
+        cfg.reroot(root);
+        Ok(cfg)
+    }
+
+    /// The built-in defaults and profiles alone: no file read.
+    pub fn builtin() -> Config {
+        let (file, warnings) = parse_file("", &shown(None)).expect("the defaults deserialize");
+        Self::build(file, warnings, None, Some(Vec::new()), None)
+            .expect("the built-in profiles build")
+    }
+
+    /// Every profile's driver-root and dev-root, and profiles-dir, moved under `root`.
+    pub fn reroot(&mut self, root: &Path) {
+        if !self.profiles_dir.starts_with(root) {
+            self.profiles_dir = Profile::under(root, &self.profiles_dir);
+        }
+        for p in &mut self.profiles {
+            p.driver_root = Profile::under(root, &p.driver_root);
+            p.dev_root = p.dev_root.as_ref().map(|d| Profile::under(root, d));
+        }
+    }
+
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
         let (file, warnings) = parse_file(text, &shown(path))?;

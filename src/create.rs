@@ -1,5 +1,7 @@
-//! The `create` path, top to bottom: read the spec once (its bytes: [`Bundle`]; what the shim
-//! reads of it: [`spec::View`]), decide per vendor, apply, write.
+//! The `create` path, top to bottom ([`run`], the one way in): read the config and the spec
+//! once (its bytes: [`Bundle`]; what the shim reads of it: [`spec::View`]), decide what is
+//! asked (`asked`), look at the host once (`discover`, `look`), plan from what was seen
+//! (`plan`), the image side (`image_side`), apply (`apply`), write atomically.
 //! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
 //! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
@@ -47,6 +49,14 @@ pub enum CreateError {
     },
     #[error("{}: {msg}", path.display())]
     Edit { path: PathBuf, msg: String },
+    #[error(transparent)]
+    Config(Box<crate::config::ConfigError>),
+}
+
+impl From<crate::config::ConfigError> for CreateError {
+    fn from(e: crate::config::ConfigError) -> CreateError {
+        CreateError::Config(Box::new(e))
+    }
 }
 
 /// CUDA base images set `NVIDIA_VISIBLE_DEVICES=all`, so on a node that takes device lists
@@ -64,13 +74,13 @@ pub struct Outcome {
     pub removed_docker_hook: bool,
 }
 
-/// The bundle's config.json, read once: [`spec::screen`] looks at the bytes, [`create`]
+/// The bundle's config.json, read once: [`spec::screen`] looks at the bytes, [`run`]
 /// parses and edits them.
 #[derive(Debug)]
 pub struct Bundle {
     pub dir: PathBuf,
     pub config_json: PathBuf,
-    /// The file's bytes, or why they could not be read (reported by [`create`]).
+    /// The file's bytes, or why they could not be read (reported by [`run`]).
     pub data: Result<Vec<u8>, SpecError>,
 }
 
@@ -86,7 +96,7 @@ impl Bundle {
 }
 
 /// A bundle whose config.json was parsed: what it can involve decides which profiles are
-/// built ([`Parsed::variables`]) before [`create_parsed`] edits it.
+/// built ([`Parsed::variables`]) before [`run`] edits it.
 #[derive(Debug)]
 pub struct Parsed {
     dir: PathBuf,
@@ -132,23 +142,123 @@ impl Parsed {
     }
 }
 
-/// Edits the bundle's config.json for `create`/`run`. `Ok(None)`: nothing asked for, the file
-/// was not written.
-pub fn create(bundle: Bundle, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
-    create_parsed(&mut Parsed::read(bundle)?, cfg)
+/// What the binary needs once the create is done: the low-level runtime to exec, and what
+/// the create read and built. The caller keeps it until the exec replaces the process:
+/// freeing it would only cost time.
+#[derive(Debug)]
+pub struct Done {
+    pub low_level_runtime: String,
+    pub kept: Option<(Parsed, Config)>,
 }
 
-/// [`create`] of a bundle already parsed. Borrowed, not taken: the binary keeps the document
-/// until it execs the low-level runtime, so a create does not spend time freeing it.
-pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
-    let Parsed {
-        dir: bundle_dir,
-        path,
-        original,
-        doc,
-        spec,
-    } = parsed;
-    // A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.
+/// `create`/`run`, the one way in: read the config and the spec, decide what the spec asks
+/// for, look at the host once, plan from what was seen, apply the plan to the document and
+/// replace config.json atomically. Returns the low-level runtime to exec with the untouched
+/// argv. A spec that certainly asks for nothing (most containers) is not even parsed:
+/// [`spec::screen`] tells from its bytes and the names the profiles claim.
+pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
+    let quick = crate::config::Quick::load()?;
+    let bundle = Bundle::read(bundle_dir);
+    let nothing = match &bundle.data {
+        Ok(data) if !quick.accept_container_devices_as_mounts => {
+            spec::screen::screen(data, quick.texts()) == spec::screen::Screen::Nothing
+        }
+        _ => false,
+    };
+    if nothing {
+        return Ok(Done {
+            low_level_runtime: quick.low_level_runtime,
+            kept: None,
+        });
+    }
+    let mut parsed = Parsed::read(bundle)?;
+    // Only the profiles that may claim a variable the spec sets are built.
+    let variables = parsed.variables(quick.accept_container_devices_as_mounts);
+    let cfg = quick.into_config_for(variables.as_deref())?;
+    crate::logging::init(&cfg.log_file, cfg.log_level);
+    for w in &cfg.warnings {
+        log::warn!("{w}");
+    }
+    match edit(&mut parsed, &cfg)? {
+        Some(out) => log::info!(
+            "create {id}: {} nodes, {} mounts{}{}",
+            out.plan.nodes.len() + out.cdi.nodes.len(),
+            out.plan.mounts.len() + out.cdi.mounts.len(),
+            if out.requests.is_empty() {
+                String::new()
+            } else {
+                format!(" for {}", out.requests.join(" "))
+            },
+            if out.removed_docker_hook {
+                " (docker --gpus hook replaced)"
+            } else {
+                ""
+            },
+        ),
+        None => log::debug!("create {id}: no device requested"),
+    }
+    Ok(Done {
+        low_level_runtime: cfg.low_level_runtime.clone(),
+        kept: Some((parsed, cfg)),
+    })
+}
+
+/// The edit of a parsed bundle, step by step. `Ok(None)`: nothing asked for, the file was
+/// not written.
+fn edit(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
+    remove_leftovers(&parsed.path);
+    let spec = &parsed.spec;
+    let asked = asked(cfg, spec)?;
+    let found = discover(&asked, spec)?;
+    let host = look(&found);
+    // Where libraries go in the container: looked up in the image only when one is mounted.
+    let lib_dir = match &cfg.container_library_dir {
+        Some(d) => d.clone(),
+        None if host.is_empty() => PathBuf::new(),
+        None => spec::default_library_dir(spec.rootfs(&parsed.dir).as_deref()),
+    };
+    let planned = plan(&host, &lib_dir)?;
+    let (image, vendor_libs) = image_side(&host, &planned, spec, &parsed.dir, &lib_dir)?;
+    let mut out = Outcome {
+        requests: asked.requests,
+        removed_docker_hook: spec.docker_gpu_hook,
+        ..Outcome::default()
+    };
+    // Vendor by vendor, as the profiles are ordered: its nodes, its driver, its dev links.
+    for ((devices, driver), libs) in planned.into_iter().zip(&vendor_libs) {
+        out.plan.extend(devices);
+        out.plan.extend(driver);
+        out.plan.extend(Plan {
+            mounts: libs.dev_links.clone(),
+            ..Plan::default()
+        });
+    }
+    if !asked.cdi.is_empty() {
+        out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &asked.cdi)?;
+    }
+    if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
+        return Ok(None);
+    }
+    // Everything above was decided from the shim's reading of the spec; runc must read it alike.
+    spec::check_read_as_runc(&parsed.path, &parsed.original)?;
+    if apply(&mut parsed.doc, &parsed.path, &out)? {
+        spec::write_bytes(&parsed.path, &spec::to_bytes(&parsed.doc))?;
+    }
+    if let Some(image) = &image {
+        loader::update_cache_or_warn(image, &vendor_libs);
+    }
+    crate::devchar::ensure_logged(
+        &cfg.host_dev_dir,
+        out.plan
+            .nodes
+            .iter()
+            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+    );
+    Ok(Some(out))
+}
+
+/// A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.
+fn remove_leftovers(path: &Path) {
     match crate::atomic::remove_leftovers(path) {
         Ok(0) => {}
         Ok(n) => log::info!(
@@ -160,23 +270,32 @@ pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome
             path.display()
         ),
     }
+}
 
-    let mut out = Outcome {
-        removed_docker_hook: spec.docker_gpu_hook,
-        ..Outcome::default()
-    };
-    let privileged = spec.privileged;
-    let mut lib_dir: Option<PathBuf> = cfg.container_library_dir.clone();
-    // The image side (loader cache, dev links, compat, requirements): src/loader.rs.
-    let mut image: Option<loader::Image> = None;
-    let mut vendor_libs: Vec<loader::VendorLibs> = Vec::new();
-    // CDI names: from cdi.k8s.io/* annotations, then from the vendor variables.
+/// What one vendor is asked for: by its variable or by device-list mounts.
+struct Ask<'c> {
+    profile: &'c Profile,
+    var: String,
+    value: String,
+    request: Request,
+}
+
+/// Step 1, what the spec asks for: each vendor's request, and the CDI names (from
+/// `cdi.k8s.io/*` annotations and the vendor variables) with where each came from.
+struct Asked<'c> {
+    vendors: Vec<Ask<'c>>,
+    cdi: Vec<(String, String)>,
+    /// `VAR=value` of each request, for the log line.
+    requests: Vec<String>,
+}
+
+fn asked<'c>(cfg: &'c Config, spec: &View) -> Result<Asked<'c>, CreateError> {
     let mut cdi_requests = cdi::annotation_requests(spec)?;
     cdi::check_annotation_kinds(&cdi_requests, &cfg.profiles)?;
     // Annotations are as much the container's own input as its environment (CRI-O passes pod
     // annotations through), so the node's policy on unprivileged requests covers them too.
     if let Some((key, name)) = cdi_requests.first() {
-        if !privileged && !cfg.accept_envvar_unprivileged {
+        if !spec.privileged && !cfg.accept_envvar_unprivileged {
             log::warn!(
                 "{key}={}: {UNPRIVILEGED_IGNORED}",
                 crate::quote::quote(name)
@@ -184,30 +303,66 @@ pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome
             cdi_requests.clear();
         }
     }
-
+    let mut asked = Asked {
+        vendors: Vec::new(),
+        cdi: cdi_requests,
+        requests: Vec::new(),
+    };
     for profile in &cfg.profiles {
-        let Some((var, value, request)) = vendor_request(cfg, profile, spec, privileged)? else {
+        let Some((var, value, request)) = vendor_request(cfg, profile, spec, spec.privileged)?
+        else {
             continue;
         };
         // Fully-qualified CDI names go with the annotations' to the spec files; those carry
         // the driver's edits too, so a request of only CDI names needs nothing more here.
         if let Request::Items { devices, cdi } = &request {
             cdi::check_variable_kinds(&var, cdi, profile)?;
-            cdi_requests.extend(cdi.iter().map(|name| (var.clone(), name.clone())));
+            asked
+                .cdi
+                .extend(cdi.iter().map(|name| (var.clone(), name.clone())));
             if devices.is_empty() {
-                out.requests.push(format!("{var}={value}"));
+                asked.requests.push(format!("{var}={value}"));
                 continue;
             }
         }
-        let devices = discovery::discover(profile)?;
-        let selected: Vec<&Device> = match &request {
+        match request {
             Request::Nothing => continue,
             Request::DriverOnly if !profile.none_injects_driver => continue,
-            Request::DriverOnly => Vec::new(),
+            _ => {}
+        }
+        asked.requests.push(format!("{var}={value}"));
+        asked.vendors.push(Ask {
+            profile,
+            var,
+            value,
+            request,
+        });
+    }
+    Ok(asked)
+}
+
+/// One vendor's devices and driver as found on the host.
+struct Found<'c> {
+    profile: &'c Profile,
+    devices: Vec<Device>,
+    /// Indexes into `devices` of the ones asked for, in the request's order.
+    selected: Vec<usize>,
+    caps: Vec<String>,
+    cache: ldcache::Cache,
+}
+
+/// Step 2a, the host: each asked vendor's devices, the ones selected, its capabilities and
+/// its driver's ld.so.cache.
+fn discover<'c>(asked: &Asked<'c>, spec: &View) -> Result<Vec<Found<'c>>, CreateError> {
+    let mut out = Vec::with_capacity(asked.vendors.len());
+    for ask in &asked.vendors {
+        let profile = ask.profile;
+        let devices = discovery::discover(profile)?;
+        let selected: Vec<usize> = match &ask.request {
             Request::All if devices.is_empty() => {
                 return Err(CreateError::Refused {
-                    var,
-                    value,
+                    var: ask.var.clone(),
+                    value: ask.value.clone(),
                     msg: format!(
                         "no {} devices found under {} (is the driver loaded?)",
                         profile.name,
@@ -215,80 +370,127 @@ pub fn create_parsed(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome
                     ),
                 })
             }
-            Request::All => devices.iter().collect(),
+            Request::All => (0..devices.len()).collect(),
             Request::Items { devices: items, .. } => {
-                request::select(&var, items, &devices, ranges(profile))?
+                request::select(&ask.var, items, &devices, ranges(profile))?
+                    .into_iter()
+                    .map(|d| {
+                        devices
+                            .iter()
+                            .position(|x| std::ptr::eq(x, d))
+                            .expect("select returns devices of the list it was given")
+                    })
+                    .collect()
             }
+            Request::DriverOnly | Request::Nothing => Vec::new(),
         };
         let caps_value = profile
             .capabilities_env
             .as_deref()
             .and_then(|v| spec.env(v));
         let caps = plan::capabilities(profile, caps_value)?;
-        // The host, looked at once: the selected devices' nodes, the driver's ld.so.cache,
-        // nodes, libraries and binaries. The plan below only decides from these.
         let cache = ldcache::load(&profile.driver_root).map_err(|source| CreateError::LdCache {
             root: profile.driver_root.clone(),
             source,
         })?;
-        let dev_root = discovery::DevRoot::new(profile);
-        let nodes = facts::device_nodes(&dev_root, &selected);
-        let driver_facts = facts::driver(&dev_root, &caps, &cache);
-        let dir = lib_dir
-            .get_or_insert_with(|| spec::default_library_dir(spec.rootfs(bundle_dir).as_deref()));
-        out.plan
-            .extend(plan::device_edits(profile, &selected, &nodes)?);
-        let driver = plan::driver_edits(profile, &caps, &driver_facts, dir)?;
-        let image =
-            image.get_or_insert_with(|| loader::Image::open(spec.rootfs(bundle_dir).as_deref()));
-        let libs = loader::prepare(profile, image, &spec.env_entries(), &driver, dir)?;
-        out.plan.extend(driver);
-        out.plan.extend(Plan {
-            mounts: libs.dev_links.clone(),
-            ..Plan::default()
+        out.push(Found {
+            profile,
+            devices,
+            selected,
+            caps,
+            cache,
         });
-        vendor_libs.push(libs);
-        out.requests.push(format!("{var}={value}"));
     }
+    Ok(out)
+}
 
-    if !cdi_requests.is_empty() {
-        out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &cdi_requests)?;
-    }
+/// One vendor's host facts: everything the plan decides from.
+struct Host<'a> {
+    found: &'a Found<'a>,
+    selected: Vec<&'a Device>,
+    nodes: facts::Nodes<'a>,
+    driver: facts::Driver<'a>,
+}
 
-    if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
-        return Ok(None);
+/// Step 2b, the host looked at once: the selected devices' nodes and the driver's control
+/// nodes, libraries and binaries.
+fn look<'a>(found: &'a [Found<'a>]) -> Vec<Host<'a>> {
+    found
+        .iter()
+        .map(|f| {
+            let selected: Vec<&Device> = f.selected.iter().map(|&i| &f.devices[i]).collect();
+            let dev_root = discovery::DevRoot::new(f.profile);
+            let nodes = facts::device_nodes(&dev_root, &selected);
+            let driver = facts::driver(&dev_root, &f.caps, &f.cache);
+            Host {
+                found: f,
+                selected,
+                nodes,
+                driver,
+            }
+        })
+        .collect()
+}
+
+/// Step 3, the plan, decided from the facts alone: per vendor, its device edits and its
+/// driver's edits (the image side reads the latter).
+fn plan(host: &[Host<'_>], lib_dir: &Path) -> Result<Vec<(Plan, Plan)>, CreateError> {
+    host.iter()
+        .map(|h| {
+            let profile = h.found.profile;
+            Ok((
+                plan::device_edits(profile, &h.selected, &h.nodes)?,
+                plan::driver_edits(profile, &h.found.caps, &h.driver, lib_dir)?,
+            ))
+        })
+        .collect()
+}
+
+/// Step 4, the image side (src/loader.rs): each vendor's requirements checked against the
+/// image, compat libraries, dev links and loader-cache entries. The image is read only
+/// through its rootfs fd, and only when a vendor is asked for.
+fn image_side(
+    host: &[Host<'_>],
+    planned: &[(Plan, Plan)],
+    spec: &View,
+    bundle_dir: &Path,
+    lib_dir: &Path,
+) -> Result<(Option<loader::Image>, Vec<loader::VendorLibs>), CreateError> {
+    if host.is_empty() {
+        return Ok((None, Vec::new()));
     }
-    // Everything above was decided from the shim's reading of the spec; runc must read it alike.
-    spec::check_read_as_runc(path, original)?;
-    // A second create of an already edited bundle changes nothing: leave the file alone rather
-    // than rewrite it (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
-    // whether they did; CDI edits replace entries in place, so only for those does a copy of
-    // the whole document, compared afterwards, tell.
+    let image = loader::Image::open(spec.rootfs(bundle_dir).as_deref());
+    let env = spec.env_entries();
+    let mut libs = Vec::with_capacity(host.len());
+    for (h, (_, driver)) in host.iter().zip(planned) {
+        libs.push(loader::prepare(
+            h.found.profile,
+            &image,
+            &env,
+            driver,
+            lib_dir,
+        )?);
+    }
+    Ok((Some(image), libs))
+}
+
+/// Step 5, the plan applied to the document. Returns whether it changed: a second create of
+/// an already edited bundle changes nothing, and the file is then left alone rather than
+/// rewritten (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
+/// whether they did; CDI edits replace entries in place, so only for those does a copy of
+/// the whole document, compared afterwards, tell.
+fn apply(doc: &mut serde_json::Value, path: &Path, out: &Outcome) -> Result<bool, CreateError> {
     let before = (!out.cdi.is_empty()).then(|| doc.clone());
     let removed_hook = spec::remove_docker_gpu_hook(doc);
     let added = spec::apply(doc, &out.plan).map_err(|msg| CreateError::Edit {
-        path: path.clone(),
+        path: path.to_path_buf(),
         msg,
     })?;
     cdi::apply::apply(doc, &out.cdi).map_err(CdiError::from)?;
-    if let Some(image) = &image {
-        loader::update_cache_or_warn(image, &vendor_libs);
-    }
-    let changed = match &before {
+    Ok(match &before {
         Some(before) => *doc != *before,
         None => removed_hook || added,
-    };
-    if changed {
-        spec::write_bytes(path, &spec::to_bytes(doc))?;
-    }
-    crate::devchar::ensure_logged(
-        &cfg.host_dev_dir,
-        out.plan
-            .nodes
-            .iter()
-            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
-    );
-    Ok(Some(out))
+    })
 }
 
 /// The vendor's request: from device-list mounts when accepted and present, else from the

@@ -1050,6 +1050,9 @@ fn endless_or_huge_files_are_refused_naming_them() {
     huge(&kubelet, (16 << 20) + 1);
     let profile = root.join("etc/accel-container-runtime/profiles.d/endless.toml");
     endless(&profile);
+    // Under --root the config names the node's own paths (the default profiles-dir, under
+    // the root); this node's config names this machine's paths for the commands above.
+    put(root, "/etc/accel-container-runtime/config.toml", "", 0o644);
     let (code, v, _) = doctor_json(&n);
     assert_eq!(code, Some(1));
     for (check, file, limit) in [

@@ -1606,6 +1606,19 @@ fn spec_keys_are_read_as_runc_reads_them_or_refused() {
         "\"annotations\":{\"a\":\"1\",\"a\":\"2\"},\"process\":{",
     );
     e.refused(&["\"a\" repeated", "`annotations`"]);
+    // Issue 23, class 4: a section the shim never reads. runc merges the repeated memory
+    // object (limit and swap both apply); the rewritten file would hold only the second.
+    reset_then_write_with(
+        &e,
+        &plain,
+        "\"resources\":{",
+        "\"resources\":{\"memory\":{\"limit\":1048576},\"memory\":{\"swap\":0},",
+    );
+    e.refused(&[
+        "\"memory\" repeated",
+        "`linux.resources`",
+        "keep only the last",
+    ]);
     // Keys that name no field runc reads are ignored by both, whatever their case.
     reset_then_write_with(
         &e,

@@ -272,8 +272,10 @@ fn dockerfile_copies_what_exists_and_uses_the_msrv() {
             match from {
                 Some(stage) => {
                     assert_eq!(stage, "build");
+                    // Where the build stage leaves the static build (see
+                    // every_image_builds_what_the_packages_ship).
                     let name = src
-                        .strip_prefix("/src/target/release/")
+                        .strip_prefix("/out/")
                         .unwrap_or_else(|| panic!("unexpected build-stage source {src}"));
                     assert!(bins.contains(name), "{name} is not a [[bin]]");
                 }
@@ -317,59 +319,137 @@ fn cargo_build_words(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// Issue 17: "the image recipe builds a static binary". No registry here, so the image
-/// cannot be built; what can be pinned is that its build stage runs exactly the command
-/// `packaging/build-packages.sh` runs for the plugin (same target from `target.sh`, same
-/// RUSTFLAGS, same flags), whose output build-packages.sh checks has no program
-/// interpreter (in `.ci/run`), and that the final image holds only that binary.
-#[test]
-fn device_plugin_image_builds_what_the_packages_ship() {
-    let docker = read("packaging/Dockerfile.device-plugin");
-    let lines = logical_lines(&docker);
+/// Every image recipe under `packaging/` (`Dockerfile`, `Dockerfile.*`).
+fn dockerfiles() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("packaging"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| {
+            (n == "Dockerfile" || n.starts_with("Dockerfile.")) && !n.ends_with(".dockerignore")
+        })
+        .map(|n| format!("packaging/{n}"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 17 and issue 22 (item 3): "the image recipe builds a static binary". No registry
+/// here, so an image cannot be built; what can be pinned is that its build stage runs
+/// exactly a command `packaging/build-packages.sh` runs (same target from `target.sh`, same
+/// RUSTFLAGS, same flags), whose output build-packages.sh checks has no program interpreter
+/// (in `.ci/run`), and that every binary the final image takes from that stage comes out of
+/// that build, stripped. Returns the build stage's sources the final stage copies.
+fn assert_image_builds_what_the_packages_ship(rel: &str) -> Vec<String> {
+    let lines = logical_lines(&read(rel));
     let run = lines
         .iter()
-        .find(|l| l.starts_with("RUN "))
-        .expect("a RUN line");
+        .find(|l| l.starts_with("RUN ") && l.contains("cargo build"))
+        .unwrap_or_else(|| panic!("{rel}: no RUN line with cargo build"));
     assert!(
         run.contains("triple=$(bash packaging/target.sh)"),
-        "target from packaging/target.sh: {run}"
+        "{rel}: target from packaging/target.sh: {run}"
+    );
+    // The same RUSTFLAGS: the Dockerfile asks target.sh, build-packages.sh asked it once.
+    assert!(
+        run.contains(r#"RUSTFLAGS="$(bash packaging/target.sh --rustflags)" cargo build"#),
+        "{rel}: RUSTFLAGS not from packaging/target.sh: {run}"
     );
     let packages = logical_lines(&read("packaging/build-packages.sh"));
-    let shipped = packages
-        .iter()
-        .find(|l| l.contains("cargo build") && l.contains("--bin accel-device-plugin"))
-        .expect("build-packages.sh builds the plugin");
-    let words = cargo_build_words(run);
-    assert_eq!(words, cargo_build_words(shipped));
-    for w in [
-        "--release",
-        "--locked",
-        "--target",
-        "$triple",
-        "--features",
-        "plugin",
-    ] {
-        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
-    }
-    // The same RUSTFLAGS: the Dockerfile asks target.sh, build-packages.sh asked it once.
-    assert!(run.contains(r#"RUSTFLAGS="$(bash packaging/target.sh --rustflags)" cargo build"#));
-    assert!(shipped.contains(r#"RUSTFLAGS="$rustflags" cargo build"#));
     assert!(packages
         .iter()
         .any(|l| l.trim() == r#"rustflags="$(bash packaging/target.sh --rustflags)""#));
-    assert!(run.contains("strip /accel-device-plugin"));
-    let stages: Vec<&str> = lines
+    let shipped: Vec<Vec<String>> = packages
         .iter()
-        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter(|l| l.contains(r#"RUSTFLAGS="$rustflags" cargo build"#))
+        .map(|l| cargo_build_words(l))
         .collect();
+    assert!(
+        shipped.len() >= 2,
+        "build-packages.sh's builds: {shipped:?}"
+    );
+    let words = cargo_build_words(run);
+    assert!(
+        shipped.contains(&words),
+        "{rel} builds {words:?}, which is none of build-packages.sh's {shipped:?}"
+    );
+    for w in ["--release", "--locked", "--target", "$triple"] {
+        assert!(
+            words.iter().any(|x| x == w),
+            "{rel}: {w} missing from {words:?}"
+        );
+    }
     let msrv = cargo_toml()["package"]["rust-version"]
         .as_str()
         .unwrap()
         .to_owned();
+    let stages: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(stages[0], format!("rust:{msrv}-bookworm AS build"), "{rel}");
+    let bins = bin_names();
+    let copied: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("COPY --from=build "))
+        .flat_map(|rest| {
+            let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+            words.pop();
+            words
+        })
+        .collect();
+    assert!(!copied.is_empty(), "{rel} copies nothing from its build");
+    for src in &copied {
+        let name = Path::new(src).file_name().unwrap().to_str().unwrap();
+        assert!(bins.contains(name), "{rel}: {src} is not a [[bin]]");
+        assert!(
+            run.contains(&format!("\"target/$triple/release/{name}\"")),
+            "{rel}: {src} is not the target/$triple build: {run}"
+        );
+        assert!(
+            run.split("strip ")
+                .nth(1)
+                .is_some_and(|s| s.contains(src.as_str())),
+            "{rel}: {src} is not stripped: {run}"
+        );
+    }
+    copied
+}
+
+#[test]
+fn every_image_builds_what_the_packages_ship() {
+    let files = dockerfiles();
     assert_eq!(
-        stages,
-        [format!("rust:{msrv}-bookworm AS build").as_str(), "scratch"]
+        files,
+        ["packaging/Dockerfile", "packaging/Dockerfile.device-plugin"],
+        "a new recipe: check that this test's reading of it still holds"
     );
+    for rel in &files {
+        assert_image_builds_what_the_packages_ship(rel);
+    }
+}
+
+/// The plugin's image is the binary and nothing else.
+#[test]
+fn device_plugin_image_builds_what_the_packages_ship() {
+    let rel = "packaging/Dockerfile.device-plugin";
+    assert_eq!(
+        assert_image_builds_what_the_packages_ship(rel),
+        ["/accel-device-plugin"]
+    );
+    let lines = logical_lines(&read(rel));
+    let run = lines
+        .iter()
+        .find(|l| l.starts_with("RUN "))
+        .expect("a RUN line");
+    let words = cargo_build_words(run);
+    for w in ["--features", "plugin", "--bin", "accel-device-plugin"] {
+        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
+    }
+    let stages: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(stages[1..], ["scratch"]);
     let copies: Vec<&String> = lines.iter().filter(|l| l.starts_with("COPY ")).collect();
     assert_eq!(
         copies.last().unwrap().as_str(),
@@ -937,4 +1017,96 @@ exit 0
     let (code, calls) = run("broken");
     assert_eq!(code, Some(100));
     assert_eq!(calls.lines().count(), 1, "no retry of another failure");
+}
+
+/// Issue 22, item 9: into an empty cache, `tests/vm/build-guest.sh` printed mke2fs's
+/// "Creating regular file ..." on stdout, and `tests/vm/run.sh` took that line as the image
+/// directory. Stand-ins for mmdebstrap and mke2fs that write to stdout, as the real ones do,
+/// run the whole script without network or root; its stdout must be the one line, cold and
+/// warm.
+#[test]
+fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stubs = tmp.path().join("bin");
+    std::fs::create_dir_all(&stubs).unwrap();
+    let stub = |name: &str, body: &str| {
+        let p = stubs.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    // mmdebstrap [options] SUITE TARGET MIRROR: a root with a kernel and an initramfs.
+    stub(
+        "mmdebstrap",
+        "eval \"root=\\${$(($# - 1))}\"\n\
+         echo 'I: chroot architecture amd64 is equal to the host architecture'\n\
+         mkdir -p \"$root/boot\"\n\
+         echo kernel > \"$root/boot/vmlinuz-6.1.0-accel\"\n\
+         echo initrd > \"$root/boot/initrd.img-6.1.0-accel\"\n",
+    );
+    // mke2fs ... -d ROOT IMAGE SIZE: what e2fsprogs 1.47 prints even with -q.
+    stub(
+        "mke2fs",
+        "eval \"image=\\${$(($# - 1))}\"\n\
+         echo \"Creating regular file $image\"\n\
+         echo disk > \"$image\"\n",
+    );
+    let cache = tmp.path().join("cache");
+    let path = format!(
+        "{}:{}",
+        stubs.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for run in ["cold", "warm"] {
+        let out = Command::new("bash")
+            .arg(repo().join("tests/vm/build-guest.sh"))
+            .arg(&cache)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{run}: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 1, "{run}: stdout is not one line: {stdout:?}");
+        let dir = Path::new(lines[0]);
+        assert!(dir.starts_with(&cache), "{run}: {stdout:?}");
+        for f in ["disk.img", "kernel", "initrd.img"] {
+            assert!(dir.join(f).is_file(), "{run}: no {f} in {}", dir.display());
+        }
+    }
+}
+
+/// Issue 22, 8: the volume-mounts strategy hands a device to any pod that can mount hostPath
+/// /dev/null at the device-list path. The DaemonSet that defaults to it, and the README's
+/// security model, must say that it is safe only under Pod Security "baseline".
+#[test]
+fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
+    let manifest = read("packaging/kubernetes/accel-device-plugin-daemonset.yaml");
+    let readme = read("README.md");
+    let header: String = manifest
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        manifest.contains("--strategy=volume-mounts"),
+        "the test is about the default strategy"
+    );
+    for text in [&header, &readme] {
+        assert!(
+            text.contains("pod-security.kubernetes.io/enforce=baseline"),
+            "no Pod Security requirement in {}",
+            &text[..80]
+        );
+        assert!(text.contains("hostPath"), "hostPath not named");
+    }
+    let security = &readme[readme.find("### Security model").unwrap()..];
+    let security = &security[..security.find("\n## ").unwrap()];
+    assert!(
+        security.contains("baseline"),
+        "the README's security model does not state the Pod Security requirement"
+    );
 }

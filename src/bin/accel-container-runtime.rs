@@ -17,7 +17,6 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use accel_container_runtime::spec::screen::{self, Screen};
 use accel_container_runtime::{argv, config, create, exec, logging, spec};
 
 /// The C entry point (see the module doc). Returns only on failure: exit status 1.
@@ -131,29 +130,13 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
     // Only create/run need the profiles; everything else reads one key and execs, so a
     // `state` or `delete` costs little more than runc itself (benches/BENCHMARKS.md).
     let low_level_runtime = if inv.creates() {
-        let quick = config::Quick::load().map_err(|e| err_chain(&e))?;
-        let bundle = create::Bundle::read(inv.bundle.as_deref().unwrap_or(Path::new(".")));
-        let nothing = match &bundle.data {
-            Ok(data) if !quick.accept_container_devices_as_mounts => {
-                screen::screen(data, quick.texts()) == Screen::Nothing
-            }
-            _ => false,
-        };
-        if nothing {
-            quick.low_level_runtime
-        } else {
-            let mut parsed = create::Parsed::read(bundle).map_err(|e| err_chain(&e))?;
-            // Built from what was read for the screen (config.toml is read and parsed once),
-            // with only the profiles that may claim a variable the spec sets.
-            let variables = parsed.variables(quick.accept_container_devices_as_mounts);
-            let cfg = quick
-                .into_config_for(variables.as_deref())
-                .map_err(|e| err_chain(&e))?;
-            create(inv, &mut parsed, &cfg).map_err(|e| err_chain(&e))?;
-            let runtime = cfg.low_level_runtime.clone();
-            _kept = Some((parsed, cfg));
-            runtime
-        }
+        let done = create::run(
+            inv.bundle.as_deref().unwrap_or(Path::new(".")),
+            inv.id.as_deref().unwrap_or("?"),
+        )
+        .map_err(|e| err_chain(&e))?;
+        _kept = done.kept;
+        done.low_level_runtime
     } else {
         pass_through_runtime()
     };
@@ -170,39 +153,4 @@ fn pass_through_runtime() -> String {
         log::warn!("{msg}");
     }
     runtime
-}
-
-/// The `create`/`run` edit, with its one log line.
-fn create(
-    inv: &argv::Invocation,
-    parsed: &mut create::Parsed,
-    cfg: &config::Config,
-) -> Result<(), create::CreateError> {
-    logging::init(&cfg.log_file, cfg.log_level);
-    for w in &cfg.warnings {
-        log::warn!("{w}");
-    }
-    match create::create_parsed(parsed, cfg)? {
-        Some(out) => log::info!(
-            "create {}: {} nodes, {} mounts{}{}",
-            inv.id.as_deref().unwrap_or("?"),
-            out.plan.nodes.len() + out.cdi.nodes.len(),
-            out.plan.mounts.len() + out.cdi.mounts.len(),
-            if out.requests.is_empty() {
-                String::new()
-            } else {
-                format!(" for {}", out.requests.join(" "))
-            },
-            if out.removed_docker_hook {
-                " (docker --gpus hook replaced)"
-            } else {
-                ""
-            },
-        ),
-        None => log::debug!(
-            "create {}: no device requested",
-            inv.id.as_deref().unwrap_or("?")
-        ),
-    }
-    Ok(())
 }

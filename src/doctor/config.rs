@@ -1,60 +1,33 @@
 //! The runtime's own config and profile files, read under the root.
 
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use super::{Ctx, Finding};
 use crate::config::{self, Config};
 use crate::profile::Profile;
-/// Loads the runtime config under the root, with `profiles-dir` and every profile's roots
-/// moved under it. Returns the result and a config to go on with: the loaded one, or on
-/// error the built-in defaults (so the other checks still run).
+/// Loads the runtime config under the root (`Config::load_under`: nothing of this machine's
+/// own files is read for another root). Returns the result and a config to go on with: the
+/// loaded one, or on error the built-in defaults (so the other checks still run), rooted.
 pub fn load_config(ctx: &Ctx) -> (Result<Config, config::ConfigError>, Config) {
-    let path = ctx.path(&ctx.config_path);
     let loaded = if ctx.is_real_root() {
-        Config::load_from(&path)
+        Config::load_from(&ctx.config_path)
     } else {
-        load_rooted(ctx, &path)
+        Config::load_under(&ctx.root, &ctx.config_path)
     };
-    let mut usable = match &loaded {
+    let usable = match &loaded {
         Ok(c) => c.clone(),
-        Err(_) => Config::parse("", None).expect("built-in profiles parse"),
+        // On the node itself its profile files still count; under another root only what
+        // is under it.
+        Err(_) if ctx.is_real_root() => {
+            Config::parse("", None).unwrap_or_else(|_| Config::builtin())
+        }
+        Err(_) => {
+            let mut c = Config::builtin();
+            c.reroot(&ctx.root);
+            c
+        }
     };
-    if !ctx.is_real_root() {
-        if loaded.is_err() {
-            usable.profiles_dir = ctx.path(&usable.profiles_dir);
-        }
-        for p in &mut usable.profiles {
-            p.driver_root = ctx.path(&p.driver_root);
-            p.dev_root = p.dev_root.as_ref().map(|d| ctx.path(d));
-        }
-    }
     (loaded, usable)
-}
-
-fn load_rooted(ctx: &Ctx, path: &Path) -> Result<Config, config::ConfigError> {
-    // Bounded as the runtime reads it (issue 14, class 5): /etc may hold anything.
-    let text = match crate::bounded::read_text(path, config::MAX_FILE_SIZE) {
-        Ok(t) => t,
-        Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
-        Err(source) => {
-            return Err(config::ConfigError::Read {
-                path: path.into(),
-                source,
-            })
-        }
-    };
-    // Parse as written first, so errors carry the file's own line numbers.
-    let shown = (!text.is_empty()).then_some(path);
-    let plain = Config::parse(&text, shown)?;
-    let mut doc: toml_edit::DocumentMut =
-        text.parse().map_err(|_| config::ConfigError::Invalid {
-            path: path.into(),
-            msg: "not TOML".into(),
-        })?;
-    let dir = ctx.path(&plain.profiles_dir);
-    doc["profiles-dir"] = toml_edit::value(dir.to_string_lossy().into_owned());
-    Config::parse(&doc.to_string(), shown)
 }
 
 /// The runtime's config and profile files parse.
@@ -149,6 +122,39 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].status, Status::Warn);
         assert!(f[0].message.contains("low-level-runtim"));
+    }
+
+    /// `doctor --root` reads nothing of this machine's own files (issue 23): a profiles-dir
+    /// named in the rooted config.toml is read under the root, never at its host path.
+    #[test]
+    fn a_rooted_load_reads_nothing_outside_the_root() {
+        let t = Tree::new();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(
+            outside.path().join("broken.toml"),
+            "name = \"x\"\nvisible-devices-env = [\"X\"]\n",
+        )
+        .unwrap();
+        t.write(
+            config::DEFAULT_PATH,
+            &format!("profiles-dir = {:?}\n", outside.path()),
+        );
+        let (loaded, usable) = load_config(&t.ctx());
+        let cfg = loaded.expect("the broken file outside the root is not read");
+        assert_eq!(cfg.profiles_dir, t.ctx().path(outside.path()));
+        assert!(usable.profile("x").is_none());
+        // Under the root it is read, and fails the load.
+        t.write(
+            &format!("{}/broken.toml", outside.path().display()),
+            "name = \"x\"\nvisible-devices-env = [\"X\"]\n",
+        );
+        let (loaded, usable) = load_config(&t.ctx());
+        assert!(loaded.is_err());
+        assert!(usable
+            .profile("nvidia")
+            .unwrap()
+            .driver_root
+            .starts_with(t.0.path()));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the documented API (message names, field numbers and types); no `protoc` involved.
 //!
 //! Ref: k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 (api.proto, constants.go),
-//! https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/
+//! <https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/>
 
 use std::collections::HashMap;
 

@@ -45,6 +45,10 @@ const MAX_FRAME: usize = 16384;
 /// A kubelet's header block is a few hundred bytes; this bounds what one client can make
 /// the plugin hold.
 const MAX_BLOCK: usize = 64 * 1024;
+/// Decoded size (RFC 7541's: name + value + 32 per field) of the longest header list read.
+/// One 64 KiB block of one-byte references to a 4 KiB table entry decodes to ~256 MB; a
+/// kubelet's list is a few hundred bytes, and h2 bounds its own lists the same way.
+const MAX_LIST: usize = 64 * 1024;
 /// What an `:authority` that is not an authority becomes.
 pub const REPLACEMENT: &[u8] = b"localhost";
 
@@ -184,9 +188,20 @@ impl Rewriter {
 
     fn emit(&mut self, b: Block, out: &mut Vec<u8>) -> io::Result<()> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut size = 0usize;
+        // Past the bound nothing more is copied: the decoder still walks the block (its
+        // table must stay in step), which costs the block's length, not its expansion.
         let decoded = self.decoder.decode_with_cb(&b.fragment, |n, v| {
-            fields.push((n.into_owned(), v.into_owned()))
+            size = size.saturating_add(n.len() + v.len() + 32);
+            if size <= MAX_LIST {
+                fields.push((n.into_owned(), v.into_owned()))
+            }
         });
+        if size > MAX_LIST {
+            return Err(invalid(format!(
+                "header list over {MAX_LIST} bytes once decoded"
+            )));
+        }
         let bad = |(name, value): &(Vec<u8>, Vec<u8>)| {
             name == b":authority"
                 && tonic::codegen::http::uri::Authority::try_from(&value[..]).is_err()
@@ -470,6 +485,35 @@ mod tests {
         let mut v = vec![0x80 | out.len() as u8];
         v.extend(out);
         v
+    }
+
+    /// Issue 23, class 3: a small block of references to one large table entry must not
+    /// decode into hundreds of megabytes.
+    #[test]
+    fn amplifying_header_block_is_refused() {
+        let big = vec![b'a'; 4000];
+        let mut first = common();
+        first.push(0x40);
+        first.extend(raw(b"x-big"));
+        first.extend(loona_hpack::encoder::encode_integer(big.len(), 7));
+        first.extend(&big);
+        // 15,000 references to it (dynamic index 62): ~60 MB decoded from ~19 KB sent.
+        first.extend(std::iter::repeat_n(0xbe, 15_000));
+        let mut input = PREFACE.to_vec();
+        let mut block = &first[..];
+        let mut kind = HEADERS;
+        while !block.is_empty() {
+            let n = block.len().min(MAX_FRAME);
+            let flags = if n == block.len() { END_HEADERS } else { 0 };
+            input.extend(frame(kind, flags, 1, &block[..n]));
+            block = &block[n..];
+            kind = CONTINUATION;
+        }
+        let mut rw = Rewriter::default();
+        let (mut inp, mut out) = (input, Vec::new());
+        let e = rw.feed(&mut inp, &mut out).unwrap_err();
+        assert_eq!(e.to_string(), "header list over 65536 bytes once decoded");
+        assert!(out.len() <= PREFACE_LEN, "nothing of the block passed");
     }
 
     #[test]

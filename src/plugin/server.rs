@@ -747,7 +747,9 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
     .map_err(|e| err(e.into()))?;
     let spec = opts.host_root.spec(spec);
     let text = serde_json::to_vec_pretty(&spec).map_err(|e| err(e.into()))?;
-    if std::fs::read(&path).is_ok_and(|old| old == text) {
+    // The spec in place is read no further than the new one's length: anything longer
+    // differs, and a huge file there costs nothing.
+    if crate::bounded::read_file(&path, text.len() as u64).is_ok_and(|old| old == text) {
         return Ok(false);
     }
     std::fs::create_dir_all(&opts.cdi_dir).map_err(|e| err(e.into()))?;
@@ -758,4 +760,24 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
         path.display()
     ));
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocate and preferred-allocation lines name at most 8 IDs, each cut and escaped
+    /// (issue 22, 10: a 10,000-ID request logged 10,000 IDs).
+    #[test]
+    fn logged_id_lists_are_bounded_and_escaped() {
+        let ids: Vec<String> = (0..10_000).map(|i| format!("GCU-{i}")).collect();
+        let line = shown(&ids);
+        assert!(line.ends_with(", \"GCU-7\", and 9992 more]"), "{line}");
+        assert!(line.len() < 200, "{line}");
+        let odd = vec!["a\nb".to_string(), "x".repeat(500)];
+        let line = shown(&odd);
+        assert!(line.starts_with("[\"a\\nb\", \"xxx"), "{line}");
+        assert!(!line.contains('\n') && line.len() < 100, "{line}");
+        assert_eq!(shown(&[]), "[]");
+    }
 }

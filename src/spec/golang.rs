@@ -17,6 +17,13 @@
 //! as Go ignores them. Annotations are a Go `map[string]string`, whose keys are not folded
 //! (and whose repeated key keeps the last value, as serde_json does); a repeated one is
 //! refused all the same, so that no reader of the spec can disagree about it.
+//!
+//! Everywhere else (sections the shim never reads: `linux.resources.memory`, `linux.seccomp`,
+//! ...) a key spelled twice exactly is refused too (issue 23, class 4): runc merges the two
+//! values, while the rewritten file, written from serde_json's map, would hold only the last,
+//! and runc would then lose a memory limit or a seccomp rule it applies without the shim.
+//! Case variants there are two keys to serde_json and are written back as they came, in
+//! order, so runc reads the rewritten file as it read the original.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -170,9 +177,95 @@ impl<'de> DeserializeSeed<'de> for Walk {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         match self.shape {
-            Leaf => d.deserialize_ignored_any(IgnoredAny).map(|_| ()),
+            Leaf => d.deserialize_any(Once { at: self.at }),
             _ => d.deserialize_any(self),
         }
+    }
+}
+
+/// Reads a section the shim does not look into, refusing a key given twice in any object
+/// of it (serde_json's nesting limit bounds the depth).
+struct Once {
+    at: String,
+}
+
+impl Once {
+    fn child(&self, name: &str) -> Once {
+        Once {
+            at: if self.at.is_empty() {
+                name.to_string()
+            } else {
+                format!("{}.{name}", self.at)
+            },
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Once {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Once {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        use serde::de::Error;
+        let mut keys: HashSet<String> = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if keys.contains(&key) {
+                let place = if self.at.is_empty() {
+                    "the spec's top level".into()
+                } else {
+                    format!("`{}`", self.at)
+                };
+                return Err(A::Error::custom(format!(
+                    "key {} repeated in {place} (runc merges the two, the rewritten spec would keep only the last); refused",
+                    crate::quote::quote(&key),
+                )));
+            }
+            map.next_value_seed(self.child(&key))?;
+            keys.insert(key);
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut n = 0usize;
+        while seq
+            .next_element_seed(Once {
+                at: format!("{}[{n}]", self.at),
+            })?
+            .is_some()
+        {
+            n += 1;
+        }
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -188,9 +281,18 @@ impl<'de> Visitor<'de> for Walk {
         match self.shape {
             Struct(fields) => {
                 let mut seen = 0u64;
+                let mut seen_other: HashSet<String> = HashSet::new();
                 while let Some(key) = map.next_key::<String>()? {
                     let Some(i) = fields.iter().position(|(f, _)| go_fold_eq(&key, f)) else {
-                        map.next_value::<IgnoredAny>()?;
+                        if !seen_other.insert(key.clone()) {
+                            return Err(A::Error::custom(format!(
+                                "key {} repeated in {} (runc merges the two, the rewritten spec would keep only the last); refused",
+                                crate::quote::quote(&key),
+                                self.place()
+                            )));
+                        }
+                        let at = self.child(&key);
+                        map.next_value_seed(Once { at })?;
                         continue;
                     };
                     let (field, shape) = &fields[i];
@@ -358,6 +460,24 @@ mod tests {
             (
                 r#"{"annotations":{"a":"1","b":"","a":"2"}}"#,
                 "key \"a\" repeated in `annotations`",
+            ),
+            // Issue 23, class 4: sections the shim never reads, where runc merges a repeated
+            // object (a memory limit) and serde_json would keep the last.
+            (
+                r#"{"linux":{"resources":{"memory":{"limit":1048576},"memory":{"swap":0}}}}"#,
+                "key \"memory\" repeated in `linux.resources` (runc merges the two",
+            ),
+            (
+                r#"{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["a"],"action":"x","action":"y"}]}}}"#,
+                "key \"action\" repeated in `linux.seccomp.syscalls[0]`",
+            ),
+            (
+                r#"{"x":{"y":[[{"z":1,"z":2}]]}}"#,
+                "key \"z\" repeated in `x.y[0][0]`",
+            ),
+            (
+                r#"{"ociVersion":"1","ociVersion":"1"}"#,
+                "key \"ociVersion\" repeated in the spec's top level",
             ),
         ] {
             let e = check(spec.as_bytes()).unwrap_err();

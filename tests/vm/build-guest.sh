@@ -10,6 +10,11 @@
 # of this file, so any change to the package list or the recipe builds a new image; older
 # ones are removed.
 set -euo pipefail
+# stdout is the one line tests/vm/run.sh reads as the image directory: every tool below
+# writes to stderr (fd 1 points there), the result alone to the saved stdout. mke2fs -d
+# prints "Creating regular file ..." on stdout even with -q, and an empty cache is the only
+# run that reaches it.
+exec 3>&1 1>&2
 
 cache=${1:-${ACCEL_VM_CACHE:-/var/cache/accel-vm}}
 suite=bookworm
@@ -24,7 +29,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 key=$(cat "$here/build-guest.sh" "$here/customize-guest.sh" | sha256sum | cut -c1-16)
 out=$cache/guest-$key
 if [ -s "$out/disk.img" ] && [ -s "$out/kernel" ] && [ -s "$out/initrd.img" ]; then
-  echo "$out"
+  echo "$out" >&3
   exit 0
 fi
 
@@ -35,7 +40,7 @@ work=$(mktemp -d "$cache/.build-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 root=$work/root
 
-log() { echo "build-guest: $* ($(date -u +%H:%M:%S))" >&2; }
+log() { echo "build-guest: $* ($(date -u +%H:%M:%S))"; }
 log "mmdebstrap $suite: $packages"
 # initramfs: only what mounting an ext4 virtio disk needs (MODULES=most would take most of
 # the boot time unpacking it under TCG). The unit that runs the test, the 9p mount and the
@@ -49,7 +54,7 @@ mmdebstrap --mode=root --variant=minbase --include="$packages" \
   --setup-hook='printf "MODULES=list\nCOMPRESS=gzip\n" > "$1/etc/initramfs-tools/conf.d/accel-vm.conf"' \
   --setup-hook='printf "virtio_pci\nvirtio_blk\next4\n" > "$1/etc/initramfs-tools/modules"' \
   --customize-hook="\"$here/customize-guest.sh\" \"\$1\"" \
-  "$suite" "$root" "$mirror" >&2
+  "$suite" "$root" "$mirror"
 
 log "kernel"
 vmlinuz=$(ls "$root"/boot/vmlinuz-* | head -1)
@@ -72,4 +77,4 @@ rm -rf "$root"
 mkdir -p "$out"
 mv "$work/disk.img" "$work/kernel" "$work/initrd.img" "$out/"
 log "done: $out"
-echo "$out"
+echo "$out" >&3

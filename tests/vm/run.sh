@@ -36,7 +36,15 @@ e2e=$(cargo test --test e2e_runc --no-run --message-format=json -q 2>/dev/null |
 [ -x "$e2e" ] || { echo "tests/vm/run.sh: no e2e_runc test binary" >&2; exit 1; }
 log "built"
 
+# build-guest.sh's stdout is the image directory and nothing else; a tool that writes there
+# (mke2fs did, only when the cache was empty) would otherwise turn into a qemu failure
+# minutes later.
 guest=$(bash tests/vm/build-guest.sh)
+lines=$(printf '%s\n' "$guest" | wc -l)
+if [ "$lines" != 1 ] || [ ! -d "$guest" ]; then
+  echo "tests/vm/run.sh: build-guest.sh printed $lines line(s), not one naming the image directory: $(printf '%s' "$guest" | head -c 300 | tr '\n' '|')" >&2
+  exit 1
+fi
 log "guest image: $guest"
 
 share=$(mktemp -d /tmp/accel-vm-share.XXXXXX)
