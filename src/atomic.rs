@@ -99,6 +99,19 @@ pub fn failpoint(_name: &str) {}
 /// Atomically replaces `path` with `data`. Mode and ownership of an existing file are kept;
 /// a new file gets `new_mode`. On error nothing is left behind and `path` is untouched.
 pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
+    replace_if(path, data, new_mode, || Ok(true)).map(|_| ())
+}
+
+/// [`replace`] for a file another program may write at the same time: `unchanged` is asked
+/// last, after the new content is on disk and right before the rename, so that a write it
+/// did not see can only fall in the instant between the two. When it says false, `path` is
+/// left as it is, the temp file removed, and the result is `Ok(false)`.
+pub fn replace_if(
+    path: &Path,
+    data: &[u8],
+    new_mode: u32,
+    unchanged: impl FnOnce() -> std::io::Result<bool>,
+) -> std::io::Result<bool> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -133,11 +146,15 @@ pub fn replace(path: &Path, data: &[u8], new_mode: u32) -> std::io::Result<()> {
         None => file.set_permissions(Permissions::from_mode(new_mode))?,
     }
     file.sync_all()?;
+    if !unchanged()? {
+        return Ok(false);
+    }
     failpoint("before-rename");
     tmp.persist(path).map_err(|e| e.error)?;
     failpoint("before-dir-fsync");
     // The rename itself is durable only once the directory is.
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    Ok(true)
 }
 
 #[cfg(test)]

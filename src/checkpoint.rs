@@ -89,6 +89,8 @@ pub enum CheckpointError {
     UnknownResource(String),
     #[error("checkpoint {} uses the pre-1.20 list form of DeviceIDs, whose checksum is not reproduced; it can only be moved aside", path.display())]
     LegacyForm { path: PathBuf },
+    #[error("checkpoint {} changed while being repaired; nothing written, run again", path.display())]
+    Changed { path: PathBuf },
     #[error("cannot write repaired checkpoint {}: {source}", path.display())]
     Write {
         path: PathBuf,
@@ -624,9 +626,13 @@ pub fn repair(
 
 /// Writes a repaired checkpoint in place of `path`, after keeping the old bytes as a
 /// timestamped backup (a hard link, so the backup is exactly the old file). The file is
-/// replaced atomically: kubelet reads either the old or the repaired checkpoint.
+/// replaced atomically: kubelet reads either the old or the repaired checkpoint. kubelet
+/// writes the file whenever an allocation changes: when `path` no longer holds `original`
+/// (the bytes `repaired` was made from) right before the rename, nothing is written and the
+/// backup is removed, so kubelet's write is never lost (issue 23, class 5).
 pub fn write_repaired(
     path: &Path,
+    original: &[u8],
     repaired: &Repaired,
     now: SystemTime,
 ) -> Result<PathBuf, CheckpointError> {
@@ -636,12 +642,19 @@ pub fn write_repaired(
         backup: backup.clone(),
         source,
     })?;
-    crate::atomic::replace(path, &repaired.bytes, 0o644).map_err(|source| {
-        CheckpointError::Write {
-            path: path.into(),
-            source,
-        }
-    })?;
+    let unchanged =
+        || Ok(crate::bounded::read_file(path, MAX_SIZE).is_ok_and(|now| now == original));
+    let replaced =
+        crate::atomic::replace_if(path, &repaired.bytes, 0o644, unchanged).map_err(|source| {
+            CheckpointError::Write {
+                path: path.into(),
+                source,
+            }
+        })?;
+    if !replaced {
+        let _ = std::fs::remove_file(&backup);
+        return Err(CheckpointError::Changed { path: path.into() });
+    }
     Ok(backup)
 }
 
@@ -771,9 +784,19 @@ mod tests {
             c.registered("nvidia.com/gpu").into_iter().collect(),
         )]);
         let r = repair(&raw, &cp, &found).unwrap();
-        let b = write_repaired(&cp, &r, SystemTime::UNIX_EPOCH).unwrap();
-        assert_eq!(std::fs::read(b).unwrap(), raw);
+        let b = write_repaired(&cp, &raw, &r, SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(std::fs::read(&b).unwrap(), raw);
         assert_eq!(std::fs::read(&cp).unwrap(), r.bytes);
+        // kubelet wrote the file after it was read: nothing written, no second backup.
+        std::fs::write(&cp, b"kubelet's").unwrap();
+        let e = write_repaired(&cp, &raw, &r, SystemTime::UNIX_EPOCH).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("changed while being repaired; nothing written, run again"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&cp).unwrap(), b"kubelet's");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]

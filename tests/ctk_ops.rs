@@ -1070,3 +1070,65 @@ fn endless_or_huge_files_are_refused_naming_them() {
         );
     }
 }
+
+/// Issue 23, class 5: kubelet writing its checkpoint while `--fix` repairs it loses nothing.
+/// strace holds accel-ctk in each fsync (its temp file exists then: the checkpoint was read,
+/// the rename is still to come) while the test writes the file as kubelet does, a new file
+/// renamed over it. The repair is refused with one line, kubelet's file stays, no backup.
+#[test]
+fn checkpoint_fix_never_overwrites_a_write_made_while_repairing() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let n = Node::standard([
+        "GPU-99999999-2222-3333-4444-555555555555",
+        "GPU-bbbbbbbb-bbbb-cccc-dddd-ffffffffffff",
+    ]);
+    let cp = n.checkpoint("../kubelet-checkpoints/stale-after-uuid-change.json");
+    let dir = cp.parent().unwrap().to_path_buf();
+    let child = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+        .args(["-e", "inject=fsync:delay_enter=1500000"])
+        .arg(env!("CARGO_BIN_EXE_accel-ctk"))
+        .args(["checkpoint", "check", "--fix", "--checkpoint"])
+        .arg(&cp)
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", n.config())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace (this test needs it: apt-get install strace)");
+    let temp = |d: &Path| {
+        std::fs::read_dir(d).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".kubelet_internal_checkpoint.accel-")
+        })
+    };
+    let start = Instant::now();
+    while !temp(&dir) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no temp file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let kubelet = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/checkpoint/numa-form-several.json"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("kubelet-write.tmp"), &kubelet).unwrap();
+    std::fs::rename(dir.join("kubelet-write.tmp"), &cp).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("changed while being repaired; nothing written, run again"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&cp).unwrap() == kubelet,
+        "kubelet's write was lost"
+    );
+    assert!(backups(&cp).is_empty());
+    assert!(!temp(&dir));
+}

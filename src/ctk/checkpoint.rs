@@ -194,7 +194,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read {}", path.display()))?;
     let backup = match checkpoint::repair(&raw, path, &found) {
         Ok(repaired) => {
-            let backup = checkpoint::write_repaired(path, &repaired, SystemTime::now())?;
+            let backup = checkpoint::write_repaired(path, &raw, &repaired, SystemTime::now())?;
             log(
                 "info",
                 "fix",
