@@ -389,6 +389,35 @@ mod tests {
         assert!(parse(&huge).is_err());
     }
 
+    /// Strings shared between entries (a name that is the tail of a path, as `ldconfig`
+    /// stores them, or one string for many entries) read as each entry's own; a string that
+    /// starts inside a UTF-8 character, or runs to the end without a NUL, is an error.
+    #[test]
+    fn shared_strings_are_each_entrys_own() {
+        let mut img = build(&[("libz.so.1", "/usr/lib/libz.so.1", native_flags())]);
+        let path_at = u32::from_ne_bytes(img[56..60].try_into().unwrap());
+        let tail = path_at + "/usr/lib/".len() as u32;
+        img[52..56].copy_from_slice(&tail.to_ne_bytes());
+        let e = parse(&img).unwrap();
+        assert_eq!(
+            (e[0].name, e[0].path),
+            ("libz.so.1", Path::new("/usr/lib/libz.so.1"))
+        );
+        let mut two = build(&[("a", "/b", native_flags()), ("c", "/d", native_flags())]);
+        let key = two[52..56].to_vec();
+        two[76..80].copy_from_slice(&key);
+        two[80..84].copy_from_slice(&key);
+        let e = parse(&two).unwrap();
+        assert_eq!((e[1].name, e[1].path), ("a", Path::new("a")));
+        let mut utf8 = build(&[("é.so", "/é.so", native_flags())]);
+        let inside = u32::from_ne_bytes(utf8[52..56].try_into().unwrap()) + 1;
+        utf8[52..56].copy_from_slice(&inside.to_ne_bytes());
+        assert_eq!(parse(&utf8), Err(LdCacheError::Truncated("string table")));
+        let mut open = build(&[("a", "/b", native_flags())]);
+        open.pop();
+        assert_eq!(parse(&open), Err(LdCacheError::Truncated("string table")));
+    }
+
     /// The host's real cache agrees with `ldconfig -p` on what libc is.
     #[test]
     fn host_cache_lists_libc() {

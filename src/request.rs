@@ -74,7 +74,7 @@ pub fn device_list_from_mounts(dir: &str, mounts: &[serde_json::Value]) -> Vec<S
     let str_of =
         |m: &serde_json::Value, k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let mut ids: Vec<String> = Vec::new();
-    // A spec may hold 65,536 mounts: a set keeps the dedup linear in their number.
+    // A spec may hold tens of thousands of mounts: a set keeps the dedup linear in them.
     let mut seen = std::collections::HashSet::new();
     for m in mounts {
         let (Some(dest), Some(source)) = (str_of(m, "destination"), str_of(m, "source")) else {

@@ -141,7 +141,7 @@ impl Rootfs {
         // O_PATH opens nothing: no driver's open runs for a device node, a FIFO does not
         // block or wake its writer. Only once the inode is known to be a regular file is it
         // opened for reading, through the same fd, so it cannot be swapped in between.
-        let path = match rustix::fs::openat(
+        let handle = match rustix::fs::openat(
             &dfd,
             name,
             OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -151,7 +151,7 @@ impl Rootfs {
             Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let st = rustix::fs::fstat(&path)?;
+        let st = rustix::fs::fstat(&handle)?;
         let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
         if kind != rustix::fs::FileType::RegularFile {
             return Err(other(format!(
@@ -165,7 +165,7 @@ impl Rootfs {
                 "{name} is {size} bytes, over the {limit} byte limit"
             )));
         }
-        let fd = reopen(&path, OFlags::RDONLY)?;
+        let fd = reopen(&handle, OFlags::RDONLY)?;
         // The limit holds while reading too: a file that grew past it is refused.
         crate::bounded::read_hinted(File::from(fd), limit, size)
             .map(Some)
@@ -178,7 +178,8 @@ impl Rootfs {
     /// crash included) writes them again, and two fsyncs would cost each create milliseconds
     /// on a disk. No symlink
     /// may be on the path; an existing `name` that is not a regular file is refused. The new
-    /// file gets `mode` and the owner of the file it replaces, or of `dir` when new.
+    /// file gets `mode` and the owner of the file it replaces, or of `dir` when new. Temp
+    /// files a killed replace of `name` left in `dir` are removed first.
     pub fn replace_strict(
         &self,
         dir: &Path,

@@ -1910,10 +1910,11 @@ fn create_capped(e: &Env, limit: u64) -> (Output, Duration) {
 #[test]
 fn container_input_costs_linear_time_and_memory() {
     const MEMORY: u64 = 512 << 20;
-    const TIME: Duration = Duration::from_secs(5);
+    const CACHE_TIME: Duration = Duration::from_secs(2);
+    const TIME: Duration = Duration::from_secs(15);
     let e = Env::new();
-    // An image cache of 500 KB whose strings all share one run: each entry's copy used to
-    // cost the whole run. Left as it is, with a warning, and the container starts.
+    // An image cache whose strings all share one run: each entry's copy used to cost the
+    // whole run. Left as it is, with a warning, and the container starts.
     let rootfs = with_image(&e, &["NVIDIA_VISIBLE_DEVICES=0"]);
     let hostile = shared_string_cache(2_000, 450_000);
     std::fs::write(rootfs.join("etc/ld.so.cache"), &hostile).unwrap();
@@ -1924,7 +1925,7 @@ fn container_input_costs_linear_time_and_memory() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(took < TIME, "hostile image cache: {took:?}");
+    assert!(took < CACHE_TIME, "hostile image cache: {took:?}");
     assert!(
         std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap() == hostile,
         "the image's cache was rewritten"
@@ -1936,8 +1937,7 @@ fn container_input_costs_linear_time_and_memory() {
     );
     std::fs::remove_file(e.path("runtime-called")).unwrap();
 
-    // A real-shaped image cache of 20,000 libraries (a distribution's has a few thousand):
-    // merged, in the same time.
+    // A real-shaped image cache, larger than any distribution's: merged, in the same time.
     let names: Vec<(String, String)> = (0..20_000)
         .map(|i| {
             (
@@ -1961,13 +1961,13 @@ fn container_input_costs_linear_time_and_memory() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(took < TIME, "large image cache: {took:?}");
+    assert!(took < CACHE_TIME, "large image cache: {took:?}");
     let merged = cache_names(&rootfs);
     assert_eq!(merged.len(), 20_001);
     assert!(merged.iter().any(|n| n == "libcuda.so.1"));
     std::fs::remove_file(e.path("runtime-called")).unwrap();
 
-    // 60,000 NVIDIA_REQUIRE_* variables (each met: an empty requirement).
+    // Many NVIDIA_REQUIRE_* variables (each met: an empty requirement).
     let require: Vec<String> = (0..60_000)
         .map(|i| format!("NVIDIA_REQUIRE_X{i}="))
         .collect();
@@ -1987,8 +1987,8 @@ fn container_input_costs_linear_time_and_memory() {
     );
     std::fs::remove_file(e.path("runtime-called")).unwrap();
 
-    // 65,536 device-list mounts, each a /dev/null bind naming another device: refused as
-    // more items than any node has devices, as the variable is.
+    // As many device-list mounts as a spec may hold, each a /dev/null bind naming another
+    // device: refused as more items than any node has devices, as the variable is.
     e.config("accept-container-devices-as-mounts = true");
     e.set_env(&[]);
     let dir = "/var/run/nvidia-container-devices";

@@ -186,15 +186,16 @@ pub fn hwcaps_names(data: &[u8]) -> Result<Vec<String>, LdCacheError> {
     Ok(Vec::new())
 }
 
-/// Most entries [`records`] reads from one image: a distribution's cache lists a few
-/// thousand libraries.
+/// Most entries [`records`] reads from one image, many times what a distribution's cache
+/// lists.
 pub const MAX_RECORDS: usize = 1 << 16;
 /// Most bytes of strings [`records`] copies out of one image, each entry's name, path and
 /// glibc-hwcaps subdirectory counted for that entry. Entries may share strings, so this, not
 /// the file's size, bounds the memory the copies take and the size of a cache written from
 /// them.
 pub const MAX_STRING_BYTES: usize = 16 << 20;
-/// Most glibc-hwcaps subdirectory names an image may list (glibc knows four per architecture).
+/// Most glibc-hwcaps subdirectory names an image may list (glibc knows a handful per
+/// architecture).
 pub const MAX_HWCAPS: usize = 1024;
 
 /// Every entry of an image as [`Record`]s, in the file's order. An entry naming a
