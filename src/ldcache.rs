@@ -393,7 +393,7 @@ mod tests {
     /// stores them, or one string for many entries) read as each entry's own; a string that
     /// starts inside a UTF-8 character, or runs to the end without a NUL, is an error.
     #[test]
-    fn shared_strings_are_each_entrys_own() {
+    fn shared_strings_read_as_each_entry_s_own() {
         let mut img = build(&[("libz.so.1", "/usr/lib/libz.so.1", native_flags())]);
         let path_at = u32::from_ne_bytes(img[56..60].try_into().unwrap());
         let tail = path_at + "/usr/lib/".len() as u32;
