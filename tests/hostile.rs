@@ -1906,7 +1906,7 @@ fn create_capped(e: &Env, limit: u64) -> (Output, Duration) {
 
 /// Issue 23, class 2: every input the container controls costs time and memory linear in its
 /// size. Ceilings are many times what the linear algorithms take in a debug build on a loaded
-/// machine, and far below what the quadratic ones took (README, security classes).
+/// machine, and far below what the quadratic ones took (docs/security.md).
 #[test]
 fn container_input_costs_linear_time_and_memory() {
     const MEMORY: u64 = 512 << 20;
