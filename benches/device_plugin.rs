@@ -45,6 +45,7 @@ fn table(n: usize) -> Vec<PluginDevice> {
         .into_iter()
         .enumerate()
         .map(|(i, place)| PluginDevice {
+            index: i as u32,
             id: format!("GCU-{i}"),
             name: i.to_string(),
             nodes: vec![Node {
