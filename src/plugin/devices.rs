@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::discovery::DiscoveryError;
 use crate::profile::{Discovery, Profile};
+pub use crate::request::split_replica;
 use crate::topology::{discover_located, Node};
 
 use super::preferred::Place;
@@ -184,18 +185,6 @@ pub fn offers(profile: &Profile) -> Vec<Offer> {
 /// Replica `k` of device `id`, as NVIDIA's plugin names time-sliced replicas.
 pub fn replica_id(id: &str, k: u32) -> String {
     format!("{id}::{k}")
-}
-
-/// The device ID and replica number of `<id>::<k>` (`k` a plain decimal).
-pub fn split_replica(id: &str) -> Option<(&str, u32)> {
-    let (base, k) = id.rsplit_once("::")?;
-    let plain = !k.is_empty()
-        && k.bytes().all(|b| b.is_ascii_digit())
-        && (k.len() == 1 || !k.starts_with('0'));
-    if base.is_empty() || !plain {
-        return None;
-    }
-    Some((base, k.parse().ok()?))
 }
 
 /// Healthy: the driver is loaded (the profile's version file exists, where it names one)
