@@ -584,3 +584,187 @@ fn ctk_check(config: &Path, cp: &Path) -> (Option<i32>, String) {
     );
     (out.status.code(), text)
 }
+
+/// The shim's config for `sim` with `extra` top-level keys, CDI specs read from `cdi_dir`,
+/// and 4 replicas per GCU.
+fn runc_with_replicas(sim: &SimRoot, extra: &str, cdi_dir: &Path) -> common::Runc {
+    let runc = common::Runc::with_config(sim, &format!("{extra}\ncdi-spec-dirs = [{cdi_dir:?}]"));
+    let path = runc.config_path();
+    let text = std::fs::read_to_string(&path).unwrap().replacen(
+        "[profiles.enflame]\n",
+        "[profiles.enflame]\nreplicas = 4\n",
+        1,
+    );
+    std::fs::write(&path, text).unwrap();
+    runc
+}
+
+/// Runs `b` (a busybox bundle) under the shim and real runc and asserts that the container
+/// sees exactly gcu1, gcu3 and gcuctl.
+fn assert_sees_1_3(runc: &common::Runc, mut b: common::Bundle, name: &str) {
+    let probe = common::Probe::new()
+        .ls("/dev")
+        .open("/dev/gcu1")
+        .open("/dev/gcu3")
+        .open("/dev/gcuctl")
+        .open("/dev/gcu0");
+    b.sh(&probe.script());
+    let id = runc.id(name);
+    let out = runc.run(&b, &id);
+    out.ok();
+    let r = common::Report::parse(&out.stdout);
+    common::assert_enflame_1_3(&r, &format!("{name}: "));
+}
+
+/// Replicas through the runtime and real runc, checked from inside the container: the
+/// plugin's answer for three replicas of GCU 1 and 3 by every strategy; and replica IDs
+/// handed to the runtime itself, in the variable, as device-list mounts and as CDI names.
+#[test]
+fn replicas_through_the_runtime_and_runc_give_their_devices() {
+    let sim = SimRoot::standard();
+    for (strategy, extra) in [
+        (Strategy::Envvar, ""),
+        (
+            Strategy::VolumeMounts,
+            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+        ),
+        (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
+        (Strategy::CdiCri, ""),
+        (Strategy::CdiAnnotations, ""),
+    ] {
+        let cdi_dir = tempfile::tempdir().unwrap();
+        let runc = runc_with_replicas(&sim, extra, cdi_dir.path());
+        let cfg = Config::load_from(&runc.config_path()).unwrap();
+        let profile = cfg
+            .profiles
+            .into_iter()
+            .find(|p| p.name == "enflame")
+            .unwrap();
+        let mut opts = Options::new(PathBuf::from("/nonexistent"));
+        opts.cdi_dir = cdi_dir.path().to_path_buf();
+        server::write_cdi(&profile, &opts).unwrap();
+        let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+        let answer = plugin
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-3::1", "GCU-1::0", "GCU-3::2"]),
+                }],
+            })
+            .unwrap()
+            .container_responses
+            .remove(0);
+        let mut b = common::Bundle::busybox();
+        apply_answer(&mut b, &answer);
+        assert_sees_1_3(&runc, b, &format!("replicas-{}", strategy.as_str()));
+    }
+
+    // The runtime given replica IDs itself (as NVIDIA's plugin hands them on).
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let runc = runc_with_replicas(&sim, "", cdi_dir.path());
+    let mut b = common::Bundle::busybox();
+    b.env("ENFLAME_VISIBLE_DEVICES=3::1,GCU-1::0,1::3");
+    assert_sees_1_3(&runc, b, "replicas-variable");
+
+    let cfg = Config::load_from(&runc.config_path()).unwrap();
+    let profile = cfg
+        .profiles
+        .into_iter()
+        .find(|p| p.name == "enflame")
+        .unwrap();
+    let mut opts = Options::new(PathBuf::from("/nonexistent"));
+    opts.cdi_dir = cdi_dir.path().to_path_buf();
+    server::write_cdi(&profile, &opts).unwrap();
+    let mut b = common::Bundle::busybox();
+    b.env("ENFLAME_VISIBLE_DEVICES=enflame.com/gcu=1::1,enflame.com/gcu=3::0");
+    assert_sees_1_3(&runc, b, "replicas-cdi-names");
+
+    let runc = runc_with_replicas(
+        &sim,
+        "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+        cdi_dir.path(),
+    );
+    let mut b = common::Bundle::busybox();
+    b.edit(|s| {
+        let mounts = s["mounts"].as_array_mut().unwrap();
+        for id in ["GCU-1::2", "3::0", "3::1"] {
+            mounts.push(serde_json::json!({
+                "destination": format!("/var/run/enflame-container-devices/{id}"),
+                "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"],
+            }));
+        }
+    });
+    assert_sees_1_3(&runc, b, "replicas-mounts");
+}
+
+/// What containerd does with one container's Allocate answer: envs into the process, mounts
+/// as binds, device specs as nodes (major/minor from the host path) with cgroup rules,
+/// annotations into the spec. CDI devices (`cdi_devices`), which containerd >= 1.7 resolves
+/// from the CDI spec dirs itself, are handed here to our runtime's CDI resolver as a
+/// `cdi.k8s.io/` annotation: the same spec file, the same edits.
+fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    b.edit(|s| {
+        let env = s["process"]["env"].as_array_mut().unwrap();
+        let mut envs: Vec<_> = a.envs.iter().collect();
+        envs.sort();
+        for (k, v) in envs {
+            env.push(format!("{k}={v}").into());
+        }
+        let mut annotations: Vec<(String, String)> = a
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !a.cdi_devices.is_empty() {
+            let names: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+            annotations.push(("cdi.k8s.io/containerd-cri".into(), names.join(",")));
+        }
+        if !annotations.is_empty() {
+            let obj = s
+                .as_object_mut()
+                .unwrap()
+                .entry("annotations")
+                .or_insert_with(|| serde_json::json!({}));
+            for (k, v) in annotations {
+                obj[k] = v.into();
+            }
+        }
+        let mounts = s["mounts"].as_array_mut().unwrap();
+        for m in &a.mounts {
+            let mut opts = vec!["rbind"];
+            if m.read_only {
+                opts.push("ro");
+            }
+            mounts.push(serde_json::json!({
+                "destination": m.container_path, "type": "bind",
+                "source": m.host_path, "options": opts,
+            }));
+        }
+        for d in &a.devices {
+            let meta = std::fs::metadata(&d.host_path).unwrap();
+            assert!(meta.file_type().is_char_device(), "{}", d.host_path);
+            let (major, minor) = (
+                nix::sys::stat::major(meta.rdev()),
+                nix::sys::stat::minor(meta.rdev()),
+            );
+            let linux = s["linux"].as_object_mut().unwrap();
+            let devices = linux
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            devices.as_array_mut().unwrap().push(serde_json::json!({
+                "path": d.container_path, "type": "c", "major": major, "minor": minor,
+                "fileMode": 0o666, "uid": 0, "gid": 0,
+            }));
+            let rules = linux
+                .entry("resources")
+                .or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+                .unwrap()
+                .entry("devices")
+                .or_insert_with(|| serde_json::json!([]));
+            rules.as_array_mut().unwrap().push(serde_json::json!({
+                "allow": true, "type": "c", "major": major, "minor": minor, "access": d.permissions,
+            }));
+        }
+    });
+}
