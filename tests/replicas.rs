@@ -544,6 +544,98 @@ fn two_whole_gcu_pods_beside_four_shared_gcu_pods() {
     });
 }
 
+/// `accel-ctk pods` against a stand-in PodResources server: each replica is attributed to
+/// its pod, namespace and container, with its device; other resources are left out.
+#[test]
+fn ctk_pods_names_who_holds_each_replica() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let keys = "replicas = 4\nshared-resource-name = \"enflame.com/shared-gcu\"\nshared-devices = [2, 3, 6, 7]";
+    config(&sim, scratch.path(), keys);
+    let sock = scratch.path().join("pod-resources.sock");
+    let pod = |name: &str, container: &str, resource: &str, ids: &[&str]| PodResources {
+        name: name.into(),
+        namespace: "ml".into(),
+        containers: vec![ContainerResources {
+            name: container.into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                topology: None,
+            }],
+        }],
+    };
+    let answer = ListPodResourcesResponse {
+        pod_resources: vec![
+            pod("train", "main", "enflame.com/gcu", &["GCU-0", "GCU-1"]),
+            pod("infer-a", "srv", "enflame.com/shared-gcu", &["GCU-2::0"]),
+            pod(
+                "infer-b",
+                "srv",
+                "enflame.com/shared-gcu",
+                &["GCU-2::1", "GCU-6::0"],
+            ),
+            pod("nic", "main", "rdma/hca", &["mlx5_0"]),
+        ],
+    };
+    let rt = rt();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&sock) })
+        .unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(grpc::PodResourcesServer(move || answer.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let run = |json: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"));
+        cmd.args(["pods", "--socket"]).arg(&sock);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd
+            .env(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                scratch.path().join("config.toml"),
+            )
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let got: Vec<(&str, &str, &str, &str)> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["device"].as_str().unwrap(),
+                h["id"].as_str().unwrap(),
+                h["pod"].as_str().unwrap(),
+                h["container"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("GCU-0", "GCU-0", "train", "main"),
+            ("GCU-1", "GCU-1", "train", "main"),
+            ("GCU-2", "GCU-2::0", "infer-a", "srv"),
+            ("GCU-2", "GCU-2::1", "infer-b", "srv"),
+            ("GCU-6", "GCU-6::0", "infer-b", "srv"),
+        ]
+    );
+    let table = run(false);
+    assert!(
+        table.contains("enflame.com/shared-gcu  GCU-2   GCU-2::1  ml/infer-b  srv"),
+        "{table}"
+    );
+    assert!(!table.contains("rdma"), "{table}");
+}
+
 fn base64_of(a: &ContainerAllocateResponse) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(prost::Message::encode_to_vec(a))
