@@ -1,5 +1,6 @@
-//! kubelet's device plugin API v1beta1 (package `v1beta1`), as prost messages. Written from
-//! the documented API (message names, field numbers and types); no `protoc` involved.
+//! kubelet's device plugin API v1beta1 (package `v1beta1`) and, at the end, the PodResources v1
+//! `List` that `accel-ctk pods` reads, as prost messages. Written from the documented API
+//! (message names, field numbers and types); no `protoc` involved.
 //!
 //! Ref: k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 (api.proto, constants.go),
 //! <https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/>
