@@ -122,14 +122,6 @@ impl Offer {
         self.shared.is_none_or(|s| profile.shares(index) == s)
     }
 
-    /// The kubelet IDs of `dev` under this offer.
-    pub fn ids(&self, dev: &PluginDevice) -> Vec<String> {
-        if self.replicas <= 1 {
-            return vec![dev.id.clone()];
-        }
-        (0..self.replicas).map(|k| replica_id(&dev.id, k)).collect()
-    }
-
     /// The devices of `table` this offer holds; an error when a replica ID would be longer
     /// than kubelet allows.
     pub fn select(
@@ -180,6 +172,15 @@ pub fn offers(profile: &Profile) -> Vec<Offer> {
         shared: Some(true),
     });
     out
+}
+
+/// What kubelet is told of `dev` when each device is listed `replicas` times: its own ID
+/// once, or its replicas.
+pub fn listed_ids(dev: &PluginDevice, replicas: u32) -> Vec<String> {
+    if replicas <= 1 {
+        return vec![dev.id.clone()];
+    }
+    (0..replicas).map(|k| replica_id(&dev.id, k)).collect()
 }
 
 /// Replica `k` of device `id`, as NVIDIA's plugin names time-sliced replicas.

@@ -187,24 +187,21 @@ impl Plugin {
     }
 
     fn devices(state: &State) -> ListAndWatchResponse {
-        let offer = Offer {
-            resource: String::new(),
-            replicas: state.replicas,
-            shared: None,
-        };
         ListAndWatchResponse {
             devices: state
                 .table
                 .iter()
                 .zip(&state.health)
                 .flat_map(|(d, h)| {
-                    offer.ids(d).into_iter().map(move |id| Device {
-                        id,
-                        health: if *h { HEALTHY } else { UNHEALTHY }.into(),
-                        topology: d.place.numa.map(|n| TopologyInfo {
-                            nodes: vec![NumaNode { id: i64::from(n) }],
-                        }),
-                    })
+                    devices::listed_ids(d, state.replicas)
+                        .into_iter()
+                        .map(move |id| Device {
+                            id,
+                            health: if *h { HEALTHY } else { UNHEALTHY }.into(),
+                            topology: d.place.numa.map(|n| TopologyInfo {
+                                nodes: vec![NumaNode { id: i64::from(n) }],
+                            }),
+                        })
                 })
                 .collect(),
         }
