@@ -18,7 +18,7 @@ use accel_container_runtime::plugin::devices::PluginDevice;
 use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::preferred::{choose, Place};
 use accel_container_runtime::plugin::server::{self, Plugin, Served};
-use accel_container_runtime::profile::Profile;
+use accel_container_runtime::profile::{Profile, ReplicaPolicy};
 use accel_container_runtime::topology::Node;
 use criterion::{BenchmarkId, Criterion};
 
@@ -45,6 +45,7 @@ fn table(n: usize) -> Vec<PluginDevice> {
         .into_iter()
         .enumerate()
         .map(|(i, place)| PluginDevice {
+            index: i as u32,
             id: format!("GCU-{i}"),
             name: i.to_string(),
             nodes: vec![Node {
@@ -99,6 +100,56 @@ fn pure(c: &mut Criterion) {
     c.bench_function("allocate/8-of-64 all strategies", |b| {
         b.iter(|| allocate(&profile, &t, &Strategy::ALL, black_box(&ids)))
     });
+}
+
+/// GetPreferredAllocation over replicas as kubelet asks it: 64 devices x 8 replicas, all 512
+/// IDs offered (in Go's map order, here a fixed shuffle) or a scattered half of them, through
+/// `Plugin::preferred` (ID parsing and grouping included), under each policy.
+fn replicas(c: &mut Criterion) {
+    let mut g = c.benchmark_group("preferred-replicas");
+    let mut all: Vec<String> = (0..64)
+        .flat_map(|i| (0..8).map(move |k| format!("GCU-{i}::{k}")))
+        .collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..all.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        all.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let half: Vec<String> = all[..256].to_vec();
+    let ask = |avail: &[String], size: i32| PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_ids: avail.to_vec(),
+            must_include_device_ids: vec![],
+            allocation_size: size,
+        }],
+    };
+    for policy in [
+        ReplicaPolicy::Spread,
+        ReplicaPolicy::Pack,
+        ReplicaPolicy::Strict,
+    ] {
+        let mut profile = enflame();
+        profile.replicas = 8;
+        profile.replica_policy = policy;
+        let plugin = Plugin::from_table(profile, vec![Strategy::Envvar], table(64));
+        let sizes: &[i32] = if policy == ReplicaPolicy::Strict {
+            &[1]
+        } else {
+            &[2, 8, 32]
+        };
+        for &size in sizes {
+            for (offered, avail) in [("512ids", &all), ("256ids", &half)] {
+                g.bench_with_input(
+                    BenchmarkId::new(format!("{offered}-{}", policy.as_str()), size),
+                    &size,
+                    |b, &s| b.iter(|| plugin.preferred(black_box(ask(avail, s))).unwrap()),
+                );
+            }
+        }
+    }
+    g.finish();
 }
 
 fn grpc_round_trip(c: &mut Criterion) {
@@ -326,6 +377,7 @@ fn rss_with_64_devices() {
 fn main() {
     let mut c = quick();
     pure(&mut c);
+    replicas(&mut c);
     grpc_round_trip(&mut c);
     rss_with_64_devices();
     c.final_summary();

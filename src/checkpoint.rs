@@ -356,12 +356,29 @@ pub fn expected_ids(
         let Some(resource) = p.resource_name.as_deref() else {
             continue;
         };
-        if !only.is_empty() && !only.iter().any(|r| r == resource) {
+        // With `shared-resource-name`, the shared devices are registered under it (as
+        // replicas, `<id>::<k>`, which `compare` reads as their device) and the others under
+        // `resource-name`.
+        let mut resources = vec![(resource, false)];
+        resources.extend(p.shared_resource_name.as_deref().map(|s| (s, true)));
+        let wanted: Vec<(&str, bool)> = resources
+            .into_iter()
+            .filter(|(r, _)| only.is_empty() || only.iter().any(|o| o == r))
+            .collect();
+        if wanted.is_empty() {
             continue;
         }
         let devices = discover_located(p)?;
-        if let Some(ids) = node_ids(p, &devices) {
-            out.insert(resource.to_string(), (p.name.clone(), ids));
+        for (resource, shared) in wanted {
+            let split = p.shared_resource_name.is_some();
+            let held: Vec<Located> = devices
+                .iter()
+                .filter(|d| !split || p.shares(d.device.index) == shared)
+                .cloned()
+                .collect();
+            if let Some(ids) = node_ids(p, &held) {
+                out.insert(resource.to_string(), (p.name.clone(), ids));
+            }
         }
     }
     if let Some(missing) = only.iter().find(|r| !out.contains_key(r.as_str())) {

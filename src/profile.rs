@@ -100,6 +100,26 @@ pub struct Profile {
     /// How the vendor's device plugin names a device: `{index}`, `{uuid}`, `{minor}`, `{bus}`.
     #[serde(default)]
     pub device_plugin_id: Option<String>,
+    /// Time-slicing: each shared device is offered to kubelet this many times, as
+    /// `<id>::<k>` (k from 0); 1 offers every device once. Replicas share the device's memory
+    /// and compute with no limit: information for the scheduler, not isolation.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Where the replicas are offered: unset, under `resource-name` (every device shared);
+    /// set, under this resource, with `shared-devices` shared and the others whole under
+    /// `resource-name`, so whole-device and shared pods never meet on a device.
+    #[serde(default)]
+    pub shared_resource_name: Option<String>,
+    /// Indexes of the devices shared under `shared-resource-name` (unset: all of them).
+    #[serde(default)]
+    pub shared_devices: Option<Vec<u32>>,
+    /// How a request for several replicas is placed.
+    #[serde(default)]
+    pub replica_policy: ReplicaPolicy,
+    /// A variable the vendor's software reads for how many replicas share its device, set
+    /// in each container given replicas (none known today, so no built-in profile sets it).
+    #[serde(default)]
+    pub replicas_env: Option<String>,
     #[serde(default)]
     pub container_devices_mount_dir: Option<String>,
     /// File under driver-root whose first dotted number is the driver version.
@@ -130,6 +150,33 @@ pub struct Profile {
     /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/require.rs).
     #[serde(default)]
     pub requirements: Option<Requirements>,
+}
+
+/// Where a request for several replicas of shared devices lands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaPolicy {
+    /// One replica per device while there are devices with free replicas, the least used
+    /// devices first: a pod asking for 2 slices gets two devices' time, not one's twice
+    /// (NVIDIA's users asked for this: gpu-operator #386, #491).
+    #[default]
+    Spread,
+    /// All on as few devices as possible, the fullest that still fit first, leaving whole
+    /// devices free for larger requests.
+    Pack,
+    /// A request for more than one replica fails (NVIDIA's `failRequestsGreaterThanOne`): a
+    /// container that asks for 2 would otherwise believe it has more than one device's share.
+    Strict,
+}
+
+impl ReplicaPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaPolicy::Spread => "spread",
+            ReplicaPolicy::Pack => "pack",
+            ReplicaPolicy::Strict => "strict",
+        }
+    }
 }
 
 /// Where an image carries forward-compatibility driver libraries (src/loader.rs).
@@ -221,6 +268,14 @@ fn root() -> PathBuf {
     PathBuf::from("/")
 }
 
+fn one() -> u32 {
+    1
+}
+
+/// The most replicas a device may be offered as: kubelet lists every one on each
+/// ListAndWatch, and device IDs stay within its 63 characters.
+pub const MAX_REPLICAS: u32 = 1024;
+
 impl Profile {
     /// Parses a profile table, returning it with the keys it did not know (dotted paths).
     pub fn from_table(
@@ -243,6 +298,16 @@ impl Profile {
     /// Where the device nodes live on the host.
     pub fn dev_root(&self) -> &Path {
         self.dev_root.as_deref().unwrap_or(&self.driver_root)
+    }
+
+    /// Whether device `index` is offered as replicas (see `replicas`, `shared-devices`).
+    pub fn shares(&self, index: u32) -> bool {
+        self.replicas > 1
+            && (self.shared_resource_name.is_none()
+                || self
+                    .shared_devices
+                    .as_ref()
+                    .is_none_or(|l| l.contains(&index)))
     }
 
     /// Joins a path from the profile (absolute, container-style) under a host root.
@@ -278,6 +343,30 @@ impl Profile {
             if !valid {
                 return invalid(format!("CDI kind {kind:?} must be vendor/class"));
             }
+        }
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return invalid(format!(
+                "replicas = {} must be between 1 and {MAX_REPLICAS}",
+                self.replicas
+            ));
+        }
+        if let Some(shared) = &self.shared_resource_name {
+            if self.replicas < 2 {
+                return invalid(format!(
+                    "shared-resource-name {shared:?} needs replicas of 2 or more"
+                ));
+            }
+            if self.resource_name.as_deref() == Some(shared.as_str()) {
+                return invalid(format!(
+                    "shared-resource-name {shared:?} must differ from resource-name"
+                ));
+            }
+        }
+        if self.shared_devices.is_some() && self.shared_resource_name.is_none() {
+            return invalid(
+                "shared-devices needs shared-resource-name (without it every device is shared)"
+                    .into(),
+            );
         }
         for root in [Some(&self.driver_root), self.dev_root.as_ref()]
             .into_iter()

@@ -60,6 +60,16 @@ pub fn is_cdi_name(item: &str) -> bool {
     }
 }
 
+/// The device ID and replica number of a device plugin's replica `<id>::<k>` (time-slicing:
+/// NVIDIA's plugin and ours list a shared device once per replica), `k` a plain decimal.
+pub fn split_replica(id: &str) -> Option<(&str, u32)> {
+    let (base, k) = id.rsplit_once("::")?;
+    if base.is_empty() || index(k).is_none() {
+        return None;
+    }
+    Some((base, k.parse().ok()?))
+}
+
 /// Container text in a message: cut and escaped (src/quote.rs).
 fn shorten(value: &str) -> String {
     crate::quote::quote(value)
@@ -177,7 +187,8 @@ pub fn select<'d>(
         available: available(devices),
     };
     for item in items {
-        let item = item.as_str();
+        // A replica is its device, wherever a device ID is accepted.
+        let item = split_replica(item).map_or(item.as_str(), |(base, _)| base);
         if ranges {
             if let Some((a, b)) = item
                 .split_once('-')
@@ -311,6 +322,18 @@ mod tests {
         assert_eq!(sel("GPU-aaaa2222").unwrap(), [1]);
         assert_eq!(sel("GCU-1").unwrap(), [1]);
         assert_eq!(sel("0-1").unwrap(), [0, 1]);
+    }
+
+    #[test]
+    fn replicas_are_their_devices() {
+        assert_eq!(sel("GPU-aaaa2222-0000::2").unwrap(), [1]);
+        assert_eq!(sel("1::0,GCU-0::3,1::1").unwrap(), [1, 0]);
+        assert_eq!(split_replica("GCU-4::12"), Some(("GCU-4", 12)));
+        for v in ["::1", "1::", "1::01", "1::-1", "1::a", "1:2"] {
+            assert_eq!(split_replica(v), None, "{v}");
+        }
+        let e = sel("9::1").unwrap_err().to_string();
+        assert!(e.starts_with("V: no device \"9\""), "{e}");
     }
 
     #[test]

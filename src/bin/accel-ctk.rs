@@ -43,6 +43,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ctk::system::Cmd,
     },
+    /// Which pod and container holds each device (replicas too), from kubelet's PodResources API.
+    #[cfg(feature = "plugin")]
+    Pods(ctk::pods::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +57,8 @@ fn main() -> ExitCode {
         Cmd::Cdi { cmd } => ctk::cdi::run(cmd),
         Cmd::Checkpoint { cmd } => ctk::checkpoint::run(cmd),
         Cmd::System { cmd } => ctk::system::run(cmd),
+        #[cfg(feature = "plugin")]
+        Cmd::Pods(args) => ctk::pods::run(args),
     };
     match result {
         Ok(code) => code,

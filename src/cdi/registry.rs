@@ -144,7 +144,14 @@ impl Registry {
                 origin: origin.clone(),
                 msg,
             })?;
-            if let Some((a, b)) = self.conflicts.get(name) {
+            // A device plugin's replica (`kind=<name>::<k>`) is its device, unless a spec
+            // names the replica itself.
+            let named = |n: &str| self.devices.contains_key(n) || self.conflicts.contains_key(n);
+            let key = match crate::request::split_replica(name) {
+                Some((base, _)) if !named(name) && named(base) => base,
+                _ => name.as_str(),
+            };
+            if let Some((a, b)) = self.conflicts.get(key) {
                 return Err(RegistryError::Conflict {
                     origin: origin.clone(),
                     name: name.clone(),
@@ -152,7 +159,7 @@ impl Registry {
                     b: b.clone(),
                 });
             }
-            let Some(&(fi, di)) = self.devices.get(name) else {
+            let Some(&(fi, di)) = self.devices.get(key) else {
                 return Err(self.unknown(origin, name));
             };
             if devices_done.contains(&(fi, di)) {
@@ -271,6 +278,11 @@ mod tests {
             .iter()
             .any(|(p, why)| p.ends_with("writable.yaml")
                 && why.contains("writable by group and others")));
+        // A replica is its device; a replica of a conflicting name conflicts alike.
+        assert_eq!(from(&reg, "v.com/gpu=1::3").unwrap(), "FROM=b.yaml");
+        let e = from(&reg, "v.com/gpu=2::0").unwrap_err().to_string();
+        assert!(e.contains("c.yaml") && e.contains("d.yaml"), "{e}");
+        assert!(from(&reg, "v.com/gpu=9::0").is_err());
         let e = from(&reg, "v.com/gpu=9").unwrap_err().to_string();
         assert!(
             e.starts_with("V: unknown CDI device \"v.com/gpu=9\" (searched ")

@@ -4,8 +4,9 @@
 //! Discovery is the runtime's own (`discovery::discover`), so what this prints is what a
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
-//! pci_root, switch, driver_version}], "errors":[{vendor, error}]}`; absent values are `null`,
-//! fields are only ever added.
+//! pci_root, switch, driver_version, resource, replicas}], "errors":[{vendor, error}]}`;
+//! absent values are `null`, fields are only ever added. `resource` and `replicas` say how
+//! accel-device-plugin lists the device to kubelet (`replicas` > 1: as `<id>::<k>`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -37,6 +38,11 @@ pub struct Row {
     /// Upstream port of the nearest PCIe switch (bridge) shared with another listed device.
     pub switch: Option<String>,
     pub driver_version: Option<String>,
+    /// The resource accel-device-plugin lists the device under (`None`: the profile names
+    /// none).
+    pub resource: Option<String>,
+    /// Times the device is listed (its replicas); 1: whole.
+    pub replicas: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +75,11 @@ pub fn collect(config: &Config) -> Listing {
         };
         let version = driver_version(profile);
         for d in found {
+            let shared = profile.shares(d.device.index);
+            let resource = match (&profile.resource_name, &profile.shared_resource_name) {
+                (Some(_), Some(s)) if shared => Some(s.clone()),
+                (r, _) => r.clone(),
+            };
             bridges.push(d.pci.as_ref().map(|p| p.bridges.clone()));
             devices.push(Row {
                 vendor: profile.name.clone(),
@@ -80,6 +91,8 @@ pub fn collect(config: &Config) -> Listing {
                 pci_root: d.pci.as_ref().and_then(|p| p.root.clone()),
                 switch: None,
                 driver_version: version.clone(),
+                resource,
+                replicas: if shared { profile.replicas } else { 1 },
             });
         }
     }
@@ -172,6 +185,24 @@ pub fn table(listing: &Listing) -> String {
             let _ = writeln!(out, "  {n}: {}", members.join(", "));
         }
     }
+    let mut shared: BTreeMap<(&str, u32), Vec<String>> = BTreeMap::new();
+    for r in listing.devices.iter().filter(|r| r.replicas > 1) {
+        let resource = r.resource.as_deref().unwrap_or("-");
+        shared
+            .entry((resource, r.replicas))
+            .or_default()
+            .push(name(r));
+    }
+    if !shared.is_empty() {
+        out.push_str("\nShared devices (accel-device-plugin lists each as <id>::0.. replicas; pods given replicas of one device share its memory and compute, no isolation):\n");
+        for ((resource, n), members) in shared {
+            let _ = writeln!(
+                out,
+                "  {resource}, {n} replicas each: {}",
+                members.join(", ")
+            );
+        }
+    }
     out
 }
 
@@ -220,6 +251,8 @@ mod tests {
             pci_root: None,
             switch: switch.map(String::from),
             driver_version: Some("1.2".into()),
+            resource: None,
+            replicas: 1,
         }
     }
 
@@ -237,5 +270,25 @@ mod tests {
         assert!(t.contains("/dev/x1 (195:1)"), "{t}");
         assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
         assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
+        assert!(!t.contains("Shared devices"), "{t}");
+    }
+
+    #[test]
+    fn table_shows_shared_devices_and_their_replicas() {
+        let shared = |index| {
+            let mut r = row("enflame", index, None, Some(0));
+            r.resource = Some("enflame.com/shared-gcu".into());
+            r.replicas = 4;
+            r
+        };
+        let listing = Listing {
+            devices: vec![row("enflame", 0, None, Some(0)), shared(2), shared(3)],
+            errors: vec![],
+        };
+        let t = table(&listing);
+        assert!(
+            t.contains("  enflame.com/shared-gcu, 4 replicas each: enflame 2, enflame 3\n"),
+            "{t}"
+        );
     }
 }

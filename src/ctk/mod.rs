@@ -5,6 +5,8 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod doctor;
 pub mod list;
+#[cfg(feature = "plugin")]
+pub mod pods;
 pub mod runtime;
 pub mod system;
 

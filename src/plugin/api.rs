@@ -1,5 +1,6 @@
-//! kubelet's device plugin API v1beta1 (package `v1beta1`), as prost messages. Written from
-//! the documented API (message names, field numbers and types); no `protoc` involved.
+//! kubelet's device plugin API v1beta1 (package `v1beta1`) and, at the end, the PodResources v1
+//! `List` that `accel-ctk pods` reads, as prost messages. Written from the documented API
+//! (message names, field numbers and types); no `protoc` involved.
 //!
 //! Ref: k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 (api.proto, constants.go),
 //! <https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/>
@@ -198,4 +199,50 @@ impl From<super::allocate::Answer> for ContainerAllocateResponse {
                 .collect(),
         }
     }
+}
+
+/// kubelet's PodResources API v1 (`List`, GA): which devices kubelet gave each container,
+/// read by `accel-ctk pods`. Only the fields read here; prost skips the others (CPU IDs,
+/// memory, dynamic resources).
+///
+/// Ref: k8s.io/kubelet/pkg/apis/podresources/v1 (api.proto),
+/// <https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/#monitoring-device-plugin-resources>
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub const POD_RESOURCES_LIST: &str = "/v1.PodResourcesLister/List";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
+pub struct ListPodResourcesRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListPodResourcesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub pod_resources: Vec<PodResources>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodResources {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub namespace: String,
+    #[prost(message, repeated, tag = "3")]
+    pub containers: Vec<ContainerResources>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerResources {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, repeated, tag = "2")]
+    pub devices: Vec<ContainerDevices>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerDevices {
+    #[prost(string, tag = "1")]
+    pub resource_name: String,
+    #[prost(string, repeated, tag = "2")]
+    pub device_ids: Vec<String>,
+    #[prost(message, optional, tag = "3")]
+    pub topology: Option<TopologyInfo>,
 }

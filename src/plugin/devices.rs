@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::discovery::DiscoveryError;
 use crate::profile::{Discovery, Profile};
+pub use crate::request::split_replica;
 use crate::topology::{discover_located, Node};
 
 use super::preferred::Place;
@@ -32,6 +33,8 @@ pub enum DevicesError {
 /// One device as the plugin describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginDevice {
+    /// The device's index, as the runtime's variable names it.
+    pub index: u32,
     /// What kubelet sees (`GPU-<uuid>`, `GCU-0`).
     pub id: String,
     /// What our runtime and the CDI spec name it by: the UUID where there is one, else the
@@ -78,6 +81,7 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
             })
             .unwrap_or_default();
         out.push(PluginDevice {
+            index: d.index,
             id,
             name: d.uuid.clone().unwrap_or_else(|| d.index.to_string()),
             host_nodes: located
@@ -90,6 +94,98 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
         });
     }
     Ok(out)
+}
+
+/// One resource a profile's devices are offered under: `resource-name`, and with
+/// `shared-resource-name` a second one for the shared devices, each its own plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer {
+    pub resource: String,
+    /// Times each device is offered (1: whole devices, under their own IDs).
+    pub replicas: u32,
+    /// Which devices: the shared ones (`Some(true)`), the others (`Some(false)`), all (`None`).
+    pub shared: Option<bool>,
+}
+
+impl Offer {
+    /// The offer of a profile without replicas, or whose every device is shared under its
+    /// own resource name.
+    pub fn all(profile: &Profile) -> Offer {
+        Offer {
+            resource: profile.resource_name.clone().unwrap_or_default(),
+            replicas: profile.replicas,
+            shared: None,
+        }
+    }
+
+    pub fn admits(&self, profile: &Profile, index: u32) -> bool {
+        self.shared.is_none_or(|s| profile.shares(index) == s)
+    }
+
+    /// The devices of `table` this offer holds; an error when a replica ID would be longer
+    /// than kubelet allows.
+    pub fn select(
+        &self,
+        profile: &Profile,
+        table: Vec<PluginDevice>,
+    ) -> Result<Vec<PluginDevice>, DevicesError> {
+        let table: Vec<PluginDevice> = table
+            .into_iter()
+            .filter(|d| self.admits(profile, d.index))
+            .collect();
+        if self.replicas > 1 {
+            if let Some(d) = table
+                .iter()
+                .find(|d| replica_id(&d.id, self.replicas - 1).len() > 63)
+            {
+                return Err(DevicesError::IdTooLong {
+                    vendor: profile.name.clone(),
+                    id: replica_id(&d.id, self.replicas - 1),
+                });
+            }
+        }
+        Ok(table)
+    }
+}
+
+/// The resources `profile`'s devices are offered under. With `shared-resource-name` but no
+/// `shared-devices` every device is shared, and `resource-name` is not offered at all (it
+/// could never hold a device).
+pub fn offers(profile: &Profile) -> Vec<Offer> {
+    let Some(resource) = profile.resource_name.clone() else {
+        return Vec::new();
+    };
+    let Some(shared) = profile.shared_resource_name.clone() else {
+        return vec![Offer::all(profile)];
+    };
+    let mut out = Vec::new();
+    if profile.shared_devices.is_some() {
+        out.push(Offer {
+            resource,
+            replicas: 1,
+            shared: Some(false),
+        });
+    }
+    out.push(Offer {
+        resource: shared,
+        replicas: profile.replicas,
+        shared: Some(true),
+    });
+    out
+}
+
+/// What kubelet is told of `dev` when each device is listed `replicas` times: its own ID
+/// once, or its replicas.
+pub fn listed_ids(dev: &PluginDevice, replicas: u32) -> Vec<String> {
+    if replicas <= 1 {
+        return vec![dev.id.clone()];
+    }
+    (0..replicas).map(|k| replica_id(&dev.id, k)).collect()
+}
+
+/// Replica `k` of device `id`, as NVIDIA's plugin names time-sliced replicas.
+pub fn replica_id(id: &str, k: u32) -> String {
+    format!("{id}::{k}")
 }
 
 /// Healthy: the driver is loaded (the profile's version file exists, where it names one)

@@ -144,6 +144,37 @@ impl<F> tonic::server::NamedService for RegistrationServer<F> {
     const NAME: &'static str = "v1beta1.Registration";
 }
 
+/// `v1.PodResourcesLister` server answering `List` with `f()` (the tests' stand-in kubelet).
+#[derive(Clone)]
+pub struct PodResourcesServer<F>(pub F);
+
+impl<F> tower::Service<http::Request<Body>> for PodResourcesServer<F>
+where
+    F: Fn() -> ListPodResourcesResponse + Clone + Send + Sync + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let f = self.0.clone();
+        Box::pin(async move {
+            Ok(match req.uri().path() {
+                POD_RESOURCES_LIST => unary(req, move |_: ListPodResourcesRequest| Ok(f())).await,
+                _ => unimplemented(),
+            })
+        })
+    }
+}
+
+impl<F> tonic::server::NamedService for PodResourcesServer<F> {
+    const NAME: &'static str = "v1.PodResourcesLister";
+}
+
 /// A channel to a unix socket. The URI is a placeholder: the connector ignores it, and
 /// `authority` is what the HTTP/2 `:authority` carries (kubelet since 1.26 sends
 /// `localhost`).
@@ -211,4 +242,9 @@ pub async fn list_and_watch(ch: &Channel) -> Result<Streaming<ListAndWatchRespon
     )
     .await
     .map(Response::into_inner)
+}
+
+/// PodResources `List`: every pod's containers and the devices kubelet gave each.
+pub async fn list_pod_resources(ch: &Channel) -> Result<ListPodResourcesResponse, Status> {
+    call(ch, POD_RESOURCES_LIST, ListPodResourcesRequest {}).await
 }

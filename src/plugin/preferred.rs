@@ -11,6 +11,8 @@
 
 use std::cmp::Ordering;
 
+use crate::profile::ReplicaPolicy;
+
 /// Where a device sits, as far as preference is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Place {
@@ -241,6 +243,170 @@ fn grow(
     set
 }
 
+/// A replica: the position of its device among the offered devices, and its number.
+pub type Slot = (usize, u32);
+
+/// Which `size` replicas to give, out of those offered. `places[d]` is where offered device
+/// `d` sits and `free[d]` its offered (free) replica numbers, ascending and not empty;
+/// `must` names replicas that must be among the answer (each one offered). `None` when the
+/// request cannot be met: more than is offered, more required than asked for, or more than
+/// one replica under `strict`.
+///
+/// The devices are chosen first and the replicas then taken on them, so the topology
+/// search runs over devices, never over replicas: 64 devices of 8 replicas cost what 64
+/// devices do. Where the policy leaves several devices equal (as free as each other), the
+/// topology ranking of [`choose`] picks among them, beside the devices already in the answer;
+/// remaining ties fall to the lower index.
+pub fn choose_replicas(
+    places: &[Place],
+    free: &[Vec<u32>],
+    must: &[Slot],
+    size: usize,
+    policy: ReplicaPolicy,
+) -> Option<Vec<Slot>> {
+    let n = places.len();
+    let mut must = must.to_vec();
+    must.sort_unstable();
+    must.dedup();
+    let total: usize = free.iter().map(Vec::len).sum();
+    if free.len() != n
+        || size > total
+        || must.len() > size
+        || (policy == ReplicaPolicy::Strict && size > 1)
+        || must.iter().any(|&(d, k)| d >= n || !free[d].contains(&k))
+    {
+        return None;
+    }
+    let mut taken: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for &(d, k) in &must {
+        taken[d].push(k);
+    }
+    let mut count = must.len();
+    let left = |taken: &[Vec<u32>], d: usize| free[d].len() - taken[d].len();
+    let take = |taken: &mut [Vec<u32>], d: usize| {
+        if let Some(&k) = free[d].iter().find(|k| !taken[d].contains(k)) {
+            taken[d].push(k);
+        }
+    };
+    let unused =
+        |taken: &[Vec<u32>]| -> Vec<usize> { (0..n).filter(|&d| taken[d].is_empty()).collect() };
+    let used =
+        |taken: &[Vec<u32>]| -> Vec<usize> { (0..n).filter(|&d| !taken[d].is_empty()).collect() };
+    match policy {
+        ReplicaPolicy::Pack => {
+            // The devices of required replicas first: they are in the answer already.
+            for d in used(&taken) {
+                while count < size && left(&taken, d) > 0 {
+                    take(&mut taken, d);
+                    count += 1;
+                }
+            }
+            while count < size {
+                let r = size - count;
+                let rest = unused(&taken);
+                // The device that holds the rest with the fewest replicas to spare (the
+                // fullest that fits); where none holds it all, the one that holds the most.
+                let fits = rest
+                    .iter()
+                    .map(|&d| left(&taken, d))
+                    .filter(|&l| l >= r)
+                    .min();
+                let picked = match fits {
+                    Some(want) => {
+                        let tier: Vec<usize> = rest
+                            .into_iter()
+                            .filter(|&d| left(&taken, d) == want)
+                            .collect();
+                        join(places, &used(&taken), &tier, 1)
+                    }
+                    None => {
+                        // As many devices as the freest ones need between them, chosen
+                        // together so they are close to each other.
+                        let mut lefts: Vec<usize> = rest.iter().map(|&d| left(&taken, d)).collect();
+                        lefts.sort_unstable_by(|a, b| b.cmp(a));
+                        let (mut sum, mut j) = (0, 0);
+                        while sum < r && j < lefts.len() {
+                            sum += lefts[j];
+                            j += 1;
+                        }
+                        let floor = *lefts.get(j.checked_sub(1)?)?;
+                        let tier: Vec<usize> = rest
+                            .into_iter()
+                            .filter(|&d| left(&taken, d) >= floor)
+                            .collect();
+                        let mut picked = join(places, &used(&taken), &tier, j);
+                        picked.sort_by_key(|&d| (std::cmp::Reverse(left(&taken, d)), d));
+                        picked
+                    }
+                };
+                if picked.is_empty() {
+                    return None;
+                }
+                for d in picked {
+                    while count < size && left(&taken, d) > 0 {
+                        take(&mut taken, d);
+                        count += 1;
+                    }
+                }
+            }
+        }
+        ReplicaPolicy::Spread | ReplicaPolicy::Strict => {
+            // Replicas beyond one per device that the required ones already stack.
+            let stacked = must.len() - used(&taken).len();
+            let devices = (size - stacked).min(n);
+            while used(&taken).len() < devices {
+                let need = devices - used(&taken).len();
+                let rest = unused(&taken);
+                // The least used devices first: those with the most replicas free.
+                let most = rest.iter().map(|&d| left(&taken, d)).max()?;
+                let tier: Vec<usize> = rest
+                    .into_iter()
+                    .filter(|&d| left(&taken, d) == most)
+                    .collect();
+                for d in join(places, &used(&taken), &tier, need.min(tier.len())) {
+                    take(&mut taken, d);
+                    count += 1;
+                }
+            }
+            // More replicas than devices: round the devices, the least given first.
+            while count < size {
+                let d = used(&taken)
+                    .into_iter()
+                    .filter(|&d| left(&taken, d) > 0)
+                    .min_by_key(|&d| (taken[d].len(), d))?;
+                take(&mut taken, d);
+                count += 1;
+            }
+        }
+    }
+    let mut out: Vec<Slot> = taken
+        .iter()
+        .enumerate()
+        .flat_map(|(d, ks)| ks.iter().map(move |&k| (d, k)))
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+/// The `k` devices of `tier` that [`choose`] ranks best beside `used` (ascending).
+fn join(places: &[Place], used: &[usize], tier: &[usize], k: usize) -> Vec<usize> {
+    if tier.len() <= k {
+        return tier.to_vec();
+    }
+    let sub: Vec<Place> = used
+        .iter()
+        .chain(tier)
+        .map(|&d| places[d].clone())
+        .collect();
+    let must: Vec<usize> = (0..used.len()).collect();
+    choose(&sub, &must, used.len() + k)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&i| i >= used.len())
+        .map(|i| tier[i - used.len()])
+        .collect()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
     worst: u8,
@@ -328,6 +494,85 @@ mod tests {
         assert_eq!(got, [12, 13, 14, 15]);
         let got = choose(&p, &[], 32).unwrap();
         assert!(got.iter().all(|&i| i < 32), "one NUMA node: {got:?}");
+    }
+
+    fn all_free(n: usize, replicas: u32) -> Vec<Vec<u32>> {
+        vec![(0..replicas).collect(); n]
+    }
+
+    #[test]
+    fn replicas_spread_one_per_device_least_used_first() {
+        let p = enflame();
+        let spread = |free: &[Vec<u32>], must: &[Slot], size| {
+            choose_replicas(&p, free, must, size, ReplicaPolicy::Spread)
+        };
+        // Two slices: two devices, the switch pair.
+        assert_eq!(spread(&all_free(8, 4), &[], 2).unwrap(), [(0, 0), (1, 0)]);
+        // One slice: a lone device, pairs kept whole as for whole devices.
+        assert_eq!(spread(&all_free(8, 4), &[], 1).unwrap(), [(2, 0)]);
+        // gcu2 already lends a replica: the next single slice goes to a device lending none.
+        let mut free = all_free(8, 4);
+        free[2] = vec![1, 2, 3];
+        assert_eq!(spread(&free, &[], 1).unwrap(), [(3, 0)]);
+        // More slices than devices: every device once, then round again from the lowest.
+        let got = spread(&all_free(8, 4), &[], 10).unwrap();
+        assert_eq!(got.len(), 10);
+        assert_eq!(got.iter().filter(|s| s.1 == 1).count(), 2);
+        // Required replicas stay; beside gcu6, the lone gcu7 rather than split gcu4+5; two
+        // required of one device count as one device.
+        assert_eq!(
+            spread(&all_free(8, 4), &[(6, 2)], 2).unwrap(),
+            [(6, 2), (7, 0)]
+        );
+        assert_eq!(
+            spread(&all_free(8, 4), &[(0, 0), (0, 1)], 3).unwrap(),
+            [(0, 0), (0, 1), (1, 0)]
+        );
+    }
+
+    #[test]
+    fn replicas_pack_on_as_few_devices_as_possible() {
+        let p = enflame();
+        let pack = |free: &[Vec<u32>], must: &[Slot], size| {
+            choose_replicas(&p, free, must, size, ReplicaPolicy::Pack)
+        };
+        assert_eq!(pack(&all_free(8, 4), &[], 2).unwrap(), [(2, 0), (2, 1)]);
+        // The fullest device that fits: gcu5 has 2 left, the rest 4.
+        let mut free = all_free(8, 4);
+        free[5] = vec![2, 3];
+        assert_eq!(pack(&free, &[], 2).unwrap(), [(5, 2), (5, 3)]);
+        // Too many for one device: a whole one, then the rest beside it.
+        let got = pack(&all_free(8, 4), &[], 6).unwrap();
+        let devices: std::collections::BTreeSet<usize> = got.iter().map(|s| s.0).collect();
+        assert_eq!(devices.len(), 2, "{got:?}");
+        assert_eq!(level(&p[got[0].0], &p[got[5].0]), 3, "one switch: {got:?}");
+        // A required replica's device is filled first.
+        assert_eq!(
+            pack(&all_free(8, 4), &[(7, 3)], 2).unwrap(),
+            [(7, 0), (7, 3)]
+        );
+    }
+
+    #[test]
+    fn replicas_strict_and_impossible_requests() {
+        let p = enflame();
+        let free = all_free(8, 4);
+        assert_eq!(
+            choose_replicas(&p, &free, &[], 1, ReplicaPolicy::Strict).unwrap(),
+            [(2, 0)]
+        );
+        assert_eq!(
+            choose_replicas(&p, &free, &[], 2, ReplicaPolicy::Strict),
+            None
+        );
+        for policy in [ReplicaPolicy::Pack, ReplicaPolicy::Spread] {
+            assert_eq!(choose_replicas(&p, &free, &[], 33, policy), None);
+            assert_eq!(choose_replicas(&p, &free, &[(0, 9)], 1, policy), None);
+            assert_eq!(
+                choose_replicas(&p, &free, &[], 32, policy).unwrap().len(),
+                32
+            );
+        }
     }
 
     /// Every combination scored from scratch: what the pruned depth-first search must agree

@@ -13,12 +13,12 @@ use tonic::Status;
 
 use crate::profile::Profile;
 
-use super::allocate::{allocate, Strategy};
+use super::allocate::{allocate, AllocateError, Strategy};
 use super::api::*;
-use super::devices::{self, healthy, DevicesError, PluginDevice};
+use super::devices::{self, healthy, replica_id, split_replica, DevicesError, Offer, PluginDevice};
 use super::grpc::{self, DevicePlugin, DevicePluginServer, DeviceStream};
 use super::host_root::HostRoot;
-use super::preferred::{choose, Place};
+use super::preferred::{choose, choose_replicas, Place};
 use super::registration::{Action, Event, FileId, Registrar, Sockets};
 use super::watch::WatchError;
 
@@ -91,12 +91,17 @@ impl Options {
 pub struct State {
     pub table: Arc<Vec<PluginDevice>>,
     pub health: Vec<bool>,
+    /// Times each device is listed (its replicas share its health).
+    pub replicas: u32,
 }
 
-/// One profile's device plugin.
+/// The device plugin of one offer of a profile (its whole devices, or its shared ones).
 pub struct Plugin {
+    /// The profile, with `resource-name` the offer's resource (what Allocate's answers and
+    /// errors name).
     pub profile: Profile,
     pub resource: String,
+    pub offer: Offer,
     pub strategies: Vec<Strategy>,
     state: watch::Sender<State>,
     epoch: AtomicU64,
@@ -109,10 +114,23 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// A plugin for `profile`'s devices (for tests and benchmarks: no socket, no thread).
+    /// A plugin for `profile`'s first offer (for tests and benchmarks: no socket, no thread).
     pub fn new(profile: Profile, strategies: Vec<Strategy>) -> Result<Plugin, DevicesError> {
-        let table = devices::discover(&profile)?;
-        Ok(Self::with_table(profile, strategies, table).0)
+        let offer = devices::offers(&profile)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Offer::all(&profile));
+        Self::offered(profile, offer, strategies)
+    }
+
+    /// A plugin for one offer of `profile` (tests: no socket, no thread).
+    pub fn offered(
+        profile: Profile,
+        offer: Offer,
+        strategies: Vec<Strategy>,
+    ) -> Result<Plugin, DevicesError> {
+        let table = offer.select(&profile, devices::discover(&profile)?)?;
+        Ok(Self::with_table(profile, offer, strategies, table).0)
     }
 
     /// A plugin over an already-built device table (benchmarks).
@@ -121,24 +139,29 @@ impl Plugin {
         strategies: Vec<Strategy>,
         table: Vec<PluginDevice>,
     ) -> Plugin {
-        Self::with_table(profile, strategies, table).0
+        let offer = Offer::all(&profile);
+        Self::with_table(profile, offer, strategies, table).0
     }
 
     fn with_table(
-        profile: Profile,
+        mut profile: Profile,
+        offer: Offer,
         strategies: Vec<Strategy>,
         table: Vec<PluginDevice>,
     ) -> (Plugin, mpsc::UnboundedReceiver<Event>) {
+        profile.resource_name = Some(offer.resource.clone());
         let health = table.iter().map(|d| healthy(&profile, d)).collect();
         let (tx, rx) = mpsc::unbounded_channel();
         let plugin = Plugin {
-            resource: profile.resource_name.clone().unwrap_or_default(),
+            resource: offer.resource.clone(),
             profile,
             strategies,
             state: watch::Sender::new(State {
                 table: Arc::new(table),
                 health,
+                replicas: offer.replicas,
             }),
+            offer,
             epoch: AtomicU64::new(0),
             events: tx,
             cdi: None,
@@ -169,12 +192,16 @@ impl Plugin {
                 .table
                 .iter()
                 .zip(&state.health)
-                .map(|(d, h)| Device {
-                    id: d.id.clone(),
-                    health: if *h { HEALTHY } else { UNHEALTHY }.into(),
-                    topology: d.place.numa.map(|n| TopologyInfo {
-                        nodes: vec![NumaNode { id: i64::from(n) }],
-                    }),
+                .flat_map(|(d, h)| {
+                    devices::listed_ids(d, state.replicas)
+                        .into_iter()
+                        .map(move |id| Device {
+                            id,
+                            health: if *h { HEALTHY } else { UNHEALTHY }.into(),
+                            topology: d.place.numa.map(|n| TopologyInfo {
+                                nodes: vec![NumaNode { id: i64::from(n) }],
+                            }),
+                        })
                 })
                 .collect(),
         }
@@ -190,7 +217,9 @@ impl Plugin {
     /// Unhealthy. Devices that appear are added.
     pub fn recheck(&self) -> bool {
         let known = self.table();
-        let table = match devices::discover(&self.profile) {
+        let found =
+            devices::discover(&self.profile).and_then(|f| self.offer.select(&self.profile, f));
+        let table = match found {
             Ok(found) => {
                 *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let new: Vec<PluginDevice> = found
@@ -218,7 +247,11 @@ impl Plugin {
             }
         };
         let health = table.iter().map(|d| healthy(&self.profile, d)).collect();
-        let now = State { table, health };
+        let now = State {
+            table,
+            health,
+            replicas: self.offer.replicas,
+        };
         if *self.state.borrow() == now {
             return false;
         }
@@ -339,6 +372,9 @@ impl Plugin {
         &self,
         req: PreferredAllocationRequest,
     ) -> Result<PreferredAllocationResponse, Status> {
+        if self.offer.replicas > 1 {
+            return self.preferred_replicas(req);
+        }
         let mut out = PreferredAllocationResponse::default();
         let table = self.table();
         for r in req.container_requests {
@@ -405,24 +441,181 @@ impl Plugin {
         Ok(out)
     }
 
-    pub fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
-        let mut out = AllocateResponse::default();
+    /// The replicas to give, by the profile's `replica-policy`: the offered replica IDs are
+    /// grouped by device in device-index order (kubelet's order is Go's map order), the
+    /// devices chosen, then the replicas on them.
+    fn preferred_replicas(
+        &self,
+        req: PreferredAllocationRequest,
+    ) -> Result<PreferredAllocationResponse, Status> {
+        let mut out = PreferredAllocationResponse::default();
         let table = self.table();
+        let listed_ids = table.len() * self.offer.replicas as usize;
+        let policy = self.profile.replica_policy;
         for r in req.container_requests {
-            // kubelet never asks for more than the plugin offers; a longer list is refused
-            // before any per-ID work.
-            if r.devices_ids.len() > table.len() {
+            let listed = r
+                .available_device_ids
+                .len()
+                .max(r.must_include_device_ids.len());
+            if listed > listed_ids {
                 return Err(self.refused(
-                    "Allocate",
+                    "GetPreferredAllocation",
+                    format!("{listed} device IDs offered, {listed_ids} listed"),
+                ));
+            }
+            let mut offered: Vec<(usize, u32)> = r
+                .available_device_ids
+                .iter()
+                .filter_map(|id| self.slot(&table, id))
+                .collect();
+            offered.sort_unstable();
+            offered.dedup();
+            // Offered devices in index order, each with its free replicas.
+            let mut devices: Vec<usize> = Vec::new();
+            let mut free: Vec<Vec<u32>> = Vec::new();
+            for &(t, k) in &offered {
+                if devices.last() != Some(&t) {
+                    devices.push(t);
+                    free.push(Vec::new());
+                }
+                if let Some(f) = free.last_mut() {
+                    f.push(k);
+                }
+            }
+            let mut must = Vec::new();
+            for id in &r.must_include_device_ids {
+                let slot = self
+                    .slot(&table, id)
+                    .filter(|s| offered.binary_search(s).is_ok())
+                    .and_then(|(t, k)| Some((devices.binary_search(&t).ok()?, k)));
+                match slot {
+                    Some(s) => must.push(s),
+                    None => {
+                        return Err(self.refused(
+                            "GetPreferredAllocation",
+                            format!(
+                                "required device {:?} is not among the offered devices",
+                                id.chars().take(80).collect::<String>()
+                            ),
+                        ))
+                    }
+                }
+            }
+            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
+            if policy == crate::profile::ReplicaPolicy::Strict && size > 1 {
+                return Err(self.refused(
+                    "GetPreferredAllocation",
                     format!(
-                        "{} device IDs asked for, {} offered",
-                        r.devices_ids.len(),
-                        table.len()
+                        "replica-policy strict: at most 1 replica per container, {size} asked for"
                     ),
                 ));
             }
-            let answer = allocate(&self.profile, &table, &self.strategies, &r.devices_ids)
+            let places: Vec<Place> = devices.iter().map(|&t| table[t].place.clone()).collect();
+            let chosen = choose_replicas(&places, &free, &must, size, policy).ok_or_else(|| {
+                self.refused(
+                    "GetPreferredAllocation",
+                    format!(
+                        "cannot choose {} of {} offered replicas with {} required",
+                        r.allocation_size,
+                        offered.len(),
+                        must.len()
+                    ),
+                )
+            })?;
+            let ids: Vec<String> = chosen
+                .into_iter()
+                .map(|(d, k)| replica_id(&table[devices[d]].id, k))
+                .collect();
+            log(&format!(
+                "{}: GetPreferredAllocation of {} from {} offered replicas ({} required, {}): {}",
+                self.resource,
+                r.allocation_size,
+                offered.len(),
+                must.len(),
+                policy.as_str(),
+                shown(&ids)
+            ));
+            out.container_responses
+                .push(ContainerPreferredAllocationResponse { device_ids: ids });
+        }
+        Ok(out)
+    }
+
+    /// The table position and replica number of a replica ID this plugin lists.
+    fn slot(&self, table: &[PluginDevice], id: &str) -> Option<(usize, u32)> {
+        let (base, k) = split_replica(id)?;
+        if k >= self.offer.replicas {
+            return None;
+        }
+        Some((table.iter().position(|d| d.id == base)?, k))
+    }
+
+    /// The device IDs of the IDs kubelet allocated: a replica ID is its device's, so a
+    /// container given two replicas of one device gets that device once. Err: an ID this
+    /// plugin does not list (a whole device's ID among them: this plugin lists replicas).
+    fn device_ids(
+        &self,
+        table: &[PluginDevice],
+        ids: &[String],
+    ) -> Result<Vec<String>, AllocateError> {
+        if self.offer.replicas <= 1 {
+            return Ok(ids.to_vec());
+        }
+        let mut out: Vec<String> = Vec::new();
+        for id in ids {
+            let Some((t, _)) = self.slot(table, id) else {
+                return Err(AllocateError::Unknown(
+                    id.chars().take(80).collect(),
+                    self.resource.clone(),
+                ));
+            };
+            if !out.contains(&table[t].id) {
+                out.push(table[t].id.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
+        let mut out = AllocateResponse::default();
+        let table = self.table();
+        let listed = table.len() * self.offer.replicas as usize;
+        for r in req.container_requests {
+            // kubelet never asks for more than the plugin offers; a longer list is refused
+            // before any per-ID work.
+            if r.devices_ids.len() > listed {
+                return Err(self.refused(
+                    "Allocate",
+                    format!(
+                        "{} device IDs asked for, {listed} offered",
+                        r.devices_ids.len(),
+                    ),
+                ));
+            }
+            if self.offer.replicas > 1
+                && self.profile.replica_policy == crate::profile::ReplicaPolicy::Strict
+                && r.devices_ids.len() > 1
+            {
+                return Err(self.refused(
+                    "Allocate",
+                    format!(
+                        "{} replica-policy strict: at most 1 replica per container, {} asked for",
+                        shown(&r.devices_ids),
+                        r.devices_ids.len()
+                    ),
+                ));
+            }
+            let mut answer = self
+                .device_ids(&table, &r.devices_ids)
+                .and_then(|ids| allocate(&self.profile, &table, &self.strategies, &ids))
                 .map_err(|e| self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids))))?;
+            if self.offer.replicas > 1 {
+                if let Some(var) = &self.profile.replicas_env {
+                    answer
+                        .envs
+                        .insert(var.clone(), self.offer.replicas.to_string());
+                }
+            }
             let answer = self.host_root.answer(answer);
             log(&format!(
                 "{}: Allocate {}: {} env, {} mounts, {} device nodes, {} CDI devices",
@@ -668,8 +861,8 @@ pub async fn run(
     let mut plugins = Vec::new();
     for profile in profiles.into_iter().filter(|p| p.resource_name.is_some()) {
         let profile = opts.host_root.rebase(profile);
-        let table = devices::discover(&profile)?;
-        if table.is_empty() {
+        let found = devices::discover(&profile)?;
+        if found.is_empty() {
             log(&format!(
                 "{}: no devices on this node yet; registering when one appears",
                 profile.name
@@ -677,10 +870,16 @@ pub async fn run(
         } else if cdi {
             write_cdi(&profile, &opts)?;
         }
-        let (mut plugin, rx) = Plugin::with_table(profile, opts.strategies.clone(), table);
-        plugin.cdi = cdi.then(|| opts.clone());
-        plugin.host_root = opts.host_root.clone();
-        plugins.push((Arc::new(plugin), rx));
+        // One plugin per offer: a shared resource is a resource of its own to kubelet, with
+        // its own socket and registration, over devices the whole resource does not list.
+        for offer in devices::offers(&profile) {
+            let table = offer.select(&profile, found.clone())?;
+            let (mut plugin, rx) =
+                Plugin::with_table(profile.clone(), offer, opts.strategies.clone(), table);
+            plugin.cdi = cdi.then(|| opts.clone());
+            plugin.host_root = opts.host_root.clone();
+            plugins.push((Arc::new(plugin), rx));
+        }
     }
     if plugins.is_empty() {
         log("no profile names a resource; idle");

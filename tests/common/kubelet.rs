@@ -72,6 +72,9 @@ pub struct Kubelet {
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Dropping this ends the stand-in's current ListAndWatch stream.
     pub drop_stream: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+    /// The other streams' (several plugins registered: each keeps its stream, as with
+    /// kubelet); dropped at a restart.
+    older_streams: Arc<Mutex<Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// When each registration arrived, in order.
     pub registered_at: Arc<Mutex<Vec<Instant>>>,
     /// When `kubelet.sock` was last created.
@@ -88,6 +91,7 @@ impl Kubelet {
             updates_tx: tx,
             stop: None,
             drop_stream: Arc::default(),
+            older_streams: Arc::default(),
             registered_at: Arc::default(),
             socket_at: None,
         }
@@ -121,17 +125,21 @@ impl Kubelet {
         let dir = self.dir().to_path_buf();
         let tx = self.updates_tx.clone();
         let drop_stream = Arc::clone(&self.drop_stream);
+        let older = Arc::clone(&self.older_streams);
         let svc = RegistrationServer(move |r: RegisterRequest| {
             times.lock().unwrap().push(Instant::now());
             regs.lock().unwrap().push(r.clone());
             let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
+            let older = Arc::clone(&older);
             tokio::spawn(async move {
                 let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")
                     .await
                     .unwrap();
                 let mut stream = grpc::list_and_watch(&ch).await.unwrap();
                 let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel();
-                *drop_stream.lock().unwrap() = Some(stop_tx);
+                if let Some(old) = drop_stream.lock().unwrap().replace(stop_tx) {
+                    older.lock().unwrap().push(old);
+                }
                 loop {
                     tokio::select! {
                         m = stream.next() => match m {
@@ -169,6 +177,7 @@ impl Kubelet {
             let _ = stop.send(());
         }
         drop(self.drop_stream.lock().unwrap().take());
+        self.older_streams.lock().unwrap().clear();
         tokio::time::sleep(down).await;
         for e in std::fs::read_dir(self.dir()).unwrap() {
             std::fs::remove_file(e.unwrap().path()).unwrap();
