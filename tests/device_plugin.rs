@@ -502,7 +502,7 @@ fn the_plugin_socket_is_private_under_any_umask() {
     let scratch = tempfile::tempdir().unwrap();
     config(&sim, scratch.path());
     rt().block_on(async move {
-        let kubelet = Kubelet::started();
+        let mut kubelet = Kubelet::started();
         let mut child = std::process::Command::new("sh")
             .arg("-c")
             .arg(r#"umask 000; exec "$0" --kubelet-dir "$1""#)
@@ -516,6 +516,9 @@ fn the_plugin_socket_is_private_under_any_umask() {
             .spawn()
             .unwrap();
         kubelet.wait_registrations(1).await;
+        // Watched: the plugin has its answer to the registration (and logged it).
+        kubelet.updates.recv().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let reg = kubelet.registrations.lock().unwrap()[0].clone();
         let mode = std::fs::metadata(kubelet.dir().join(&reg.endpoint))
             .unwrap()

@@ -774,7 +774,13 @@ async fn manage(
         }
         let epoch = reg.attempt();
         plugin.epoch.store(epoch, Ordering::SeqCst);
-        let wait = match register_once(&plugin, &opts.kubelet_dir).await {
+        // Never registered without a socket to dial (kubelet may have removed the one being
+        // placed): kubelet would find no endpoint and drop the plugin.
+        let attempt = match &server {
+            Some(_) => register_once(&plugin, &opts.kubelet_dir).await,
+            None => Err(format!("not serving {}", path.display())),
+        };
+        let wait = match attempt {
             Ok(()) => {
                 let against = Sockets {
                     kubelet: FileId::of(&kubelet),

@@ -5,6 +5,7 @@
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,8 +69,10 @@ pub struct Kubelet {
     /// Every ListAndWatch message the stand-in received, in order.
     pub updates: mpsc::UnboundedReceiver<ListAndWatchResponse>,
     updates_tx: mpsc::UnboundedSender<ListAndWatchResponse>,
-    /// Stops the stand-in's current server (a kubelet restart).
-    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The stand-in's current server: aborted, and its `alive` flag cleared, when kubelet
+    /// "dies" (a real kubelet's death closes its listener and every connection at once; a
+    /// graceful shutdown would still serve a registration already on its way).
+    server: Option<(tokio::task::JoinHandle<()>, Arc<AtomicBool>)>,
     /// Dropping this ends the stand-in's current ListAndWatch stream.
     pub drop_stream: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
     /// The other streams' (several plugins registered: each keeps its stream, as with
@@ -89,7 +92,7 @@ impl Kubelet {
             registrations: Arc::default(),
             updates: rx,
             updates_tx: tx,
-            stop: None,
+            server: None,
             drop_stream: Arc::default(),
             older_streams: Arc::default(),
             registered_at: Arc::default(),
@@ -126,16 +129,24 @@ impl Kubelet {
         let tx = self.updates_tx.clone();
         let drop_stream = Arc::clone(&self.drop_stream);
         let older = Arc::clone(&self.older_streams);
+        let alive = Arc::new(AtomicBool::new(true));
+        let serving = Arc::clone(&alive);
         let svc = RegistrationServer(move |r: RegisterRequest| {
+            if !serving.load(Ordering::SeqCst) {
+                return Err(tonic::Status::unavailable("kubelet is gone"));
+            }
             times.lock().unwrap().push(Instant::now());
             regs.lock().unwrap().push(r.clone());
             let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
             let older = Arc::clone(&older);
             tokio::spawn(async move {
-                let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")
-                    .await
-                    .unwrap();
-                let mut stream = grpc::list_and_watch(&ch).await.unwrap();
+                // A plugin gone since it registered: kubelet logs it and moves on.
+                let Ok(ch) = grpc::connect(&dir.join(&r.endpoint), "localhost").await else {
+                    return;
+                };
+                let Ok(mut stream) = grpc::list_and_watch(&ch).await else {
+                    return;
+                };
                 let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel();
                 if let Some(old) = drop_stream.lock().unwrap().replace(stop_tx) {
                     older.lock().unwrap().push(old);
@@ -152,20 +163,14 @@ impl Kubelet {
             });
             Ok(())
         });
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                )
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
                 .await
                 .unwrap();
         });
-        self.stop = Some(stop_tx);
+        self.server = Some((task, alive));
     }
 
     /// A kubelet restart as kubelet makes one: the process ends (its registration server
@@ -173,16 +178,25 @@ impl Kubelet {
     /// the new kubelet empties its directory (the plugins' sockets and the stale
     /// `kubelet.sock`) and listens on a new `kubelet.sock`.
     pub async fn restart(&mut self, down: Duration) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.die().await;
         drop(self.drop_stream.lock().unwrap().take());
         self.older_streams.lock().unwrap().clear();
         tokio::time::sleep(down).await;
         for e in std::fs::read_dir(self.dir()).unwrap() {
-            std::fs::remove_file(e.unwrap().path()).unwrap();
+            // A plugin's socket may be renamed or removed meanwhile.
+            let _ = std::fs::remove_file(e.unwrap().path());
         }
         self.start();
+    }
+
+    /// The registration server stops at once: its listener closed, a registration already
+    /// accepted refused. `kubelet.sock` is left behind, as a killed kubelet leaves it.
+    pub async fn die(&mut self) {
+        if let Some((task, alive)) = self.server.take() {
+            alive.store(false, Ordering::SeqCst);
+            task.abort();
+            let _ = task.await;
+        }
     }
 
     /// How long the registration `n` (0-based) came after `kubelet.sock` was last created.
