@@ -200,7 +200,7 @@ pub const MAX_HWCAPS: usize = 1024;
 
 /// Every entry of an image as [`Record`]s, in the file's order. An entry naming a
 /// glibc-hwcaps subdirectory the image does not list is dropped (the loader could never use
-/// it either). An image over [`MAX_RECORDS`] entries or [`MAX_STRING_BYTES`] is refused
+/// it either). An image over `MAX_RECORDS` entries or `MAX_STRING_BYTES` is refused
 /// before anything is copied.
 pub fn records(data: &[u8]) -> Result<Vec<Record>, LdCacheError> {
     let names = hwcaps_names(data)?;
