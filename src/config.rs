@@ -160,26 +160,10 @@ impl Quick {
     /// The [`Config`]: every profile built from what was read here (config.toml and the
     /// profile files are neither read nor parsed again).
     pub fn into_config(self) -> Result<Config, ConfigError> {
-        self.into_config_for(None)
-    }
-
-    /// [`Quick::into_config`] for a create whose spec sets only the variables `variables`
-    /// (`None`: build every profile). Only the profiles that may claim one of them are
-    /// parsed and built, with every profile of the same name (a file replacing a built-in,
-    /// a `[profiles.<name>]` table): each profile that claims one is built exactly as by the
-    /// full load, in the same order, so the create's plan is the same (test
-    /// `lazy_load_builds_the_claiming_profiles_as_the_full_load`). What is not built is not
-    /// validated here: a broken profile that cannot claim any of these variables fails the
-    /// creates that involve it, `accel-ctk` and the doctor, not this one.
-    pub fn into_config_for(self, variables: Option<&[&str]>) -> Result<Config, ConfigError> {
         match self.file {
-            Some((file, warnings)) => Config::build(
-                file,
-                warnings,
-                self.path.as_deref(),
-                Some(self.profiles),
-                variables,
-            ),
+            Some((file, warnings)) => {
+                Config::build(file, warnings, self.path.as_deref(), Some(self.profiles))
+            }
             // Fails again, as the full load does.
             None => Config::parse(&self.text, self.path.as_deref()),
         }
@@ -297,7 +281,7 @@ impl Config {
             &mut warnings,
             &mut trust::Checked::default(),
         )?;
-        let mut cfg = Self::build(file, warnings, shown_at, Some(files), None)?;
+        let mut cfg = Self::build(file, warnings, shown_at, Some(files))?;
         cfg.reroot(root);
         Ok(cfg)
     }
@@ -305,8 +289,7 @@ impl Config {
     /// The built-in defaults and profiles alone: no file read.
     pub fn builtin() -> Config {
         let (file, warnings) = parse_file("", &shown(None)).expect("the defaults deserialize");
-        Self::build(file, warnings, None, Some(Vec::new()), None)
-            .expect("the built-in profiles build")
+        Self::build(file, warnings, None, Some(Vec::new())).expect("the built-in profiles build")
     }
 
     /// Every profile's driver-root and dev-root, and profiles-dir, moved under `root`.
@@ -323,18 +306,16 @@ impl Config {
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
         let (file, warnings) = parse_file(text, &shown(path))?;
-        Self::build(file, warnings, path, None, None)
+        Self::build(file, warnings, path, None)
     }
 
     /// The config from a deserialized config.toml, with the warnings so far. `files`: the
-    /// profile files already read (`None`: list and read `profiles-dir` now); `variables`:
-    /// as for [`Quick::into_config_for`].
+    /// profile files already read (`None`: list and read `profiles-dir` now).
     fn build(
         file: File,
         mut warnings: Vec<String>,
         path: Option<&Path>,
         files: Option<ProfileFiles>,
-        variables: Option<&[&str]>,
     ) -> Result<Config, ConfigError> {
         let shown = shown(path);
         let invalid = |msg: String| ConfigError::Invalid {
@@ -375,7 +356,7 @@ impl Config {
                 &mut trust::Checked::default(),
             )?,
         };
-        let profiles = load_profiles(files, file.profiles, &shown, &mut warnings, variables)?;
+        let profiles = load_profiles(files, file.profiles, &shown, &mut warnings)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -537,79 +518,39 @@ impl Source {
     }
 }
 
-/// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables; with
-/// `variables`, only those that may claim one of them (see [`Quick::into_config_for`]).
+/// Every profile, from the built-ins, `files` and config.toml's `[profiles.*]` tables. All
+/// are parsed on every device create: parsing only those that may claim a variable of the
+/// spec saved 0.07-0.13 ms of an 8-GPU create (benches/BENCHMARKS.md), under the 0.2 ms a
+/// private shortcut must save to stay.
 fn load_profiles(
     files: ProfileFiles,
     mut overrides: toml::Table,
     config_path: &Path,
     warnings: &mut Vec<String>,
-    variables: Option<&[&str]>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    // The variables, then the names of the profiles to build: every source of one of these
-    // names is built too, as it may replace or be merged into the one that claims a variable.
-    let mut names = profile::Names::default();
-    for v in variables.unwrap_or_default() {
-        names.insert(v.as_bytes());
-    }
-    for name in overrides.keys() {
-        names.insert(name.as_bytes());
-    }
-    // Whether a text may name a wanted variable or profile (profile::may_quote: only `false`
-    // is certain).
-    let may_claim = |text: &str, names: &profile::Names| {
-        variables.is_none() || profile::may_quote(text.as_bytes(), |run| names.contains(run))
-    };
-    let mut builtins = vec![false; profile::BUILTIN.len()];
-    let mut tables: Vec<Option<(String, toml::Table)>> = files.iter().map(|_| None).collect();
-    // Each round builds what names the profiles of the rounds before it: at most one per
-    // source; for the full load, one round.
-    loop {
-        let mut more = false;
-        for (used, b) in builtins.iter_mut().zip(profile::BUILTIN) {
-            if !*used && (names.contains(b.name.as_bytes()) || may_claim(b.text, &names)) {
-                *used = true;
-                names.insert(b.name.as_bytes());
-                more = true;
-            }
-        }
-        for (slot, (path, text)) in tables.iter_mut().zip(&files) {
-            // A file gone since it was listed is read now, for its error.
-            if slot.is_some() || text.as_deref().is_some_and(|t| !may_claim(t, &names)) {
-                continue;
-            }
-            let text = match text {
-                Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
-                None => crate::bounded::read_text(path, MAX_FILE_SIZE)
-                    .map_err(|source| ConfigError::Read {
-                        path: path.clone(),
-                        source,
-                    })?
-                    .into(),
-            };
-            let origin = path.display().to_string();
-            let table: toml::Table =
-                toml::from_str(&text).map_err(|source| ProfileError::Parse {
-                    origin: origin.clone(),
+    let mut tables = Vec::with_capacity(files.len());
+    for (path, text) in &files {
+        // A file gone since it was listed is read now, for its error.
+        let text = match text {
+            Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
+            None => crate::bounded::read_text(path, MAX_FILE_SIZE)
+                .map_err(|source| ConfigError::Read {
+                    path: path.clone(),
                     source,
-                })?;
-            if let Some(name) = table.get("name").and_then(toml::Value::as_str) {
-                names.insert(name.as_bytes());
-            }
-            *slot = Some((origin, table));
-            more = true;
-        }
-        if !more || variables.is_none() {
-            break;
-        }
+                })?
+                .into(),
+        };
+        let origin = path.display().to_string();
+        let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
+            origin: origin.clone(),
+            source,
+        })?;
+        tables.push((origin, table));
     }
-    let tables = tables.into_iter().flatten();
     // (origin, source) in precedence order; a later one of the same name replaces.
     let mut sources: Vec<(String, Source)> = profile::BUILTIN
         .iter()
-        .zip(&builtins)
-        .filter(|(_, used)| **used)
-        .map(|(b, _)| (b.origin(), Source::Builtin(b)))
+        .map(|b| (b.origin(), Source::Builtin(b)))
         .collect();
     for (origin, table) in tables {
         let file = Source::File(table);
@@ -916,136 +857,6 @@ mod tests {
             format!("{:?}", quick.into_config().unwrap()),
             format!("{:?}", Config::load_from(&none).unwrap())
         );
-    }
-
-    /// A create builds only the profiles that may claim a variable its spec sets: each one
-    /// that claims one is built as the full load builds it, in the same order, so the plan is
-    /// the same; and an error of the lazy load is the full load's.
-    #[test]
-    fn lazy_load_builds_the_claiming_profiles_as_the_full_load() {
-        let dir = tempfile::tempdir().unwrap();
-        let profiles = dir.path().join("profiles.d");
-        std::fs::create_dir(&profiles).unwrap();
-        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
-        for p in ["ascend", "cambricon", "habana", "mthreads"] {
-            let file = format!("{p}.toml");
-            std::fs::copy(shipped.join(&file), profiles.join(&file)).unwrap();
-        }
-        let nvidia = std::fs::read_to_string(shipped.join("nvidia.toml")).unwrap();
-        let cfg = dir.path().join("config.toml");
-        let top = format!("profiles-dir = {profiles:?}\n");
-        let files: &[(&str, String)] = &[
-            ("", String::new()),
-            // A file replacing the built-in nvidia without claiming its variable.
-            (
-                "zz-nvidia.toml",
-                nvidia.replace("\"NVIDIA_VISIBLE_DEVICES\"", "\"MY_GPUS\""),
-            ),
-            // One replacing it with a different driver-root, another file named like it.
-            (
-                "zz-nvidia.toml",
-                format!("{nvidia}\ndriver-root = \"/run/nvidia/driver\"\n"),
-            ),
-            // A second profile claiming a variable another claims.
-            (
-                "zz-dup.toml",
-                "name = \"dup\"\nvisible-devices-env = ['HABANA_VISIBLE_DEVICES']\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/d{index}\"]\n".into(),
-            ),
-            // A broken one, and one whose name is escaped.
-            ("zz-broken.toml", "name = [\n".into()),
-            (
-                "zz-esc.toml",
-                "name = \"e\\u0073c\"\nvisible-devices-env = ['ESC_DEVS']\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/e{index}\"]\n".into(),
-            ),
-        ];
-        let extras = [
-            "",
-            "[profiles.nvidia]\ndriver-root = \"/run/nvidia/driver\"\n",
-            "[profiles.habana]\nvisible-devices-env = ['NVIDIA_VISIBLE_DEVICES']\n",
-            "[profiles.cambricon]\nvisible-devices-env = ['MY_GPUS']\n",
-            "[profiles.custom]\nvisible-devices-env = ['MY_GPUS']\n[profiles.custom.discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/c{index}\"]\n",
-            "[profiles.ascend]\ndriver-root = 5\n",
-        ];
-        let variables: &[&[&str]] = &[
-            &[],
-            &["PATH", "HOME"],
-            &["NVIDIA_VISIBLE_DEVICES"],
-            &["MY_GPUS", "PATH"],
-            &["HABANA_VISIBLE_DEVICES"],
-            &[
-                "ASCEND_VISIBLE_DEVICES",
-                "MTHREADS_VISIBLE_DEVICES",
-                "ESC_DEVS",
-            ],
-        ];
-        let mut compared = 0;
-        for (file, text) in files {
-            if !file.is_empty() {
-                std::fs::write(profiles.join(file), text).unwrap();
-            }
-            for extra in extras {
-                std::fs::write(&cfg, format!("{top}{extra}")).unwrap();
-                let full = Config::load_from(&cfg);
-                for vars in variables {
-                    let lazy = Quick::load_from(&cfg).unwrap().into_config_for(Some(vars));
-                    let (lazy, full) = match (lazy, &full) {
-                        (Ok(lazy), Ok(full)) => (lazy, full),
-                        // Both refused: for the same reason, unless the full load's is the
-                        // broken file no variable here can involve.
-                        (Err(e), Err(f)) => {
-                            let f = f.to_string();
-                            if !f.contains("zz-broken.toml") {
-                                assert_eq!(e.to_string(), f, "{file} {extra} {vars:?}");
-                            }
-                            continue;
-                        }
-                        (Err(e), Ok(_)) => panic!("{file} {extra} {vars:?}: lazy only: {e}"),
-                        // Not built, not validated: only what no variable here can involve.
-                        (Ok(_), Err(_)) => continue,
-                    };
-                    // The lazy profiles are full ones, in the full order...
-                    let mut rest = full.profiles.iter();
-                    for p in &lazy.profiles {
-                        assert!(rest.any(|f| f == p), "{file} {extra} {vars:?}: {}", p.name);
-                    }
-                    // ... and every full one that claims a variable is among them.
-                    for p in &full.profiles {
-                        if vars
-                            .iter()
-                            .any(|v| p.visible_devices_env.iter().any(|e| e == v))
-                        {
-                            assert!(
-                                lazy.profiles.contains(p),
-                                "{file} {extra} {vars:?}: {}",
-                                p.name
-                            );
-                        }
-                    }
-                    compared += 1;
-                }
-            }
-            if !file.is_empty() {
-                std::fs::remove_file(profiles.join(file)).unwrap();
-            }
-        }
-        assert!(compared > 50, "{compared}");
-        // Only what is needed is built: nothing for a spec that sets no claimed variable.
-        std::fs::write(&cfg, &top).unwrap();
-        let q = Quick::load_from(&cfg).unwrap();
-        assert!(q
-            .into_config_for(Some(&["PATH"]))
-            .unwrap()
-            .profiles
-            .is_empty());
-        let q = Quick::load_from(&cfg).unwrap();
-        let names: Vec<String> = q
-            .into_config_for(Some(&["NVIDIA_VISIBLE_DEVICES"]))
-            .unwrap()
-            .profiles
-            .into_iter()
-            .map(|p| p.name)
-            .collect();
-        assert_eq!(names, ["nvidia"]);
     }
 
     #[test]

@@ -95,8 +95,7 @@ impl Bundle {
     }
 }
 
-/// A bundle whose config.json was parsed: what it can involve decides which profiles are
-/// built ([`Parsed::variables`]) before [`run`] edits it.
+/// A bundle whose config.json was parsed, for [`run`] to edit.
 #[derive(Debug)]
 pub struct Parsed {
     dir: PathBuf,
@@ -117,28 +116,6 @@ impl Parsed {
             doc,
             spec,
         })
-    }
-
-    /// The variables a profile must claim to be involved in this create (for
-    /// `config::Quick::into_config_for`); `None`: every profile may be (CDI annotations are
-    /// checked against every profile's kinds; device lists from mounts against every
-    /// profile's mount dir).
-    pub fn variables(&self, devices_as_mounts: bool) -> Option<Vec<&str>> {
-        let cdi = self
-            .spec
-            .annotations
-            .iter()
-            .any(|(k, _)| k.starts_with(cdi::model::ANNOTATION_PREFIX));
-        if cdi || devices_as_mounts {
-            return None;
-        }
-        Some(
-            self.spec
-                .env
-                .iter()
-                .filter_map(|e| e.split_once('=').map(|(name, _)| name))
-                .collect(),
-        )
     }
 }
 
@@ -172,9 +149,7 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
         });
     }
     let mut parsed = Parsed::read(bundle)?;
-    // Only the profiles that may claim a variable the spec sets are built.
-    let variables = parsed.variables(quick.accept_container_devices_as_mounts);
-    let cfg = quick.into_config_for(variables.as_deref())?;
+    let cfg = quick.into_config()?;
     crate::logging::init(&cfg.log_file, cfg.log_level);
     for w in &cfg.warnings {
         log::warn!("{w}");

@@ -509,28 +509,6 @@ pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) 
     false
 }
 
-/// A set of names for [`may_quote`]'s runs: most runs of a text (the text between two
-/// strings, comments' words) are not of any name's length, and are rejected by it before
-/// any hashing.
-#[derive(Debug, Default)]
-pub struct Names {
-    set: std::collections::HashSet<Vec<u8>>,
-    lengths: Lengths,
-}
-
-impl Names {
-    pub fn insert(&mut self, name: &[u8]) {
-        self.lengths.add(name.len(), true);
-        if !self.set.contains(name) {
-            self.set.insert(name.to_vec());
-        }
-    }
-
-    pub fn contains(&self, run: &[u8]) -> bool {
-        self.lengths.has(run.len()) && self.set.contains(run)
-    }
-}
-
 /// Lengths of names or runs, to reject most of them before any hashing: a bitmap below 256
 /// bytes. Longer ones are rare (a comment between two strings, a hostile spec's names): each
 /// is kept where the caller says so (few, from root's texts), else only the longest, so
