@@ -289,10 +289,14 @@ pub struct ResourceReport {
     pub verdict: Verdict,
 }
 
-/// The device an ID refers to: NVIDIA's plugin registers time-sliced replicas as
-/// `<uuid>::<n>`, which are the same physical device.
-fn base_id(id: &str) -> &str {
-    id.split_once("::").map_or(id, |(b, _)| b)
+/// Whether kubelet may hold `id` for a resource whose plugin lists `ids`: listed as it is,
+/// or a replica of a device listed whole (another plugin's time-slicing, NVIDIA's
+/// `<uuid>::<n>`, of a device this node has).
+fn is_listed(ids: &BTreeSet<String>, id: &str) -> bool {
+    ids.contains(id)
+        || id
+            .split_once("::")
+            .is_some_and(|(base, _)| ids.contains(base))
 }
 
 /// Compares the checkpoint with `found` (resource name → IDs the node's devices carry). Only
@@ -304,10 +308,8 @@ pub fn compare(cp: &Checkpoint, found: &BTreeMap<String, BTreeSet<String>>) -> V
             let registered = cp.registered(resource);
             let allocated = cp.allocations(resource);
             let unknown = |list: &mut dyn Iterator<Item = &String>| -> Vec<String> {
-                let set: BTreeSet<String> = list
-                    .filter(|id| !ids.contains(base_id(id)))
-                    .cloned()
-                    .collect();
+                let set: BTreeSet<String> =
+                    list.filter(|id| !is_listed(ids, id)).cloned().collect();
                 set.into_iter().collect()
             };
             let unknown_registered = unknown(&mut registered.iter());
@@ -376,8 +378,23 @@ pub fn expected_ids(
                 .filter(|d| !split || p.shares(d.device.index) == shared)
                 .cloned()
                 .collect();
-            if let Some(ids) = node_ids(p, &held) {
-                out.insert(resource.to_string(), (p.name.clone(), ids));
+            if node_ids(p, &held).is_some() {
+                // The IDs the plugin lists: a shared device's replicas `<id>::0` ..
+                // `<id>::<replicas - 1>`, so a replica beyond those (replicas lowered since
+                // kubelet wrote the file) is stale like a device that is gone.
+                let listed = held
+                    .iter()
+                    .filter_map(|d| {
+                        let id = d.device.plugin_id(p.device_plugin_id.as_deref()?)?;
+                        Some(if p.shares(d.device.index) {
+                            (0..p.replicas).map(|k| format!("{id}::{k}")).collect()
+                        } else {
+                            vec![id]
+                        })
+                    })
+                    .flatten()
+                    .collect::<BTreeSet<String>>();
+                out.insert(resource.to_string(), (p.name.clone(), listed));
             }
         }
     }
@@ -576,11 +593,7 @@ pub fn repair(
     if kubelet_checksum(&cp.data).is_none() {
         return Err(legacy());
     }
-    let known = |resource: &str, id: &str| {
-        found
-            .get(resource)
-            .is_none_or(|ids| ids.contains(base_id(id)))
-    };
+    let known = |resource: &str, id: &str| found.get(resource).is_none_or(|ids| is_listed(ids, id));
     let mut removed = Vec::new();
     let mut unregistered = Vec::new();
     let data = doc.get_mut("Data").ok_or_else(legacy)?;

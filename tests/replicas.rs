@@ -541,6 +541,21 @@ fn two_whole_gcu_pods_beside_four_shared_gcu_pods() {
         let out = ctk_check(&config_path, &cp);
         assert_eq!(out.0, Some(1), "{}", out.1);
         assert!(out.1.contains("GCU-9::1"), "{}", out.1);
+
+        // A replica the plugin no longer lists (replicas lowered from 8 to 4 since kubelet
+        // wrote the file) is stale too; the shared device listed whole is not a replica.
+        entries.pop();
+        for (pod, id) in [("lowered", "GCU-2::7"), ("whole", "GCU-3")] {
+            entries.push(serde_json::json!({
+                "PodUID": pod, "ContainerName": "main", "ResourceName": "enflame.com/shared-gcu",
+                "DeviceIDs": { "0": [id] }, "AllocResp": "",
+            }));
+            let cp = write_checkpoint(cp_dir.path(), &entries, &registered);
+            let out = ctk_check(&config_path, &cp);
+            assert_eq!(out.0, Some(1), "{id}: {}", out.1);
+            assert!(out.1.contains(&format!("\"{id}\"")), "{id}: {}", out.1);
+            entries.pop();
+        }
     });
 }
 

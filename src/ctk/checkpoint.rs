@@ -95,7 +95,10 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         log(
             "info",
             "found",
-            &format!("{} {vendor} device(s) on this node", ids.len()),
+            &format!(
+                "{} {vendor} device ID(s) listed for this node's devices",
+                ids.len()
+            ),
             json!({"resource": resource, "vendor": vendor, "ids": ids}),
         );
     }
