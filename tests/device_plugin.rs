@@ -14,78 +14,17 @@ use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{self, Options};
-use common::kubelet::{enflame_sysfs, seed, shuffled, Kubelet};
+use common::kubelet::{
+    apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
+};
 use common::{mknod, SimRoot};
 use tokio::sync::watch;
-
-fn config(sim: &SimRoot, scratch: &Path) -> Config {
-    let path = scratch.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
-    Config::load_from(&path).unwrap()
-}
-
-/// The seed's 8 GCUs with one driver library (the CDI generator refuses a driver without).
-fn enflame_host() -> (SimRoot, u32) {
-    let sim = SimRoot::builder()
-        .enflame(8)
-        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
-        .build();
-    let major = sim.enflame_major().unwrap();
-    enflame_sysfs(sim.path(), major);
-    (sim, major)
-}
-
-/// The plugin serving `cfg`'s enflame profile with `opts`, a task on the test's runtime.
-struct Plugin {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), server::PluginError>>,
-}
-
-impl Plugin {
-    fn enflame(cfg: Config, opts: Options) -> Plugin {
-        let (stop, stop_rx) = watch::channel(false);
-        let profiles = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        Plugin {
-            stop,
-            task: tokio::spawn(server::run(profiles, opts, stop_rx)),
-        }
-    }
-
-    /// Asks it to stop; panics unless it ends without an error.
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        self.task.await.unwrap().unwrap();
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn ids(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
 
 #[test]
 fn stand_in_kubelet_drives_the_plugin() {
     let (sim, major) = enflame_host();
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::started();
         let mut opts = kubelet.plugin_options();
@@ -361,7 +300,7 @@ fn stand_in_kubelet_drives_the_plugin() {
 fn a_kubelet_restart_is_one_registration_at_once() {
     let (sim, _) = enflame_host();
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::started();
         let plugin = Plugin::enflame(cfg, kubelet.plugin_options());
@@ -442,7 +381,7 @@ fn a_plugin_in_a_pod_reads_the_host_under_host_root() {
 fn a_plugin_that_cannot_see_the_libraries_writes_no_cdi_spec() {
     let sim = SimRoot::builder().enflame(2).build();
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let kubelet = Kubelet::started();
         let mut opts = kubelet.plugin_options();
@@ -472,7 +411,7 @@ fn a_plugin_that_cannot_see_the_libraries_writes_no_cdi_spec() {
 fn a_plugin_started_before_kubelet_registers_when_kubelet_sock_appears() {
     let (sim, _) = enflame_host();
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::new();
         let plugin = Plugin::enflame(cfg, kubelet.plugin_options());
@@ -500,7 +439,7 @@ fn the_plugin_socket_is_private_under_any_umask() {
     use std::os::unix::fs::PermissionsExt;
     let (sim, _) = enflame_host();
     let scratch = tempfile::tempdir().unwrap();
-    config(&sim, scratch.path());
+    config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::started();
         let mut child = std::process::Command::new("sh")
@@ -664,7 +603,7 @@ async fn wait_cdi(path: &Path, name: &str, listed: bool) -> (Vec<String>, u64) {
 fn device_changes_rewrite_the_cdi_spec_and_are_pushed() {
     let (sim, major) = enflame_host();
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::started();
         let mut opts = kubelet.plugin_options();
@@ -756,7 +695,7 @@ fn a_profile_registers_when_its_first_device_appears() {
         std::fs::remove_file(sim.path().join(format!("dev/gcu{n}"))).unwrap();
     }
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, scratch.path());
+    let cfg = config(&sim, scratch.path(), "");
     rt().block_on(async move {
         let mut kubelet = Kubelet::started();
         let mut opts = kubelet.plugin_options();
@@ -806,79 +745,6 @@ fn missing_kubelet_dir_is_a_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
-}
-
-/// What containerd does with one container's Allocate answer: envs into the process, mounts
-/// as binds, device specs as nodes (major/minor from the host path) with cgroup rules,
-/// annotations into the spec. CDI devices (`cdi_devices`), which containerd >= 1.7 resolves
-/// from the CDI spec dirs itself, are handed here to our runtime's CDI resolver as a
-/// `cdi.k8s.io/` annotation: the same spec file, the same edits.
-fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    b.edit(|s| {
-        let env = s["process"]["env"].as_array_mut().unwrap();
-        let mut envs: Vec<_> = a.envs.iter().collect();
-        envs.sort();
-        for (k, v) in envs {
-            env.push(format!("{k}={v}").into());
-        }
-        let mut annotations: Vec<(String, String)> = a
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if !a.cdi_devices.is_empty() {
-            let names: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
-            annotations.push(("cdi.k8s.io/containerd-cri".into(), names.join(",")));
-        }
-        if !annotations.is_empty() {
-            let obj = s
-                .as_object_mut()
-                .unwrap()
-                .entry("annotations")
-                .or_insert_with(|| serde_json::json!({}));
-            for (k, v) in annotations {
-                obj[k] = v.into();
-            }
-        }
-        let mounts = s["mounts"].as_array_mut().unwrap();
-        for m in &a.mounts {
-            let mut opts = vec!["rbind"];
-            if m.read_only {
-                opts.push("ro");
-            }
-            mounts.push(serde_json::json!({
-                "destination": m.container_path, "type": "bind",
-                "source": m.host_path, "options": opts,
-            }));
-        }
-        for d in &a.devices {
-            let meta = std::fs::metadata(&d.host_path).unwrap();
-            assert!(meta.file_type().is_char_device(), "{}", d.host_path);
-            let (major, minor) = (
-                nix::sys::stat::major(meta.rdev()),
-                nix::sys::stat::minor(meta.rdev()),
-            );
-            let linux = s["linux"].as_object_mut().unwrap();
-            let devices = linux
-                .entry("devices")
-                .or_insert_with(|| serde_json::json!([]));
-            devices.as_array_mut().unwrap().push(serde_json::json!({
-                "path": d.container_path, "type": "c", "major": major, "minor": minor,
-                "fileMode": 0o666, "uid": 0, "gid": 0,
-            }));
-            let rules = linux
-                .entry("resources")
-                .or_insert_with(|| serde_json::json!({}))
-                .as_object_mut()
-                .unwrap()
-                .entry("devices")
-                .or_insert_with(|| serde_json::json!([]));
-            rules.as_array_mut().unwrap().push(serde_json::json!({
-                "allow": true, "type": "c", "major": major, "minor": minor, "access": d.permissions,
-            }));
-        }
-    });
 }
 
 /// Each strategy's answer for GCU-1 and GCU-3, put into a bundle as containerd would and run

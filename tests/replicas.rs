@@ -15,72 +15,10 @@ use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::server::{self, Options};
-use common::kubelet::{enflame_sysfs, seed, shuffled, Kubelet};
+use common::kubelet::{
+    apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
+};
 use common::{mknod, SimRoot};
-use tokio::sync::watch;
-
-/// The enflame profile pointed at `sim`, with `keys` added to it.
-fn config(sim: &SimRoot, scratch: &Path, keys: &str) -> Config {
-    let path = scratch.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n{keys}\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
-    Config::load_from(&path).unwrap()
-}
-
-/// The seed's 8 GCUs with one driver library (the CDI generator refuses a driver without).
-fn enflame_host() -> (SimRoot, u32) {
-    let sim = SimRoot::builder()
-        .enflame(8)
-        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
-        .build();
-    let major = sim.enflame_major().unwrap();
-    enflame_sysfs(sim.path(), major);
-    (sim, major)
-}
-
-/// `server::run` over `cfg`'s enflame profile, a task on the test's runtime.
-struct Plugin {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), server::PluginError>>,
-}
-
-impl Plugin {
-    fn enflame(cfg: Config, opts: Options) -> Plugin {
-        let (stop, stop_rx) = watch::channel(false);
-        let profiles = cfg
-            .profiles
-            .into_iter()
-            .filter(|p| p.name == "enflame")
-            .collect();
-        Plugin {
-            stop,
-            task: tokio::spawn(server::run(profiles, opts, stop_rx)),
-        }
-    }
-
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        self.task.await.unwrap().unwrap();
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn ids(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
 
 /// `GCU-<i>::<k>` for each device `i` and replica `k`.
 fn replicas(devices: impl IntoIterator<Item = u32>, n: u32) -> Vec<String> {
@@ -801,77 +739,4 @@ fn replicas_through_the_runtime_and_runc_give_their_devices() {
         }
     });
     assert_sees_1_3(&runc, b, "replicas-mounts");
-}
-
-/// What containerd does with one container's Allocate answer: envs into the process, mounts
-/// as binds, device specs as nodes (major/minor from the host path) with cgroup rules,
-/// annotations into the spec. CDI devices (`cdi_devices`), which containerd >= 1.7 resolves
-/// from the CDI spec dirs itself, are handed here to our runtime's CDI resolver as a
-/// `cdi.k8s.io/` annotation: the same spec file, the same edits.
-fn apply_answer(b: &mut common::Bundle, a: &ContainerAllocateResponse) {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    b.edit(|s| {
-        let env = s["process"]["env"].as_array_mut().unwrap();
-        let mut envs: Vec<_> = a.envs.iter().collect();
-        envs.sort();
-        for (k, v) in envs {
-            env.push(format!("{k}={v}").into());
-        }
-        let mut annotations: Vec<(String, String)> = a
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if !a.cdi_devices.is_empty() {
-            let names: Vec<&str> = a.cdi_devices.iter().map(|c| c.name.as_str()).collect();
-            annotations.push(("cdi.k8s.io/containerd-cri".into(), names.join(",")));
-        }
-        if !annotations.is_empty() {
-            let obj = s
-                .as_object_mut()
-                .unwrap()
-                .entry("annotations")
-                .or_insert_with(|| serde_json::json!({}));
-            for (k, v) in annotations {
-                obj[k] = v.into();
-            }
-        }
-        let mounts = s["mounts"].as_array_mut().unwrap();
-        for m in &a.mounts {
-            let mut opts = vec!["rbind"];
-            if m.read_only {
-                opts.push("ro");
-            }
-            mounts.push(serde_json::json!({
-                "destination": m.container_path, "type": "bind",
-                "source": m.host_path, "options": opts,
-            }));
-        }
-        for d in &a.devices {
-            let meta = std::fs::metadata(&d.host_path).unwrap();
-            assert!(meta.file_type().is_char_device(), "{}", d.host_path);
-            let (major, minor) = (
-                nix::sys::stat::major(meta.rdev()),
-                nix::sys::stat::minor(meta.rdev()),
-            );
-            let linux = s["linux"].as_object_mut().unwrap();
-            let devices = linux
-                .entry("devices")
-                .or_insert_with(|| serde_json::json!([]));
-            devices.as_array_mut().unwrap().push(serde_json::json!({
-                "path": d.container_path, "type": "c", "major": major, "minor": minor,
-                "fileMode": 0o666, "uid": 0, "gid": 0,
-            }));
-            let rules = linux
-                .entry("resources")
-                .or_insert_with(|| serde_json::json!({}))
-                .as_object_mut()
-                .unwrap()
-                .entry("devices")
-                .or_insert_with(|| serde_json::json!([]));
-            rules.as_array_mut().unwrap().push(serde_json::json!({
-                "allow": true, "type": "c", "major": major, "minor": minor, "access": d.permissions,
-            }));
-        }
-    });
 }
