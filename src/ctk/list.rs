@@ -148,18 +148,7 @@ pub fn table(listing: &Listing) -> String {
             or_dash(r.driver_version.clone()),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
+    let mut out = super::columns(&rows);
     let name = |r: &Row| format!("{} {}", r.vendor, r.index);
     if !labels.is_empty() {
         out.push_str("\nPCIe switches (devices behind the same switch talk peer-to-peer without crossing the CPU):\n");

@@ -54,6 +54,32 @@ pub fn error_chain(e: &anyhow::Error) -> String {
     msg
 }
 
+/// `rows` as a text table: each column as wide as its widest cell, two spaces between,
+/// trailing spaces trimmed, one line per row.
+pub fn columns<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let width = |c: usize| {
+        rows.iter()
+            .filter_map(|r| r.as_ref().get(c))
+            .map(String::len)
+            .max()
+    };
+    let widths: Vec<usize> = (0..rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0))
+        .map(|c| width(c).unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .as_ref()
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,6 @@
 //! device ID of a replica `id`; fields are only ever added.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -83,19 +82,7 @@ pub fn table(holders: &[Holder]) -> String {
             h.container.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
-    out
+    super::columns(&rows)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
