@@ -150,6 +150,14 @@ pub fn check(data: &[u8]) -> Result<(), String> {
     })
 }
 
+/// The refusal of a key given twice where runc merges the two values.
+fn repeated(key: &str, place: &str) -> String {
+    format!(
+        "key {} repeated in {place} (runc merges the two, the rewritten spec would keep only the last); refused",
+        crate::quote::quote(key)
+    )
+}
+
 /// Reads one value of `shape` at `at` (a dotted path for messages).
 struct Walk {
     shape: &'static Shape,
@@ -176,96 +184,7 @@ impl Walk {
 impl<'de> DeserializeSeed<'de> for Walk {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        match self.shape {
-            Leaf => d.deserialize_any(Once { at: self.at }),
-            _ => d.deserialize_any(self),
-        }
-    }
-}
-
-/// Reads a section the shim does not look into, refusing a key given twice in any object
-/// of it (serde_json's nesting limit bounds the depth).
-struct Once {
-    at: String,
-}
-
-impl Once {
-    fn child(&self, name: &str) -> Once {
-        Once {
-            at: if self.at.is_empty() {
-                name.to_string()
-            } else {
-                format!("{}.{name}", self.at)
-            },
-        }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Once {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Once {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        use serde::de::Error;
-        let mut keys: HashSet<String> = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if keys.contains(&key) {
-                let place = if self.at.is_empty() {
-                    "the spec's top level".into()
-                } else {
-                    format!("`{}`", self.at)
-                };
-                return Err(A::Error::custom(format!(
-                    "key {} repeated in {place} (runc merges the two, the rewritten spec would keep only the last); refused",
-                    crate::quote::quote(&key),
-                )));
-            }
-            map.next_value_seed(self.child(&key))?;
-            keys.insert(key);
-        }
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut n = 0usize;
-        while seq
-            .next_element_seed(Once {
-                at: format!("{}[{n}]", self.at),
-            })?
-            .is_some()
-        {
-            n += 1;
-        }
-        Ok(())
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
     }
 }
 
@@ -285,14 +204,12 @@ impl<'de> Visitor<'de> for Walk {
                 while let Some(key) = map.next_key::<String>()? {
                     let Some(i) = fields.iter().position(|(f, _)| go_fold_eq(&key, f)) else {
                         if !seen_other.insert(key.clone()) {
-                            return Err(A::Error::custom(format!(
-                                "key {} repeated in {} (runc merges the two, the rewritten spec would keep only the last); refused",
-                                crate::quote::quote(&key),
-                                self.place()
-                            )));
+                            return Err(A::Error::custom(repeated(&key, &self.place())));
                         }
-                        let at = self.child(&key);
-                        map.next_value_seed(Once { at })?;
+                        map.next_value_seed(Walk {
+                            shape: &Leaf,
+                            at: self.child(&key),
+                        })?;
                         continue;
                     };
                     let (field, shape) = &fields[i];
@@ -339,8 +256,23 @@ impl<'de> Visitor<'de> for Walk {
                 }
                 Ok(())
             }
-            // A number (serde_json's arbitrary_precision hands it over as a map) or the
-            // wrong kind of section: View::of judges types.
+            // A section the shim does not look into: any key given twice is refused
+            // (serde_json's nesting limit bounds the depth).
+            Leaf => {
+                let mut keys: HashSet<String> = HashSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if keys.contains(&key) {
+                        return Err(A::Error::custom(repeated(&key, &self.place())));
+                    }
+                    map.next_value_seed(Walk {
+                        shape: &Leaf,
+                        at: self.child(&key),
+                    })?;
+                    keys.insert(key);
+                }
+                Ok(())
+            }
+            // The wrong kind of section (a map for a list): View::of judges types.
             _ => {
                 while map.next_key::<IgnoredAny>()?.is_some() {
                     map.next_value::<IgnoredAny>()?;
@@ -353,7 +285,20 @@ impl<'de> Visitor<'de> for Walk {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         use serde::de::Error;
         let List(item, max) = self.shape else {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            if let Leaf = self.shape {
+                let mut n = 0usize;
+                while seq
+                    .next_element_seed(Walk {
+                        shape: &Leaf,
+                        at: format!("{}[{n}]", self.at),
+                    })?
+                    .is_some()
+                {
+                    n += 1;
+                }
+            } else {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+            }
             return Ok(());
         };
         let mut n = 0usize;
