@@ -334,16 +334,24 @@ pub fn compare(cp: &Checkpoint, found: &BTreeMap<String, BTreeSet<String>>) -> V
         .collect()
 }
 
-/// The IDs the profile's device plugin registers for these devices (`device-plugin-id`);
+/// The IDs the profile's device plugin lists for these devices (`device-plugin-id`): a
+/// shared device's replicas `<id>::0` .. `<id>::<replicas - 1>`, so a replica beyond those
+/// (replicas lowered since kubelet wrote the file) is stale like a device that is gone.
 /// `None` when the profile does not say how its plugin names devices.
 pub fn node_ids(profile: &Profile, devices: &[Located]) -> Option<BTreeSet<String>> {
     let template = profile.device_plugin_id.as_deref()?;
-    Some(
-        devices
-            .iter()
-            .filter_map(|d| d.device.plugin_id(template))
-            .collect(),
-    )
+    let mut ids = BTreeSet::new();
+    for d in devices {
+        let Some(id) = d.device.plugin_id(template) else {
+            continue;
+        };
+        if profile.shares(d.device.index) {
+            ids.extend((0..profile.replicas).map(|k| crate::profile::replica_id(&id, k)));
+        } else {
+            ids.insert(id);
+        }
+    }
+    Some(ids)
 }
 
 /// What the node's device plugins would register: for each profile with a `resource-name`
@@ -378,23 +386,8 @@ pub fn expected_ids(
                 .filter(|d| !split || p.shares(d.device.index) == shared)
                 .cloned()
                 .collect();
-            if node_ids(p, &held).is_some() {
-                // The IDs the plugin lists: a shared device's replicas `<id>::0` ..
-                // `<id>::<replicas - 1>`, so a replica beyond those (replicas lowered since
-                // kubelet wrote the file) is stale like a device that is gone.
-                let listed = held
-                    .iter()
-                    .filter_map(|d| {
-                        let id = d.device.plugin_id(p.device_plugin_id.as_deref()?)?;
-                        Some(if p.shares(d.device.index) {
-                            (0..p.replicas).map(|k| format!("{id}::{k}")).collect()
-                        } else {
-                            vec![id]
-                        })
-                    })
-                    .flatten()
-                    .collect::<BTreeSet<String>>();
-                out.insert(resource.to_string(), (p.name.clone(), listed));
+            if let Some(ids) = node_ids(p, &held) {
+                out.insert(resource.to_string(), (p.name.clone(), ids));
             }
         }
     }

@@ -509,6 +509,12 @@ pub fn may_quote<'t>(text: &'t [u8], mut is_name: impl FnMut(&'t [u8]) -> bool) 
     false
 }
 
+/// Replica `k` of device `id`, as the device plugin lists a shared device (NVIDIA's
+/// plugin names time-sliced replicas the same way).
+pub fn replica_id(id: &str, k: u32) -> String {
+    format!("{id}::{k}")
+}
+
 /// Lengths of names or runs, to reject most of them before any hashing: a bitmap below 256
 /// bytes. Longer ones are rare (a comment between two strings, a hostile spec's names): each
 /// is kept where the caller says so (few, from root's texts), else only the longest, so

@@ -6,6 +6,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::discovery::DiscoveryError;
+pub use crate::profile::replica_id;
 use crate::profile::{Discovery, Profile};
 pub use crate::request::split_replica;
 use crate::topology::{discover_located, Node};
@@ -181,11 +182,6 @@ pub fn listed_ids(dev: &PluginDevice, replicas: u32) -> Vec<String> {
         return vec![dev.id.clone()];
     }
     (0..replicas).map(|k| replica_id(&dev.id, k)).collect()
-}
-
-/// Replica `k` of device `id`, as NVIDIA's plugin names time-sliced replicas.
-pub fn replica_id(id: &str, k: u32) -> String {
-    format!("{id}::{k}")
 }
 
 /// Healthy: the driver is loaded (the profile's version file exists, where it names one)
