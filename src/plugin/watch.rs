@@ -119,6 +119,11 @@ pub fn health(
                 }
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            // A driver loading makes a burst of events: the ones already queued are read
+            // now, and one recheck answers them all.
+            if let Some(s) = events.as_mut() {
+                while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, s.next()).await {}
+            }
             recheck();
         }
     });
