@@ -184,8 +184,8 @@ fn edit(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateErro
     remove_leftovers(&parsed.path);
     let spec = &parsed.spec;
     let asked = asked(cfg, spec)?;
-    let found = discover(&asked, spec)?;
-    let host = look(&found);
+    let found = discover(&asked)?;
+    let host = look(&found, spec)?;
     // Where libraries go in the container: looked up in the image only when one is mounted.
     let lib_dir = match &cfg.container_library_dir {
         Some(d) => d.clone(),
@@ -316,24 +316,43 @@ fn asked<'c>(cfg: &'c Config, spec: &View) -> Result<Asked<'c>, CreateError> {
     Ok(asked)
 }
 
-/// One vendor's devices and driver as found on the host.
-struct Found<'c> {
-    profile: &'c Profile,
+/// One asked vendor's devices, as discovered.
+struct Found<'a, 'c> {
+    ask: &'a Ask<'c>,
     devices: Vec<Device>,
-    /// Indexes into `devices` of the ones asked for, in the request's order.
-    selected: Vec<usize>,
-    caps: Vec<String>,
-    cache: ldcache::Cache,
 }
 
-/// Step 2a, the host: each asked vendor's devices, the ones selected, its capabilities and
-/// its driver's ld.so.cache.
-fn discover<'c>(asked: &Asked<'c>, spec: &View) -> Result<Vec<Found<'c>>, CreateError> {
-    let mut out = Vec::with_capacity(asked.vendors.len());
-    for ask in &asked.vendors {
-        let profile = ask.profile;
-        let devices = discovery::discover(profile)?;
-        let selected: Vec<usize> = match &ask.request {
+/// Step 2a, the host: each asked vendor's devices.
+fn discover<'a, 'c>(asked: &'a Asked<'c>) -> Result<Vec<Found<'a, 'c>>, CreateError> {
+    asked
+        .vendors
+        .iter()
+        .map(|ask| {
+            Ok(Found {
+                ask,
+                devices: discovery::discover(ask.profile)?,
+            })
+        })
+        .collect()
+}
+
+/// One vendor's host facts: everything the plan decides from.
+struct Host<'a> {
+    profile: &'a Profile,
+    selected: Vec<&'a Device>,
+    caps: Vec<String>,
+    nodes: facts::Nodes<'a>,
+    driver: facts::Driver<'a>,
+}
+
+/// Step 2b, the host looked at once, vendor by vendor: the devices asked for among those
+/// found, the capabilities, the driver root's ld.so.cache, the selected devices' nodes and
+/// the driver's control nodes, libraries and binaries.
+fn look<'a>(found: &'a [Found<'a, '_>], spec: &View) -> Result<Vec<Host<'a>>, CreateError> {
+    let mut out = Vec::with_capacity(found.len());
+    for f in found {
+        let (ask, profile, devices) = (f.ask, f.ask.profile, &f.devices);
+        let selected: Vec<&Device> = match &ask.request {
             Request::All if devices.is_empty() => {
                 return Err(CreateError::Refused {
                     var: ask.var.clone(),
@@ -345,17 +364,9 @@ fn discover<'c>(asked: &Asked<'c>, spec: &View) -> Result<Vec<Found<'c>>, Create
                     ),
                 })
             }
-            Request::All => (0..devices.len()).collect(),
+            Request::All => devices.iter().collect(),
             Request::Items { devices: items, .. } => {
-                request::select(&ask.var, items, &devices, ranges(profile))?
-                    .into_iter()
-                    .map(|d| {
-                        devices
-                            .iter()
-                            .position(|x| std::ptr::eq(x, d))
-                            .expect("select returns devices of the list it was given")
-                    })
-                    .collect()
+                request::select(&ask.var, items, devices, ranges(profile))?
             }
             Request::DriverOnly | Request::Nothing => Vec::new(),
         };
@@ -368,43 +379,18 @@ fn discover<'c>(asked: &Asked<'c>, spec: &View) -> Result<Vec<Found<'c>>, Create
             root: profile.driver_root.clone(),
             source,
         })?;
-        out.push(Found {
+        let dev_root = discovery::DevRoot::new(profile);
+        let nodes = facts::device_nodes(&dev_root, &selected);
+        let driver = facts::driver(&dev_root, &caps, &cache);
+        out.push(Host {
             profile,
-            devices,
             selected,
             caps,
-            cache,
+            nodes,
+            driver,
         });
     }
     Ok(out)
-}
-
-/// One vendor's host facts: everything the plan decides from.
-struct Host<'a> {
-    found: &'a Found<'a>,
-    selected: Vec<&'a Device>,
-    nodes: facts::Nodes<'a>,
-    driver: facts::Driver<'a>,
-}
-
-/// Step 2b, the host looked at once: the selected devices' nodes and the driver's control
-/// nodes, libraries and binaries.
-fn look<'a>(found: &'a [Found<'a>]) -> Vec<Host<'a>> {
-    found
-        .iter()
-        .map(|f| {
-            let selected: Vec<&Device> = f.selected.iter().map(|&i| &f.devices[i]).collect();
-            let dev_root = discovery::DevRoot::new(f.profile);
-            let nodes = facts::device_nodes(&dev_root, &selected);
-            let driver = facts::driver(&dev_root, &f.caps, &f.cache);
-            Host {
-                found: f,
-                selected,
-                nodes,
-                driver,
-            }
-        })
-        .collect()
 }
 
 /// Step 3, the plan, decided from the facts alone: per vendor, its device edits and its
@@ -412,10 +398,10 @@ fn look<'a>(found: &'a [Found<'a>]) -> Vec<Host<'a>> {
 fn plan(host: &[Host<'_>], lib_dir: &Path) -> Result<Vec<(Plan, Plan)>, CreateError> {
     host.iter()
         .map(|h| {
-            let profile = h.found.profile;
+            let profile = h.profile;
             Ok((
                 plan::device_edits(profile, &h.selected, &h.nodes)?,
-                plan::driver_edits(profile, &h.found.caps, &h.driver, lib_dir)?,
+                plan::driver_edits(profile, &h.caps, &h.driver, lib_dir)?,
             ))
         })
         .collect()
@@ -438,13 +424,7 @@ fn image_side(
     let env = spec.env_entries();
     let mut libs = Vec::with_capacity(host.len());
     for (h, (_, driver)) in host.iter().zip(planned) {
-        libs.push(loader::prepare(
-            h.found.profile,
-            &image,
-            &env,
-            driver,
-            lib_dir,
-        )?);
+        libs.push(loader::prepare(h.profile, &image, &env, driver, lib_dir)?);
     }
     Ok((Some(image), libs))
 }
