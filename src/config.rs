@@ -292,11 +292,17 @@ impl Config {
         Self::build(file, warnings, None, Some(Vec::new())).expect("the built-in profiles build")
     }
 
-    /// Every profile's driver-root and dev-root, and profiles-dir, moved under `root`.
-    pub fn reroot(&mut self, root: &Path) {
-        if !self.profiles_dir.starts_with(root) {
-            self.profiles_dir = Profile::under(root, &self.profiles_dir);
-        }
+    /// [`Config::builtin`] for the node whose `/` is `root`: profiles-dir, driver-roots and
+    /// dev-roots under it.
+    pub fn builtin_under(root: &Path) -> Config {
+        let mut cfg = Self::builtin();
+        cfg.profiles_dir = Profile::under(root, &cfg.profiles_dir);
+        cfg.reroot(root);
+        cfg
+    }
+
+    /// Every profile's driver-root and dev-root moved under `root`.
+    fn reroot(&mut self, root: &Path) {
         for p in &mut self.profiles {
             p.driver_root = Profile::under(root, &p.driver_root);
             p.dev_root = p.dev_root.as_ref().map(|d| Profile::under(root, d));

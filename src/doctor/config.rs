@@ -21,11 +21,7 @@ pub fn load_config(ctx: &Ctx) -> (Result<Config, config::ConfigError>, Config) {
         Err(_) if ctx.is_real_root() => {
             Config::parse("", None).unwrap_or_else(|_| Config::builtin())
         }
-        Err(_) => {
-            let mut c = Config::builtin();
-            c.reroot(&ctx.root);
-            c
-        }
+        Err(_) => Config::builtin_under(&ctx.root),
     };
     (loaded, usable)
 }

@@ -318,10 +318,7 @@ pub struct Served(pub Arc<Plugin>);
 
 impl DevicePlugin for Served {
     fn options(&self) -> DevicePluginOptions {
-        DevicePluginOptions {
-            pre_start_required: false,
-            get_preferred_allocation_available: true,
-        }
+        Self::options_static()
     }
 
     fn list_and_watch(&self) -> DeviceStream {
