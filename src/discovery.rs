@@ -11,6 +11,7 @@ use rustix::buffer::spare_capacity;
 use rustix::fs::{Mode, OFlags, RawDir};
 use rustix::io::Errno;
 
+use crate::inroot::{Root, Scope};
 use crate::profile::{Discovery, Profile};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,33 +40,30 @@ impl DiscoveryError {
     }
 }
 
-/// How many symlinks one node path may pass through (as the kernel's `MAXSYMLINKS`).
-const MAX_SYMLINKS: usize = 40;
-
 /// The host path of the profile's node `node` (a container path such as `/dev/nvidia0`),
-/// resolved inside its dev-root: a symlink on the way that leads out of dev-root (an absolute
-/// target elsewhere, or `..` above it) is refused, as is anything but a character device at
-/// the end, and, for a device's own node (`device`) where the profile states
-/// `device-majors`, a major not in that list.
+/// resolved inside its dev-root by [`crate::inroot`] in [`Scope::Beneath`]: a symlink on the
+/// way that leads out of dev-root (any absolute target, or `..` above it) is refused, as is
+/// anything but a character device at the end, and, for a device's own node (`device`) where
+/// the profile states `device-majors`, a major not in that list. The node is never opened.
 pub fn host_node(profile: &Profile, node: &Path, device: bool) -> Result<PathBuf, DiscoveryError> {
     DevRoot::new(profile)
         .host_node(node, device)
         .map(|(host, _)| host)
 }
 
-/// A profile's dev-root, resolved once for all the nodes a create looks up (a create of eight
+/// A profile's dev-root, opened once for all the nodes a create looks up (a create of eight
 /// GPUs looks up a dozen).
 pub struct DevRoot<'p> {
     profile: &'p Profile,
-    /// `None` when it cannot be resolved: each lookup then reports why.
-    canonical: Option<PathBuf>,
+    /// Why it cannot be opened, for each lookup to report.
+    root: Result<Root, std::io::ErrorKind>,
 }
 
 impl<'p> DevRoot<'p> {
     pub fn new(profile: &'p Profile) -> Self {
         DevRoot {
             profile,
-            canonical: std::fs::canonicalize(profile.dev_root()).ok(),
+            root: Root::open(profile.dev_root()).map_err(|e| e.kind()),
         }
     }
 
@@ -73,50 +71,50 @@ impl<'p> DevRoot<'p> {
         self.profile
     }
 
-    /// [`host_node`], with what `lstat` said of the node (a character device, not a link).
+    /// [`host_node`], with what `fstat` said of the node (a character device, not a link).
     pub fn host_node(
         &self,
         node: &Path,
         device: bool,
-    ) -> Result<(PathBuf, std::fs::Metadata), DiscoveryError> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    ) -> Result<(PathBuf, rustix::fs::Stat), DiscoveryError> {
         let profile = self.profile;
         let refuse = |msg: String| DiscoveryError::Node {
             vendor: profile.name.clone(),
             path: node.to_path_buf(),
             msg,
         };
-        let resolved;
-        let root = match &self.canonical {
-            Some(root) => root,
-            None => {
-                resolved = std::fs::canonicalize(profile.dev_root()).map_err(|source| {
-                    DiscoveryError::Read {
-                        path: profile.dev_root().to_path_buf(),
-                        source,
-                    }
-                })?;
-                &resolved
+        let root = match &self.root {
+            Ok(root) => root,
+            Err(kind) => {
+                return Err(DiscoveryError::Read {
+                    path: profile.dev_root().to_path_buf(),
+                    source: (*kind).into(),
+                })
             }
         };
-        let (host, meta) = resolve_beneath(root, node).map_err(|e| match e {
-            Beneath::Io(path, source) => DiscoveryError::Read { path, source },
-            Beneath::Out(msg) => refuse(msg),
-        })?;
-        let meta = match meta {
-            Some(meta) => meta,
-            None => std::fs::symlink_metadata(&host).map_err(|source| DiscoveryError::Read {
-                path: host.clone(),
-                source,
-            })?,
+        let entry = match root.lookup(node, Scope::Beneath) {
+            Ok(e) => e,
+            Err(Errno::XDEV) => {
+                return Err(refuse(format!(
+                    "a symlink on its path leads out of {} (absolute, or above it)",
+                    profile.dev_root().display()
+                )))
+            }
+            Err(e) => {
+                return Err(DiscoveryError::Read {
+                    path: root.display(node),
+                    source: e.into(),
+                })
+            }
         };
-        if !meta.file_type().is_char_device() {
+        let host = entry.host.clone();
+        if entry.file_type() != rustix::fs::FileType::CharacterDevice {
             return Err(refuse(format!(
                 "{} is not a character device",
                 host.display()
             )));
         }
-        let major = nix::sys::stat::major(meta.rdev());
+        let major = u64::from(rustix::fs::major(entry.stat.st_rdev));
         if device && !profile.device_majors.is_empty() && !profile.device_majors.contains(&major) {
             return Err(refuse(format!(
                 "{} has major {major}, not one of the profile's device-majors {:?}",
@@ -124,92 +122,8 @@ impl<'p> DevRoot<'p> {
                 profile.device_majors
             )));
         }
-        Ok((host, meta))
+        Ok((host, entry.stat))
     }
-}
-
-enum Beneath {
-    Io(PathBuf, std::io::Error),
-    Out(String),
-}
-
-/// `path` (absolute, container-style) resolved under `root` (canonical) following symlinks one
-/// component at a time, never leaving `root`; with the `lstat` of the last component, when
-/// one was looked at.
-fn resolve_beneath(
-    root: &Path,
-    path: &Path,
-) -> Result<(PathBuf, Option<std::fs::Metadata>), Beneath> {
-    use std::collections::VecDeque;
-    use std::path::Component;
-    let mut todo: VecDeque<std::ffi::OsString> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => Some(n.to_os_string()),
-            Component::ParentDir => Some("..".into()),
-            _ => None,
-        })
-        .collect();
-    let mut out = root.to_path_buf();
-    let mut links = 0;
-    let mut last = None;
-    while let Some(c) = todo.pop_front() {
-        last = None;
-        if c == ".." {
-            if out == root {
-                return Err(Beneath::Out(format!(
-                    "{} leads above {}",
-                    path.display(),
-                    root.display()
-                )));
-            }
-            out.pop();
-            continue;
-        }
-        out.push(&c);
-        let meta = std::fs::symlink_metadata(&out).map_err(|e| Beneath::Io(out.clone(), e))?;
-        if !meta.file_type().is_symlink() {
-            last = Some(meta);
-            continue;
-        }
-        links += 1;
-        let target = std::fs::read_link(&out).map_err(|e| Beneath::Io(out.clone(), e))?;
-        if links > MAX_SYMLINKS {
-            return Err(Beneath::Out(format!(
-                "too many symlinks at {}",
-                out.display()
-            )));
-        }
-        let link = out.clone();
-        out.pop();
-        let rest = if target.is_absolute() {
-            match target.strip_prefix(root) {
-                Ok(inside) => {
-                    out = root.to_path_buf();
-                    inside.to_path_buf()
-                }
-                Err(_) => {
-                    return Err(Beneath::Out(format!(
-                        "symlink {} -> {} leads out of {}",
-                        link.display(),
-                        target.display(),
-                        root.display()
-                    )))
-                }
-            }
-        } else {
-            target
-        };
-        for (i, c) in rest.components().enumerate() {
-            let c = match c {
-                Component::Normal(n) => n.to_os_string(),
-                Component::ParentDir => "..".into(),
-                _ => continue,
-            };
-            todo.insert(i, c);
-        }
-    }
-    Ok((out, last))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -652,13 +566,14 @@ mod tests {
             root.canonicalize().unwrap().join("dev/gcu0")
         );
         assert!(node("/dev/sub/rel", true).is_ok());
-        assert!(node("/dev/abs-in", true).is_ok());
-        assert!(node("/dev/abs-out", true)
-            .unwrap_err()
-            .contains("leads out of"));
-        assert!(node("/dev/rel-out", true)
-            .unwrap_err()
-            .contains("leads above"));
+        // Any absolute link is refused, even one whose target lies inside: dev-root is not
+        // `/` to the tree that made the link, so its target means nothing certain here.
+        for link in ["/dev/abs-in", "/dev/abs-out", "/dev/rel-out"] {
+            assert!(
+                node(link, true).unwrap_err().contains("leads out of"),
+                "{link}"
+            );
+        }
         assert!(node("/dev/gcu1", true)
             .unwrap_err()
             .contains("not a character device"));

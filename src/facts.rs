@@ -7,7 +7,6 @@
 //! nothing itself and its tests build facts by hand, without root. Each host path is looked
 //! at here exactly as the plan used to look at it while planning: no extra stat or listing.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -34,27 +33,24 @@ pub struct Stat {
 
 /// Stats a host node, following symlinks (udev makes `/dev/...` links).
 pub fn stat(host: &Path) -> std::io::Result<Stat> {
-    Ok(Stat::of(&std::fs::metadata(host)?))
+    Ok(Stat::of(&rustix::fs::stat(host)?))
 }
 
 impl Stat {
-    fn of(m: &std::fs::Metadata) -> Stat {
-        let t = m.file_type();
-        let kind = if t.is_char_device() {
-            Some(NodeKind::Char)
-        } else if t.is_block_device() {
-            Some(NodeKind::Block)
-        } else {
-            None
+    fn of(m: &rustix::fs::Stat) -> Stat {
+        use rustix::fs::FileType;
+        let kind = match FileType::from_raw_mode(m.st_mode) {
+            FileType::CharacterDevice => Some(NodeKind::Char),
+            FileType::BlockDevice => Some(NodeKind::Block),
+            _ => None,
         };
-        let rdev = m.rdev();
         Stat {
             kind,
-            major: nix::sys::stat::major(rdev),
-            minor: nix::sys::stat::minor(rdev),
-            mode: m.mode() & 0o7777,
-            uid: m.uid(),
-            gid: m.gid(),
+            major: rustix::fs::major(m.st_rdev).into(),
+            minor: rustix::fs::minor(m.st_rdev).into(),
+            mode: m.st_mode & 0o7777,
+            uid: m.st_uid,
+            gid: m.st_gid,
         }
     }
 }

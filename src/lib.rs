@@ -3,8 +3,10 @@
 //!
 //! Floors, lowest first (a module only uses those below it):
 //! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `bounded`
-//! (whole-file reads with a limit), `keys` (known config keys), `quote` (container text in messages), `trust` (files only root can write) →
-//! `ldcache`, `rootfs` (paths inside a container's root, openat2), `require`
+//! (whole-file reads with a limit), `inroot` (paths that stay inside a root: openat2, or
+//! its rules walked where the kernel lacks it), `keys` (known config keys), `quote` (container
+//! text in messages), `trust` (files only root can write) →
+//! `ldcache`, `rootfs` (the image's files, through `inroot`), `require`
 //! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
 //! → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
 //! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
@@ -29,6 +31,7 @@ pub mod edits;
 pub mod engine;
 pub mod exec;
 pub mod facts;
+pub mod inroot;
 pub mod keys;
 pub mod ldcache;
 pub mod libraries;

@@ -2,30 +2,21 @@
 //!
 //! Libraries come from `<driver-root>/etc/ld.so.cache` (parsed natively), falling back to the
 //! profile's search directories, for trees no cache knows (GKE's /usr/local/nvidia).
-//! Symlinks are followed as if `driver-root` were `/`, so no link in a driver tree can make the
-//! shim mount a host file from outside it (the class of CVE-2024-0132: a path that resolves
-//! somewhere it should not by the time it is used).
-//!
-//! Every look at the host is relative to the driver root, opened once, and never follows a
-//! link by itself (`readlinkat`, `fstatat(AT_SYMLINK_NOFOLLOW)`, `openat(O_NOFOLLOW)`): links
-//! are read and walked here, under the root.
+//! Every path is resolved by [`crate::inroot`] as if `driver-root` were `/`
+//! ([`Scope::InRoot`]), so no link in a driver tree can make the shim mount a host file from
+//! outside it (the class of CVE-2024-0132: a path that resolves somewhere it should not by
+//! the time it is used).
 
-use std::ffi::{OsStr, OsString};
-use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::buffer::spare_capacity;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir, CWD};
+use rustix::fs::{OFlags, RawDir};
 use rustix::io::Errno;
 
+use crate::inroot::{Root, Scope};
 use crate::ldcache;
 use crate::profile::Profile;
 
-const MAX_SYMLINKS: usize = 40;
-/// Longer than any symlink target Linux stores (`PATH_MAX` with its NUL).
-const LINK_MAX: usize = 4096;
 /// getdents64's buffer for listing a search directory: a few hundred names a call.
 const DIR_BUF: usize = 8 * 1024;
 
@@ -43,6 +34,12 @@ pub fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
     Resolver::new(root).resolve(path).map(|r| r.host)
 }
 
+/// `errno` as an error naming `path` (kept in its kind).
+fn named(errno: Errno, path: &Path) -> std::io::Error {
+    let e = std::io::Error::from(errno);
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
 /// A path resolved inside the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
@@ -51,205 +48,70 @@ pub struct Resolved {
     pub is_file: bool,
 }
 
-/// What one path under the root turned out to be.
-#[derive(Debug, Clone)]
-enum Lookup {
-    /// The target, as a range of [`Resolver::names`].
-    Link(Range<usize>),
-    /// Exists and is no symlink; whether it is a regular file, once that was asked: a
-    /// directory on the way to a file needs only `readlinkat` (which says "no link" with
-    /// EINVAL), not a stat as well.
-    Node(Option<bool>),
-    /// The look failed (mostly ENOENT): remembered, as the search directories share missing
-    /// parents (`usr/local` for three of them).
-    Failed(Errno),
-}
-
-/// Resolves paths under one root as [`resolve_in_root`] does, remembering what each path
-/// turned out to be: the libraries and binaries of a create share their directories (`usr`,
-/// `usr/lib/x86_64-linux-gnu`), which are then looked at once rather than once per file. Use
-/// one for a single create only (the answers are as of the first look).
+/// The driver root of one create, opened at the first look and shared by its libraries and
+/// binaries.
 #[derive(Debug)]
 pub struct Resolver<'a> {
     root: &'a Path,
-    /// `root` without trailing slashes: empty for `/`.
-    prefix: &'a [u8],
-    /// The root, opened (`O_PATH`) at the first look: paths are then walked from it, not
-    /// from `/` through the root's own components on every call. Not used for `/` itself,
-    /// whose paths are walked from the cwd's fd as absolute ones.
-    dir: Option<Result<OwnedFd, Errno>>,
-    /// Paths under the root (`/usr/lib`, as in the container) as ranges of `names`, and what
-    /// each was; a create resolves a few dozen, so a list beats hashing.
-    seen: Vec<(Range<usize>, Lookup)>,
-    /// The bytes of the paths in `seen` and of the links' targets: one buffer, not an
-    /// allocation each.
-    names: Vec<u8>,
-    /// The directory of the last path walked when that path spelled it as it resolved (no
-    /// link, `.`, `..` or doubled slash in it): the next path in the same directory (the
-    /// libraries of a driver share one) starts its walk after it instead of looking each of
-    /// its components up again. Empty when there is none.
-    last_dir: Vec<u8>,
-    /// Buffers reused by every walk: what is left to walk, the path walked so far, and
-    /// readlinkat's room (a target is then copied to `names`: reading it there would make
-    /// `names` grow by the room each time, reallocating and touching fresh pages).
-    rest: Vec<u8>,
-    key: Vec<u8>,
-    link: Vec<u8>,
+    opened: Option<Result<Root, Errno>>,
 }
 
 impl<'a> Resolver<'a> {
     pub fn new(root: &'a Path) -> Self {
-        let bytes = root.as_os_str().as_bytes();
-        let trimmed = bytes.len() - bytes.iter().rev().take_while(|&&b| b == b'/').count();
-        Resolver {
-            root,
-            prefix: &bytes[..trimmed],
-            dir: None,
-            seen: Vec::with_capacity(64),
-            // Room for the paths of a create (a few dozen, 40 bytes each), grown only beyond.
-            names: Vec::with_capacity(2048),
-            last_dir: Vec::new(),
-            rest: Vec::new(),
-            key: Vec::new(),
-            link: Vec::new(),
-        }
+        Resolver { root, opened: None }
     }
 
     pub fn root(&self) -> &Path {
         self.root
     }
 
-    /// The fd and path to give an `*at` call for `key` (a path under the root, `/...`).
-    fn at<'k>(&mut self, key: &'k [u8]) -> Result<(BorrowedFd<'_>, &'k [u8]), Errno> {
-        if self.prefix.is_empty() {
-            return Ok((CWD, if key.is_empty() { b"/" } else { key }));
-        }
+    fn opened(&mut self) -> std::io::Result<&Root> {
         let root = self.root;
-        let dir = self.dir.get_or_insert_with(|| {
-            rustix::fs::open(
-                root,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
+        let opened = self.opened.get_or_insert_with(|| {
+            Root::open(root).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
         });
-        let path: &[u8] = match key.get(1..) {
-            Some(rel) if !rel.is_empty() => rel,
-            _ => b".",
-        };
-        match &*dir {
-            Ok(fd) => Ok((fd.as_fd(), path)),
-            Err(e) => Err(*e),
-        }
-    }
-
-    /// Looks at `key` on the host: `kind` asks whether it is a regular file as well.
-    fn look(&mut self, key: &[u8], kind: bool) -> Lookup {
-        let mut link = std::mem::take(&mut self.link);
-        let l = match self.at(key) {
-            Err(e) => Lookup::Failed(e),
-            Ok((dir, path)) => {
-                let stat = if kind {
-                    rustix::fs::statat(dir, path, AtFlags::SYMLINK_NOFOLLOW).map(|st| {
-                        let t = FileType::from_raw_mode(st.st_mode);
-                        (t != FileType::Symlink).then_some(t == FileType::RegularFile)
-                    })
-                } else {
-                    Ok(None)
-                };
-                match stat {
-                    Err(e) => Lookup::Failed(e),
-                    Ok(Some(is_file)) => Lookup::Node(Some(is_file)),
-                    Ok(None) => {
-                        link.clear();
-                        link.reserve(LINK_MAX);
-                        match rustix::fs::readlinkat_raw(dir, path, spare_capacity(&mut link)) {
-                            Ok(n) if n < LINK_MAX => {
-                                let start = self.names.len();
-                                self.names.extend_from_slice(&link);
-                                Lookup::Link(start..self.names.len())
-                            }
-                            Ok(_) => Lookup::Failed(Errno::NAMETOOLONG),
-                            // Not a link (the only other cause, a zero size, is not ours).
-                            Err(Errno::INVAL) if !kind => Lookup::Node(None),
-                            Err(e) => Lookup::Failed(e),
-                        }
-                    }
-                }
-            }
-        };
-        self.link = link;
-        l
-    }
-
-    /// What `key` is, looked at on first use: `kind` when the caller needs to know whether it
-    /// is a regular file.
-    fn lookup(&mut self, key: &[u8], kind: bool) -> Result<Step<'_>, Errno> {
-        let names = &self.names;
-        let i = match self
-            .seen
-            .iter()
-            .rposition(|(p, _)| names[p.clone()] == *key)
-        {
-            Some(i) => {
-                if kind && matches!(self.seen[i].1, Lookup::Node(None)) {
-                    self.seen[i].1 = self.look(key, true);
-                }
-                i
-            }
-            None => {
-                let l = self.look(key, kind);
-                let start = self.names.len();
-                self.names.extend_from_slice(key);
-                self.seen.push((start..self.names.len(), l));
-                self.seen.len() - 1
-            }
-        };
-        match &self.seen[i].1 {
-            Lookup::Link(target) => Ok(Step::Link(&self.names[target.clone()])),
-            Lookup::Node(is_file) => Ok(Step::Node(is_file.unwrap_or(false))),
-            Lookup::Failed(e) => Err(*e),
+        match opened {
+            Ok(r) => Ok(r),
+            Err(e) => Err(named(*e, root)),
         }
     }
 
     /// Resolves `path` (absolute, container-style) under the root as a chroot would.
     pub fn resolve(&mut self, path: &Path) -> std::io::Result<Resolved> {
-        self.resolve_bytes(path.as_os_str().as_bytes())
-    }
-
-    fn resolve_bytes(&mut self, path: &[u8]) -> std::io::Result<Resolved> {
-        let is_file = self.walk(path, true)?;
+        let root = self.opened()?;
+        let e = root
+            .lookup(path, Scope::InRoot)
+            .map_err(|e| named(e, &root.display(path)))?;
         Ok(Resolved {
-            host: self.host(),
-            is_file,
+            is_file: e.is_file(),
+            host: e.host,
         })
     }
 
-    /// The host path `path` resolves to, when it exists, without asking what it is (a library
-    /// the cache names).
-    fn locate(&mut self, path: &[u8]) -> std::io::Result<PathBuf> {
-        self.walk(path, false)?;
-        Ok(self.host())
+    /// The path under the root that directory `path` resolves to (`/usr/lib64` when
+    /// `/lib64` is a link to it): one spelling per directory, to look at each once.
+    fn dir_key(&mut self, path: &Path) -> std::io::Result<PathBuf> {
+        let root = self.opened()?;
+        let e = root
+            .lookup(path, Scope::InRoot)
+            .map_err(|e| named(e, &root.display(path)))?;
+        root.rel_of(&e.host).ok_or_else(|| {
+            std::io::Error::other(format!("{}: not under the root", e.host.display()))
+        })
     }
 
-    /// As [`Resolver::locate`], as the path under the root (for [`Resolver::list`]).
-    fn locate_key(&mut self, path: &[u8]) -> std::io::Result<Vec<u8>> {
-        self.walk(path, false)?;
-        Ok(self.key.clone())
-    }
-
-    /// The names in the directory at `key` (a resolved path under the root) that `wanted`
-    /// takes; none when it cannot be read. Names are looked at in getdents64's buffer `buf`
-    /// and copied only when wanted (a GPU node's /usr/lib/x86_64-linux-gnu held 720).
+    /// The names in directory `key` (from [`Resolver::dir_key`]) that `wanted` takes; none
+    /// when it cannot be read. Names are looked at in getdents64's buffer `buf` and copied
+    /// only when wanted (a GPU node's /usr/lib/x86_64-linux-gnu held 720).
     fn list(
         &mut self,
-        key: &[u8],
+        key: &Path,
         buf: &mut Vec<u8>,
         wanted: impl Fn(&str) -> bool,
     ) -> Vec<String> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let Ok(fd) = self
-            .at(key)
-            .and_then(|(dir, path)| rustix::fs::openat(dir, path, flags, Mode::empty()))
+            .opened()
+            .and_then(|r| Ok(r.open_at(key, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot)?))
         else {
             return Vec::new();
         };
@@ -267,141 +129,6 @@ impl<'a> Resolver<'a> {
         }
         names
     }
-
-    /// The host path of the last walk.
-    fn host(&self) -> PathBuf {
-        if self.key.is_empty() {
-            return self.root.to_path_buf();
-        }
-        let mut host = Vec::with_capacity(self.prefix.len() + self.key.len());
-        host.extend_from_slice(self.prefix);
-        host.extend_from_slice(&self.key);
-        PathBuf::from(OsString::from_vec(host))
-    }
-
-    /// Walks `path` into `self.key`: the path under the root, `/`-separated, with no `.`,
-    /// `..` or link left in it. Returns whether the end is a regular file when `kind` asks
-    /// (false otherwise).
-    fn walk(&mut self, path: &[u8], kind: bool) -> std::io::Result<bool> {
-        let mut rest = std::mem::take(&mut self.rest);
-        let mut key = std::mem::take(&mut self.key);
-        rest.clear();
-        rest.extend_from_slice(path);
-        key.clear();
-        let r = self.walk_in(&mut rest, &mut key, kind);
-        if let Ok((_, verbatim)) = r {
-            // The directory part of `path`, when it was walked as spelled.
-            let dir = path.iter().rposition(|&b| b == b'/').unwrap_or(0);
-            if dir > 0 && verbatim >= dir {
-                self.last_dir.clear();
-                self.last_dir.extend_from_slice(&path[..dir]);
-            }
-        }
-        self.rest = rest;
-        self.key = key;
-        r.map(|(is_file, _)| is_file)
-    }
-
-    fn walk_in(
-        &mut self,
-        rest: &mut Vec<u8>,
-        key: &mut Vec<u8>,
-        kind: bool,
-    ) -> std::io::Result<(bool, usize)> {
-        let prefix = self.prefix;
-        // `rest[pos..]` is still to walk; a link's target is put in place of what was walked.
-        let mut pos = 0;
-        let dir = self.last_dir.len();
-        if dir > 0
-            && rest.starts_with(&self.last_dir)
-            && rest.get(dir) == Some(&b'/')
-            && !is_end(rest, dir)
-        {
-            key.extend_from_slice(&self.last_dir);
-            pos = dir;
-        }
-        // How much of `rest` resolved to itself: `key == rest[..verbatim]`, until a link.
-        let mut verbatim = pos;
-        let mut linked = false;
-        // The root itself and anything reached by `..` is a directory.
-        let mut is_file = false;
-        let mut hops = 0;
-        while let Some((start, end)) = next_component(rest, pos) {
-            pos = end;
-            if &rest[start..end] == b".." {
-                // `..` never climbs above the root.
-                let parent = key.iter().rposition(|&b| b == b'/').unwrap_or(0);
-                key.truncate(parent);
-                is_file = false;
-                linked = true;
-                continue;
-            }
-            let len = key.len();
-            key.push(b'/');
-            key.extend_from_slice(&rest[start..end]);
-            // Only the end's kind is asked for: on the way, "no link" is all that matters.
-            let last = kind && is_end(rest, pos);
-            match self.lookup(key, last)? {
-                Step::Link(target) => {
-                    hops += 1;
-                    if hops > MAX_SYMLINKS {
-                        let mut host = prefix.to_vec();
-                        host.extend_from_slice(key);
-                        return Err(std::io::Error::other(format!(
-                            "{}: too many levels of symbolic links",
-                            Path::new(OsStr::from_bytes(&host)).display()
-                        )));
-                    }
-                    key.truncate(len);
-                    if target.first() == Some(&b'/') {
-                        key.clear();
-                        is_file = false;
-                    }
-                    rest.splice(..pos, target.iter().copied().chain([b'/']));
-                    pos = 0;
-                    linked = true;
-                }
-                Step::Node(f) => {
-                    is_file = f;
-                    if !linked && key.len() == pos {
-                        verbatim = pos;
-                    }
-                }
-            }
-        }
-        Ok((is_file, verbatim))
-    }
-}
-
-/// A lookup's answer, borrowed from the resolver's memory.
-enum Step<'s> {
-    Link(&'s [u8]),
-    Node(bool),
-}
-
-/// The next component of `path` from `pos` as its range, skipping slashes and `.`.
-fn next_component(path: &[u8], mut pos: usize) -> Option<(usize, usize)> {
-    loop {
-        while path.get(pos) == Some(&b'/') {
-            pos += 1;
-        }
-        if pos >= path.len() {
-            return None;
-        }
-        let end = path[pos..]
-            .iter()
-            .position(|&b| b == b'/')
-            .map_or(path.len(), |n| pos + n);
-        if &path[pos..end] != b"." {
-            return Some((pos, end));
-        }
-        pos = end;
-    }
-}
-
-/// Whether nothing but slashes and `.` is left of `path` from `pos`.
-fn is_end(path: &[u8], pos: usize) -> bool {
-    next_component(path, pos).is_none()
 }
 
 /// The sonames `stem` has in the cache: `libcuda` matches `libcuda.so` and `libcuda.so.*`.
@@ -462,9 +189,9 @@ fn from_cache(stem: &str, cache: &ldcache::Cache, resolver: &mut Resolver) -> Ve
         if found.iter().any(|f| f.name == e.name) {
             continue;
         }
-        if let Ok(host) = resolver.locate(e.path.as_os_str().as_bytes()) {
+        if let Ok(r) = resolver.resolve(e.path) {
             found.push(Found {
-                host,
+                host: r.host,
                 name: e.name.to_string(),
             });
         }
@@ -500,18 +227,21 @@ fn search_dirs(
     // the stems this driver does not ship). Compared as resolved under the root: ldconfig may
     // spell a directory through a link (`/lib/x86_64-linux-gnu` on a distro whose /lib is a
     // link to usr/lib); so is a search directory that is a link to one listed before.
-    let mut done: Vec<Vec<u8>> = cache_dirs(cache)
+    let mut done: Vec<PathBuf> = cache_dirs(cache)
         .into_iter()
-        .filter_map(|d| resolver.locate_key(d).ok())
+        .filter_map(|d| {
+            resolver
+                .dir_key(Path::new(std::ffi::OsStr::from_bytes(d)))
+                .ok()
+        })
         .collect();
     // getdents64's buffer, shared by the listings; the kernel touches what it fills.
     let mut buf: Vec<u8> = Vec::new();
-    let mut path: Vec<u8> = Vec::new();
     for dir in &profile.library_search_dirs {
         if missing.is_empty() {
             return;
         }
-        let Ok(key) = resolver.locate_key(dir.as_os_str().as_bytes()) else {
+        let Ok(key) = resolver.dir_key(dir) else {
             continue;
         };
         if done.contains(&key) {
@@ -525,11 +255,7 @@ fn search_dirs(
             let mut any = false;
             for name in names.iter().filter(|n| matches_stem(n, stems[i])) {
                 any = true;
-                path.clear();
-                path.extend_from_slice(&key);
-                path.push(b'/');
-                path.extend_from_slice(name.as_bytes());
-                if let Ok(r) = resolver.resolve_bytes(&path) {
+                if let Ok(r) = resolver.resolve(&key.join(name)) {
                     if r.is_file {
                         here.push(Found {
                             host: r.host,
@@ -555,19 +281,14 @@ pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> V
     // Every regular file of each name, in the order of the dirs; one reached twice (`/bin` is
     // often a link to `/usr/bin`) counts once.
     let mut files: Vec<Vec<PathBuf>> = vec![Vec::new(); names.len()];
-    let mut path: Vec<u8> = Vec::new();
     for dir in &profile.binary_search_dirs {
         // A directory that does not exist (most of them, on most hosts) is looked at once,
         // not once per name.
-        let Ok(key) = resolver.locate_key(dir.as_os_str().as_bytes()) else {
+        let Ok(key) = resolver.dir_key(dir) else {
             continue;
         };
         for (name, files) in names.iter().zip(&mut files) {
-            path.clear();
-            path.extend_from_slice(&key);
-            path.push(b'/');
-            path.extend_from_slice(name.as_bytes());
-            if let Ok(r) = resolver.resolve_bytes(&path) {
+            if let Ok(r) = resolver.resolve(&key.join(name)) {
                 if r.is_file && !files.contains(&r.host) {
                     files.push(r.host);
                 }
@@ -747,7 +468,7 @@ mod tests {
             let e = res.resolve(Path::new("/missing/x")).unwrap_err();
             assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
             let e = res.resolve(Path::new("/file/x")).unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+            assert_eq!(e.kind(), std::io::ErrorKind::NotADirectory);
         }
         // Known as "no link" on the way to another path, then asked for its kind.
         assert!(res.resolve(Path::new("/file")).unwrap().is_file);
@@ -766,10 +487,8 @@ mod tests {
                 .starts_with(&format!("{}/", root.path().display())),
             "{e}"
         );
-        assert!(
-            e.to_string().ends_with("too many levels of symbolic links"),
-            "{e}"
-        );
+        let loop_msg = std::io::Error::from_raw_os_error(libc::ELOOP).to_string();
+        assert!(e.to_string().ends_with(&loop_msg), "{e}");
     }
 
     /// A search directory that is an absolute link is listed where the link points inside the

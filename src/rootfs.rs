@@ -1,11 +1,11 @@
 //! Reading and writing inside a container's root filesystem from the host, without ever
 //! following a link the image planted to a host path.
 //!
-//! Every path is resolved by the kernel with `openat2(2)` from a directory fd of the rootfs
-//! and `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`: `..` and absolute symlinks stop at the
-//! rootfs, as they would inside the container, and `/proc/self/...`-style links are refused.
-//! Where a symlink is not wanted at all (the loader cache the runtime replaces), the lookup adds
-//! `RESOLVE_NO_SYMLINKS` and the last component is checked with `AT_SYMLINK_NOFOLLOW`.
+//! Every path is resolved by [`crate::inroot`] in [`Scope::InRoot`]: `..` and absolute
+//! symlinks stop at the rootfs, as they would inside the container, and `/proc/self/...`-style
+//! links are refused. Where a symlink is not wanted at all (the loader cache the runtime
+//! replaces), the lookup is [`Scope::NoSymlinks`] and the last component is checked with
+//! `AT_SYMLINK_NOFOLLOW`.
 //! A file of the image is opened only once it is known to be a regular file: first `O_PATH`
 //! (which runs no driver's open and does not block on a FIFO), `fstat`, then a real open of
 //! that same inode (issue 23, class 1). Directories are opened with `O_DIRECTORY`, which the
@@ -19,20 +19,14 @@ use std::io::Write as _;
 use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-/// Resolution every lookup uses.
-const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
-/// Resolution for files the runtime replaces: no symlink anywhere on the path.
-const STRICT: ResolveFlags = IN_ROOT.union(ResolveFlags::NO_SYMLINKS);
+use crate::inroot::{reopen, Root, Scope};
 
 /// A container's rootfs, opened once.
 #[derive(Debug)]
-pub struct Rootfs {
-    dir: OwnedFd,
-    path: PathBuf,
-}
+pub struct Rootfs(Root);
 
 /// What a directory entry is (from `readdir`, checked with `statx` when the fs does not say).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,42 +39,22 @@ pub enum Kind {
 impl Rootfs {
     /// Opens the rootfs directory (`root.path` of the spec, a host path the engine made).
     pub fn open(path: &Path) -> std::io::Result<Rootfs> {
-        let dir = rustix::fs::open(
-            path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        Ok(Rootfs {
-            dir,
-            path: path.to_path_buf(),
-        })
+        Root::open(path).map(Rootfs)
     }
 
     /// The host path, for messages.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.0.path()
     }
 
-    fn resolve(&self, rel: &Path, flags: OFlags, how: ResolveFlags) -> Result<OwnedFd, Errno> {
-        let rel = rel.strip_prefix("/").unwrap_or(rel);
-        let rel = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        loop {
-            match rustix::fs::openat2(&self.dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
-                // The kernel asks for a retry when a rename raced the lookup.
-                Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
-                r => return r,
-            }
-        }
+    fn resolve(&self, rel: &Path, flags: OFlags, scope: Scope) -> Result<OwnedFd, Errno> {
+        self.0.open_at(rel, flags, scope)
     }
 
     /// The entries of directory `rel` (resolved in the root; symlinks inside the image are
     /// followed as the container would follow them). `None` when it does not exist.
     pub fn list_dir(&self, rel: &Path) -> std::io::Result<Option<Vec<(String, Kind)>>> {
-        let fd = match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, IN_ROOT) {
+        let fd = match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot) {
             Ok(fd) => fd,
             Err(Errno::NOENT) | Err(Errno::NOTDIR) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -109,16 +83,20 @@ impl Rootfs {
     /// Opens directory `rel` with no symlink on its path, creating the last component (mode
     /// 0755) when missing and `create` is set.
     fn strict_dir(&self, rel: &Path, create: bool) -> std::io::Result<OwnedFd> {
-        match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, STRICT) {
+        match self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::NoSymlinks) {
             Err(Errno::NOENT) if create => {
                 let parent = rel.parent().unwrap_or(Path::new("/"));
                 let name = rel.file_name().ok_or(Errno::INVAL)?;
-                let pfd = self.resolve(parent, OFlags::RDONLY | OFlags::DIRECTORY, STRICT)?;
+                let pfd = self.resolve(
+                    parent,
+                    OFlags::RDONLY | OFlags::DIRECTORY,
+                    Scope::NoSymlinks,
+                )?;
                 match rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(0o755)) {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(e.into()),
                 }
-                Ok(self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, STRICT)?)
+                Ok(self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::NoSymlinks)?)
             }
             r => Ok(r?),
         }
@@ -245,17 +223,6 @@ fn remove_temp_leftovers(dfd: &OwnedFd, name: &str) {
             }
         }
     }
-}
-
-/// A real open of the inode an `O_PATH` fd holds, through `/proc/self/fd`: the name it was
-/// found under is not looked up again, so what was checked is what is opened.
-fn reopen(fd: &OwnedFd, flags: OFlags) -> std::io::Result<OwnedFd> {
-    let magic = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    Ok(rustix::fs::open(
-        magic.as_str(),
-        flags | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
 }
 
 /// What a non-regular file is, for messages.
