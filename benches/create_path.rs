@@ -81,14 +81,14 @@ fn bench_config(c: &mut Criterion) {
         b.iter(|| Config::parse(black_box(""), None).expect("defaults"))
     });
     g.bench_function("shipped_config_and_4_profile_files", |b| {
-        b.iter(|| Config::load_from(black_box(&cfg_path)).expect("config"))
+        b.iter(|| Config::load(black_box(&cfg_path)).expect("config"))
     });
     g.bench_function("low_level_runtime_only", |b| {
-        b.iter(|| Config::low_level_runtime_from(black_box(&cfg_path)).expect("runtime"))
+        b.iter(|| accel_container_runtime::config::pass_through_runtime(black_box(&cfg_path)).0)
     });
     g.bench_function("quick_screen", |b| {
         b.iter(|| {
-            let q = Quick::load_from(black_box(&cfg_path)).expect("quick");
+            let q = Quick::read(black_box(&cfg_path)).expect("quick");
             let spec = br#"{"process":{"env":["PATH=/bin","HOSTNAME=x"]}}"#;
             assert_eq!(screen(spec, q.texts()), Screen::Nothing);
             q

@@ -60,7 +60,7 @@ fn table(n: usize) -> Vec<PluginDevice> {
 }
 
 fn enflame() -> Profile {
-    Config::load_from(Path::new("/nonexistent/accel-bench-config.toml"))
+    Config::load(Path::new("/nonexistent/accel-bench-config.toml"))
         .unwrap()
         .profiles
         .into_iter()

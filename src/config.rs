@@ -101,11 +101,8 @@ pub struct Quick {
 }
 
 impl Quick {
-    pub fn load() -> Result<Quick, ConfigError> {
-        Self::load_from(&config_path())
-    }
-
-    pub fn load_from(path: &Path) -> Result<Quick, ConfigError> {
+    /// Reads config.toml at `path` (usually [`path()`]) and the profile files it names.
+    pub fn read(path: &Path) -> Result<Quick, ConfigError> {
         let mut checked = trust::Checked::default();
         let (path, text) = match read_text(path, &mut checked)? {
             Some(text) => (Some(path.to_path_buf()), text),
@@ -234,32 +231,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// Loads the file named by `ACCEL_CONTAINER_RUNTIME_CONFIG`, else the default path.
-    /// A missing file is the defaults; an unreadable or invalid one is an error.
-    pub fn load() -> Result<Config, ConfigError> {
-        Self::load_from(&config_path())
-    }
-
-    pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
-        Quick::load_from(path)?.into_config()
-    }
-
-    /// `low-level-runtime` alone, from the file [`Config::load`] would read: what every command
-    /// but `create`/`run` needs. Profiles and the other keys are not parsed (nor validated:
-    /// a broken profile must not stop `delete` from cleaning up a container).
-    pub fn low_level_runtime() -> Result<String, ConfigError> {
-        Self::low_level_runtime_from(&config_path())
-    }
-
-    pub fn low_level_runtime_from(path: &Path) -> Result<String, ConfigError> {
-        let Some(text) = read_text(path, &mut trust::Checked::default())? else {
-            return Ok(d_runtime());
-        };
-        let parsed: RuntimeOnly = toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.into(),
-            source,
-        })?;
-        check_runtime(&parsed.low_level_runtime, path)
+    /// Loads config.toml at `path` (usually [`path()`]) and every profile. A missing file is
+    /// the defaults; an unreadable or invalid one is an error.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Quick::read(path)?.into_config()
     }
 
     /// The config of the node whose `/` is `root` (the doctor's `--root`): config.toml at
@@ -409,7 +384,8 @@ fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigErr
     Ok((file, warnings))
 }
 
-fn config_path() -> PathBuf {
+/// The config file: `ACCEL_CONTAINER_RUNTIME_CONFIG` when set, else the default path.
+pub fn path() -> PathBuf {
     std::env::var_os(ENV_VAR)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -452,12 +428,8 @@ fn read_text(path: &Path, checked: &mut trust::Checked) -> Result<Option<String>
 /// parse, its `low-level-runtime` line is read alone (a top-level `low-level-runtime = "..."`
 /// on one line); when even that fails, or the file is not root's alone to write (its value
 /// then cannot be believed), the fallback is `runc` looked up in PATH.
-pub fn pass_through_runtime() -> (String, Option<(String, PathBuf)>) {
-    pass_through_runtime_from(&config_path())
-}
-
-pub fn pass_through_runtime_from(path: &Path) -> (String, Option<(String, PathBuf)>) {
-    let err = match Config::low_level_runtime_from(path) {
+pub fn pass_through_runtime(path: &Path) -> (String, Option<(String, PathBuf)>) {
+    let err = match runtime_only(path) {
         Ok(runtime) => return (runtime, None),
         Err(e) => e,
     };
@@ -478,6 +450,19 @@ pub fn pass_through_runtime_from(path: &Path) -> (String, Option<(String, PathBu
         crate::quote::quote(&runtime),
     );
     (runtime, Some((warning, log_file)))
+}
+
+/// `low-level-runtime` alone: profiles and the other keys are neither parsed nor validated
+/// (a broken profile must not stop `delete` from cleaning up a container).
+fn runtime_only(path: &Path) -> Result<String, ConfigError> {
+    let Some(text) = read_text(path, &mut trust::Checked::default())? else {
+        return Ok(d_runtime());
+    };
+    let parsed: RuntimeOnly = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.into(),
+        source,
+    })?;
+    check_runtime(&parsed.low_level_runtime, path)
 }
 
 /// A top-level `key = "string"` of a TOML text that does not parse as a whole: the line
@@ -672,7 +657,7 @@ mod tests {
 
     #[test]
     fn missing_file_gives_defaults() {
-        let c = Config::load_from(Path::new("/nonexistent/accel.toml")).unwrap();
+        let c = Config::load(Path::new("/nonexistent/accel.toml")).unwrap();
         assert_eq!(c.low_level_runtime, "runc");
         assert_eq!(
             c.log_file,
@@ -787,8 +772,8 @@ mod tests {
             ),
         )
         .unwrap();
-        let q = Quick::load_from(&cfg).unwrap();
-        let full = Config::load_from(&cfg).unwrap();
+        let q = Quick::read(&cfg).unwrap();
+        let full = Config::load(&cfg).unwrap();
         assert_eq!(full.profiles.len(), 7);
         let screen = |q: &Quick, var: &str| {
             let spec = format!(r#"{{"process":{{"env":["{var}=0"]}}}}"#);
@@ -804,7 +789,7 @@ mod tests {
             assert_eq!(screen(&q, other), Screen::Nothing, "{other}");
         }
         // No file: built-ins only.
-        let q = Quick::load_from(&dir.path().join("none.toml")).unwrap();
+        let q = Quick::read(&dir.path().join("none.toml")).unwrap();
         assert_eq!(screen(&q, "NVIDIA_VISIBLE_DEVICES"), Screen::Maybe);
         assert_eq!(screen(&q, "MY_ACCELS"), Screen::Nothing);
     }
@@ -843,8 +828,8 @@ mod tests {
                 Ok(c) => format!("{c:?}"),
                 Err(e) => format!("error: {e}"),
             };
-            let full = show(Config::load_from(&cfg));
-            let quick = match Quick::load_from(&cfg) {
+            let full = show(Config::load(&cfg));
+            let quick = match Quick::read(&cfg) {
                 Ok(quick) => quick,
                 // The screen reports what it needs itself, as the full load does.
                 Err(e) => {
@@ -858,10 +843,10 @@ mod tests {
         }
         // No file: the defaults, either way.
         let none = dir.path().join("none.toml");
-        let quick = Quick::load_from(&none).unwrap();
+        let quick = Quick::read(&none).unwrap();
         assert_eq!(
             format!("{:?}", quick.into_config().unwrap()),
-            format!("{:?}", Config::load_from(&none).unwrap())
+            format!("{:?}", Config::load(&none).unwrap())
         );
     }
 
@@ -869,23 +854,20 @@ mod tests {
     fn runtime_only_reads_one_key_and_ignores_profiles() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
-        assert_eq!(Config::low_level_runtime_from(&p).unwrap(), "runc");
+        assert_eq!(runtime_only(&p).unwrap(), "runc");
         // A profile that would not load must not stop pass-through commands.
         std::fs::write(
             &p,
             "low-level-runtime = \"/usr/sbin/runc\"\n[profiles.nvidia]\ndriver-root = 5\n",
         )
         .unwrap();
-        assert_eq!(
-            Config::low_level_runtime_from(&p).unwrap(),
-            "/usr/sbin/runc"
-        );
-        assert!(Config::load_from(&p).is_err());
+        assert_eq!(runtime_only(&p).unwrap(), "/usr/sbin/runc");
+        assert!(Config::load(&p).is_err());
         std::fs::write(&p, "low-level-runtime = \"sbin/runc\"\n").unwrap();
-        let err = Config::low_level_runtime_from(&p).unwrap_err().to_string();
+        let err = runtime_only(&p).unwrap_err().to_string();
         assert!(err.contains("low-level-runtime"), "{err}");
         std::fs::write(&p, "low-level-runtime = [").unwrap();
-        assert!(Config::low_level_runtime_from(&p).is_err());
+        assert!(runtime_only(&p).is_err());
     }
 
     #[test]
@@ -893,16 +875,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
         std::fs::write(&p, "low-level-runtime = \"/usr/sbin/runc\"\n").unwrap();
-        assert_eq!(
-            pass_through_runtime_from(&p),
-            ("/usr/sbin/runc".into(), None)
-        );
+        assert_eq!(pass_through_runtime(&p), ("/usr/sbin/runc".into(), None));
         std::fs::write(
             &p,
             "low-level-runtime = \"/opt/runc\"\nlog-file = \"/x.log\"\nlog-level = debug\n",
         )
         .unwrap();
-        let (runtime, warning) = pass_through_runtime_from(&p);
+        let (runtime, warning) = pass_through_runtime(&p);
         assert_eq!(runtime, "/opt/runc");
         let (msg, log) = warning.unwrap();
         assert!(
@@ -911,10 +890,10 @@ mod tests {
         );
         assert_eq!(log, PathBuf::from("/x.log"));
         std::fs::write(&p, "low-level-runtime = [\n").unwrap();
-        assert_eq!(pass_through_runtime_from(&p).0, "runc");
+        assert_eq!(pass_through_runtime(&p).0, "runc");
         std::fs::write(&p, "low-level-runtime = \"/opt/runc\"\n").unwrap();
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o664)).unwrap();
-        let (runtime, warning) = pass_through_runtime_from(&p);
+        let (runtime, warning) = pass_through_runtime(&p);
         assert_eq!(runtime, "runc");
         assert!(warning.unwrap().0.contains("writable by group"));
     }

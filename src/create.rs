@@ -134,7 +134,7 @@ pub struct Done {
 /// argv. A spec that certainly asks for nothing (most containers) is not even parsed:
 /// [`spec::screen`] tells from its bytes and the names the profiles claim.
 pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
-    let quick = crate::config::Quick::load()?;
+    let quick = crate::config::Quick::read(&crate::config::path())?;
     let bundle = Bundle::read(bundle_dir);
     let nothing = match &bundle.data {
         Ok(data) if !quick.accept_container_devices_as_mounts => {

@@ -335,7 +335,7 @@ fn a_plugin_in_a_pod_reads_the_host_under_host_root() {
     let scratch = tempfile::tempdir().unwrap();
     let path = scratch.path().join("config.toml");
     std::fs::write(&path, "").unwrap();
-    let cfg = Config::load_from(&path).unwrap();
+    let cfg = Config::load(&path).unwrap();
     let root = sim.path().to_str().unwrap().to_string();
     rt().block_on(async move {
         let kubelet = Kubelet::started();
@@ -766,7 +766,7 @@ fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
         let cdi_dir = tempfile::tempdir().unwrap();
         let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
         let runc = Runc::with_config(&sim, &extra);
-        let cfg = Config::load_from(&runc.config_path()).unwrap();
+        let cfg = Config::load(&runc.config_path()).unwrap();
         let profile = cfg
             .profiles
             .into_iter()

@@ -679,7 +679,7 @@ fn replicas_through_the_runtime_and_runc_give_their_devices() {
     ] {
         let cdi_dir = tempfile::tempdir().unwrap();
         let runc = runc_with_replicas(&sim, extra, cdi_dir.path());
-        let cfg = Config::load_from(&runc.config_path()).unwrap();
+        let cfg = Config::load(&runc.config_path()).unwrap();
         let profile = cfg
             .profiles
             .into_iter()
@@ -710,7 +710,7 @@ fn replicas_through_the_runtime_and_runc_give_their_devices() {
     b.env("ENFLAME_VISIBLE_DEVICES=3::1,GCU-1::0,1::3");
     assert_sees_1_3(&runc, b, "replicas-variable");
 
-    let cfg = Config::load_from(&runc.config_path()).unwrap();
+    let cfg = Config::load(&runc.config_path()).unwrap();
     let profile = cfg
         .profiles
         .into_iter()

@@ -147,7 +147,7 @@ fn run(args: &[OsString], inv: &argv::Invocation) -> Result<std::convert::Infall
 /// The low-level runtime of a command that only passes through: never an error (issue 14,
 /// class 12): a broken config.toml is a warning in the log and a documented fallback.
 fn pass_through_runtime() -> String {
-    let (runtime, warning) = config::pass_through_runtime();
+    let (runtime, warning) = config::pass_through_runtime(&config::path());
     if let Some((msg, log_file)) = warning {
         logging::init(&log_file, log::LevelFilter::Warn);
         log::warn!("{msg}");

@@ -57,7 +57,7 @@ fn main() -> ExitCode {
 }
 
 fn main_inner(args: Args) -> anyhow::Result<()> {
-    let config = Config::load()?;
+    let config = Config::load(&accel_container_runtime::config::path())?;
     if config.accept_envvar_unprivileged && !args.strategy.contains(&Strategy::Envvar) {
         log(
             "warning: the runtime's config accepts <VENDOR>_VISIBLE_DEVICES from unprivileged \

@@ -1,7 +1,7 @@
 //! `accel-ctk cdi generate` and `accel-ctk cdi list`.
 //!
-//! Config comes from `Config::load()`, so `ACCEL_CONTAINER_RUNTIME_CONFIG` and profile
-//! overrides (`driver-root`) apply exactly as for the runtime. Without `--vendor`, every
+//! Config comes from `Config::load(&config::path())`, so `ACCEL_CONTAINER_RUNTIME_CONFIG` and
+//! profile overrides (`driver-root`) apply exactly as for the runtime. Without `--vendor`, every
 //! profile with a `cdi-kind` that finds devices gets a spec; several specs go to stdout as one
 //! YAML stream, to `--output DIR` as one file per vendor (`<vendor>-<class>.<ext>`, CDI's
 //! naming), and to `--output FILE` or JSON on stdout not at all (an error asks for

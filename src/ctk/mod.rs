@@ -18,7 +18,7 @@ use crate::config::Config;
 /// nearest known one, an unlistable profiles-dir) printed on stderr: a typo'd key must not be
 /// silent just because this command ran instead of a container.
 pub fn load_config() -> anyhow::Result<Config> {
-    let cfg = Config::load().context("loading the runtime's config")?;
+    let cfg = Config::load(&crate::config::path()).context("loading the runtime's config")?;
     for w in &cfg.warnings {
         eprintln!("accel-ctk: warning: {w}");
     }

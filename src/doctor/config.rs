@@ -10,7 +10,7 @@ use crate::profile::Profile;
 /// loaded one, or on error the built-in defaults (so the other checks still run), rooted.
 pub fn load_config(ctx: &Ctx) -> (Result<Config, config::ConfigError>, Config) {
     let loaded = if ctx.is_real_root() {
-        Config::load_from(&ctx.config_path)
+        Config::load(&ctx.config_path)
     } else {
         Config::load_under(&ctx.root, &ctx.config_path)
     };

@@ -271,7 +271,7 @@ pub fn config(sim: &super::SimRoot, scratch: &Path, keys: &str) -> Config {
         ),
     )
     .unwrap();
-    Config::load_from(&path).unwrap()
+    Config::load(&path).unwrap()
 }
 
 /// The seed's 8 GCUs with one driver library (the CDI generator refuses a driver without).
