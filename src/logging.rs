@@ -43,6 +43,49 @@ impl log::Log for FileLogger {
 
 static LOGGER: OnceLock<FileLogger> = OnceLock::new();
 
+/// A daemon's log: one line per record on stderr (what `kubectl logs` and journald keep),
+/// `<time> <program>: <message>`, warnings and errors marked.
+struct StderrLogger {
+    program: &'static str,
+}
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            let mark = match r.level() {
+                log::Level::Error => "error: ",
+                log::Level::Warn => "warning: ",
+                _ => "",
+            };
+            let line = format!(
+                "{} {}: {mark}{}\n",
+                rfc3339_now(),
+                self.program,
+                crate::quote::line(&r.args().to_string())
+            );
+            // One write per line: lines of concurrent tasks do not interleave.
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static STDERR_LOGGER: OnceLock<StderrLogger> = OnceLock::new();
+
+/// Installs the stderr logger for a daemon named `program` (once; later calls, or a logger
+/// already set, are ignored).
+pub fn init_stderr(program: &'static str) {
+    let logger = STDERR_LOGGER.get_or_init(|| StderrLogger { program });
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+}
+
 /// Installs the file logger (once; later calls are ignored).
 pub fn init(path: &Path, level: log::LevelFilter) {
     let logger = LOGGER.get_or_init(|| FileLogger {

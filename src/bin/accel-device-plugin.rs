@@ -8,7 +8,7 @@ use std::time::Duration;
 use accel_container_runtime::config::Config;
 use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::host_root::HostRoot;
-use accel_container_runtime::plugin::server::{log, run, Options};
+use accel_container_runtime::plugin::server::{run, Options};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -46,11 +46,12 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 fn main() -> ExitCode {
+    accel_container_runtime::logging::init_stderr("accel-device-plugin");
     let args = Args::parse();
     match main_inner(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            log(&format!("error: {e:#}"));
+            log::error!("{e:#}");
             ExitCode::from(1)
         }
     }
@@ -59,8 +60,8 @@ fn main() -> ExitCode {
 fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = Config::load(&accel_container_runtime::config::path())?;
     if config.accept_envvar_unprivileged && !args.strategy.contains(&Strategy::Envvar) {
-        log(
-            "warning: the runtime's config accepts <VENDOR>_VISIBLE_DEVICES from unprivileged \
+        log::warn!(
+            "the runtime's config accepts <VENDOR>_VISIBLE_DEVICES from unprivileged \
              containers (accept-envvar-unprivileged = true): an image that sets \
              NVIDIA_VISIBLE_DEVICES=all sees every device whatever the pod requested; set \
              accept-envvar-unprivileged = false and accept-container-devices-as-mounts = true",
@@ -90,8 +91,8 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
             let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
             let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
             tokio::select! {
-                _ = term.recv() => log("SIGTERM: removing sockets, exiting"),
-                _ = int.recv() => log("SIGINT: removing sockets, exiting"),
+                _ = term.recv() => log::info!("SIGTERM: removing sockets, exiting"),
+                _ = int.recv() => log::info!("SIGINT: removing sockets, exiting"),
             }
             let _ = tx.send(true);
         });

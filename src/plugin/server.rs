@@ -6,19 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::profile::Profile;
 
-use super::allocate::{allocate, AllocateError, Strategy};
+use super::allocate::Strategy;
 use super::api::*;
-use super::devices::{self, healthy, replica_id, split_replica, DevicesError, Offer, PluginDevice};
+use super::devices::{self, healthy, DevicesError, Offer, PluginDevice};
 use super::grpc::{self, DevicePlugin, DevicePluginServer, DeviceStream};
 use super::host_root::HostRoot;
-use super::preferred::{choose, choose_replicas, Place};
 use super::registration::{Action, Event, FileId, Registrar, Sockets};
 use super::watch::WatchError;
 
@@ -42,14 +41,6 @@ pub enum PluginError {
     },
     #[error(transparent)]
     Watch(#[from] WatchError),
-}
-
-/// One line on stderr (what `kubectl logs` shows).
-pub fn log(msg: &str) {
-    eprintln!(
-        "{} accel-device-plugin: {msg}",
-        humantime::format_rfc3339_millis(SystemTime::now())
-    );
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +99,7 @@ pub struct Plugin {
     events: mpsc::UnboundedSender<Event>,
     /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
     cdi: Option<Options>,
-    host_root: HostRoot,
+    pub(super) host_root: HostRoot,
     /// The last re-discovery error logged, so a lasting one is logged once.
     last_error: Mutex<Option<String>>,
 }
@@ -236,11 +227,11 @@ impl Plugin {
                 let e = e.to_string();
                 let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
                 if last.as_deref() != Some(e.as_str()) {
-                    log(&format!(
+                    log::warn!(
                         "{}: cannot discover devices again ({e}); keeping the {} known",
                         self.resource,
                         known.len()
-                    ));
+                    );
                     *last = Some(e);
                 }
                 known
@@ -257,7 +248,7 @@ impl Plugin {
         }
         if let Some(opts) = &self.cdi {
             if let Err(e) = write_cdi(&self.profile, opts) {
-                log(&format!("{}: {e:#}", self.resource));
+                log::warn!("{}: {e:#}", self.resource);
             }
         }
         self.state.send_if_modified(|old| {
@@ -267,18 +258,18 @@ impl Plugin {
             for (i, d) in now.table.iter().enumerate() {
                 let is = now.health[i];
                 match old.table.iter().position(|o| o.id == d.id) {
-                    None => log(&format!(
+                    None => log::info!(
                         "{}: device {} appeared, {}",
                         self.resource,
                         d.id,
                         if is { HEALTHY } else { UNHEALTHY }
-                    )),
-                    Some(j) if old.health[j] != is => log(&format!(
+                    ),
+                    Some(j) if old.health[j] != is => log::info!(
                         "{}: device {} is now {}",
                         self.resource,
                         d.id,
                         if is { HEALTHY } else { UNHEALTHY }
-                    )),
+                    ),
                     Some(_) => {}
                 }
             }
@@ -323,7 +314,7 @@ impl DevicePlugin for Served {
 
     fn list_and_watch(&self) -> DeviceStream {
         let p = &self.0;
-        log(&format!("{}: kubelet watches the devices", p.resource));
+        log::info!("{}: kubelet watches the devices", p.resource);
         Box::pin(Watching {
             inner: tokio_stream::wrappers::WatchStream::new(p.state.subscribe()),
             epoch: p.epoch.load(Ordering::SeqCst),
@@ -340,297 +331,6 @@ impl DevicePlugin for Served {
 
     fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
         self.0.allocate(req)
-    }
-}
-
-/// At most this many device IDs in a log line; the rest are counted.
-const LOGGED_IDS: usize = 8;
-
-/// `ids` for a log line: the first few, quoted and escaped, and how many more.
-fn shown(ids: &[String]) -> String {
-    let mut out: Vec<String> = ids
-        .iter()
-        .take(LOGGED_IDS)
-        .map(|i| format!("{:?}", i.chars().take(80).collect::<String>()))
-        .collect();
-    if ids.len() > LOGGED_IDS {
-        out.push(format!("and {} more", ids.len() - LOGGED_IDS));
-    }
-    format!("[{}]", out.join(", "))
-}
-
-impl Plugin {
-    /// The best-connected `allocation_size` of the offered devices. The offered IDs are
-    /// taken in device-index order, whatever order kubelet sends them in (Go's map order,
-    /// different at every call): equal choices then always fall to the lower indexes, so
-    /// the same free devices give the same answer. IDs this plugin does not offer are left
-    /// out, which also bounds the work to the device table.
-    pub fn preferred(
-        &self,
-        req: PreferredAllocationRequest,
-    ) -> Result<PreferredAllocationResponse, Status> {
-        if self.offer.replicas > 1 {
-            return self.preferred_replicas(req);
-        }
-        let mut out = PreferredAllocationResponse::default();
-        let table = self.table();
-        for r in req.container_requests {
-            // kubelet offers only IDs this plugin listed: a longer list is refused before
-            // any per-ID work.
-            let listed = r
-                .available_device_ids
-                .len()
-                .max(r.must_include_device_ids.len());
-            if listed > table.len() {
-                return Err(self.refused(
-                    "GetPreferredAllocation",
-                    format!("{listed} device IDs offered, {} listed", table.len()),
-                ));
-            }
-            let position = |id: &String| table.iter().position(|d| d.id == *id);
-            let mut offered: Vec<usize> =
-                r.available_device_ids.iter().filter_map(position).collect();
-            offered.sort_unstable();
-            offered.dedup();
-            let mut must: Vec<usize> = Vec::new();
-            for id in &r.must_include_device_ids {
-                match position(id).and_then(|t| offered.binary_search(&t).ok()) {
-                    Some(k) => must.push(k),
-                    None => {
-                        return Err(self.refused(
-                            "GetPreferredAllocation",
-                            format!(
-                                "required device {:?} is not among the offered devices",
-                                id.chars().take(80).collect::<String>()
-                            ),
-                        ))
-                    }
-                }
-            }
-            let places: Vec<Place> = offered.iter().map(|&t| table[t].place.clone()).collect();
-            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
-            let chosen = choose(&places, &must, size).ok_or_else(|| {
-                self.refused(
-                    "GetPreferredAllocation",
-                    format!(
-                        "cannot choose {} of {} offered devices with {} required",
-                        r.allocation_size,
-                        offered.len(),
-                        must.len()
-                    ),
-                )
-            })?;
-            let ids: Vec<String> = chosen
-                .into_iter()
-                .map(|k| table[offered[k]].id.clone())
-                .collect();
-            log(&format!(
-                "{}: GetPreferredAllocation of {} from {} offered ({} required): {}",
-                self.resource,
-                r.allocation_size,
-                offered.len(),
-                must.len(),
-                shown(&ids)
-            ));
-            out.container_responses
-                .push(ContainerPreferredAllocationResponse { device_ids: ids });
-        }
-        Ok(out)
-    }
-
-    /// The replicas to give, by the profile's `replica-policy`: the offered replica IDs are
-    /// grouped by device in device-index order (kubelet's order is Go's map order), the
-    /// devices chosen, then the replicas on them.
-    fn preferred_replicas(
-        &self,
-        req: PreferredAllocationRequest,
-    ) -> Result<PreferredAllocationResponse, Status> {
-        let mut out = PreferredAllocationResponse::default();
-        let table = self.table();
-        let listed_ids = table.len() * self.offer.replicas as usize;
-        let policy = self.profile.replica_policy;
-        for r in req.container_requests {
-            let listed = r
-                .available_device_ids
-                .len()
-                .max(r.must_include_device_ids.len());
-            if listed > listed_ids {
-                return Err(self.refused(
-                    "GetPreferredAllocation",
-                    format!("{listed} device IDs offered, {listed_ids} listed"),
-                ));
-            }
-            let mut offered: Vec<(usize, u32)> = r
-                .available_device_ids
-                .iter()
-                .filter_map(|id| self.slot(&table, id))
-                .collect();
-            offered.sort_unstable();
-            offered.dedup();
-            // Offered devices in index order, each with its free replicas.
-            let mut devices: Vec<usize> = Vec::new();
-            let mut free: Vec<Vec<u32>> = Vec::new();
-            for &(t, k) in &offered {
-                if devices.last() != Some(&t) {
-                    devices.push(t);
-                    free.push(Vec::new());
-                }
-                if let Some(f) = free.last_mut() {
-                    f.push(k);
-                }
-            }
-            let mut must = Vec::new();
-            for id in &r.must_include_device_ids {
-                let slot = self
-                    .slot(&table, id)
-                    .filter(|s| offered.binary_search(s).is_ok())
-                    .and_then(|(t, k)| Some((devices.binary_search(&t).ok()?, k)));
-                match slot {
-                    Some(s) => must.push(s),
-                    None => {
-                        return Err(self.refused(
-                            "GetPreferredAllocation",
-                            format!(
-                                "required device {:?} is not among the offered devices",
-                                id.chars().take(80).collect::<String>()
-                            ),
-                        ))
-                    }
-                }
-            }
-            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
-            if policy == crate::profile::ReplicaPolicy::Strict && size > 1 {
-                return Err(self.refused(
-                    "GetPreferredAllocation",
-                    format!(
-                        "replica-policy strict: at most 1 replica per container, {size} asked for"
-                    ),
-                ));
-            }
-            let places: Vec<Place> = devices.iter().map(|&t| table[t].place.clone()).collect();
-            let chosen = choose_replicas(&places, &free, &must, size, policy).ok_or_else(|| {
-                self.refused(
-                    "GetPreferredAllocation",
-                    format!(
-                        "cannot choose {} of {} offered replicas with {} required",
-                        r.allocation_size,
-                        offered.len(),
-                        must.len()
-                    ),
-                )
-            })?;
-            let ids: Vec<String> = chosen
-                .into_iter()
-                .map(|(d, k)| replica_id(&table[devices[d]].id, k))
-                .collect();
-            log(&format!(
-                "{}: GetPreferredAllocation of {} from {} offered replicas ({} required, {}): {}",
-                self.resource,
-                r.allocation_size,
-                offered.len(),
-                must.len(),
-                policy.as_str(),
-                shown(&ids)
-            ));
-            out.container_responses
-                .push(ContainerPreferredAllocationResponse { device_ids: ids });
-        }
-        Ok(out)
-    }
-
-    /// The table position and replica number of a replica ID this plugin lists.
-    fn slot(&self, table: &[PluginDevice], id: &str) -> Option<(usize, u32)> {
-        let (base, k) = split_replica(id)?;
-        if k >= self.offer.replicas {
-            return None;
-        }
-        Some((table.iter().position(|d| d.id == base)?, k))
-    }
-
-    /// The device IDs of the IDs kubelet allocated: a replica ID is its device's, so a
-    /// container given two replicas of one device gets that device once. Err: an ID this
-    /// plugin does not list (a whole device's ID among them: this plugin lists replicas).
-    fn device_ids(
-        &self,
-        table: &[PluginDevice],
-        ids: &[String],
-    ) -> Result<Vec<String>, AllocateError> {
-        if self.offer.replicas <= 1 {
-            return Ok(ids.to_vec());
-        }
-        let mut out: Vec<String> = Vec::new();
-        for id in ids {
-            let Some((t, _)) = self.slot(table, id) else {
-                return Err(AllocateError::Unknown(
-                    id.chars().take(80).collect(),
-                    self.resource.clone(),
-                ));
-            };
-            if !out.contains(&table[t].id) {
-                out.push(table[t].id.clone());
-            }
-        }
-        Ok(out)
-    }
-
-    pub fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
-        let mut out = AllocateResponse::default();
-        let table = self.table();
-        let listed = table.len() * self.offer.replicas as usize;
-        for r in req.container_requests {
-            // kubelet never asks for more than the plugin offers; a longer list is refused
-            // before any per-ID work.
-            if r.devices_ids.len() > listed {
-                return Err(self.refused(
-                    "Allocate",
-                    format!(
-                        "{} device IDs asked for, {listed} offered",
-                        r.devices_ids.len(),
-                    ),
-                ));
-            }
-            if self.offer.replicas > 1
-                && self.profile.replica_policy == crate::profile::ReplicaPolicy::Strict
-                && r.devices_ids.len() > 1
-            {
-                return Err(self.refused(
-                    "Allocate",
-                    format!(
-                        "{} replica-policy strict: at most 1 replica per container, {} asked for",
-                        shown(&r.devices_ids),
-                        r.devices_ids.len()
-                    ),
-                ));
-            }
-            let mut answer = self
-                .device_ids(&table, &r.devices_ids)
-                .and_then(|ids| allocate(&self.profile, &table, &self.strategies, &ids))
-                .map_err(|e| self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids))))?;
-            if self.offer.replicas > 1 {
-                if let Some(var) = &self.profile.replicas_env {
-                    answer
-                        .envs
-                        .insert(var.clone(), self.offer.replicas.to_string());
-                }
-            }
-            let answer = self.host_root.answer(answer);
-            log(&format!(
-                "{}: Allocate {}: {} env, {} mounts, {} device nodes, {} CDI devices",
-                self.resource,
-                shown(&r.devices_ids),
-                answer.envs.len(),
-                answer.mounts.len(),
-                answer.devices.len(),
-                answer.cdi_devices.len() + answer.annotations.len()
-            ));
-            out.container_responses.push(answer.into());
-        }
-        Ok(out)
-    }
-
-    fn refused(&self, call: &str, why: String) -> Status {
-        log(&format!("{}: {call} refused: {why}", self.resource));
-        Status::invalid_argument(why)
     }
 }
 
@@ -701,7 +401,7 @@ fn serve(plugin: &Arc<Plugin>, path: &Path) -> Result<Serving, PluginError> {
             let _ = rx.await;
         };
         if let Err(e) = serve_listener(plugin, listener, stopped).await {
-            log(&format!("server stopped: {e}"));
+            log::warn!("server stopped: {e}");
         }
     });
     Ok(Serving {
@@ -766,7 +466,7 @@ async fn manage(
             server = None;
             match serve(&plugin, &path) {
                 Ok(s) => server = Some(s),
-                Err(e) => log(&format!("{}: {e}", plugin.resource)),
+                Err(e) => log::warn!("{}: {e}", plugin.resource),
             }
         }
         let epoch = reg.attempt();
@@ -785,23 +485,23 @@ async fn manage(
                 };
                 reg.registered(epoch, against);
                 last_failure = None;
-                log(&format!(
+                log::info!(
                     "{}: registered with kubelet as {} ({} devices, registration {epoch}, {} ms after start)",
                     plugin.resource,
                     plugin.socket_name(),
                     plugin.table().len(),
                     started.elapsed().as_millis()
-                ));
+                );
                 None
             }
             Err(e) => {
                 let wait = reg.failed();
                 // A kubelet that stays away is said once, not at every retry.
                 if last_failure.as_deref() != Some(e.as_str()) {
-                    log(&format!(
+                    log::warn!(
                         "{}: kubelet not reachable ({e}); retrying with backoff up to {:?}, at once when {KUBELET_SOCKET} appears",
                         plugin.resource, opts.max_backoff
-                    ));
+                    );
                     last_failure = Some(e);
                 }
                 Some(wait)
@@ -830,7 +530,7 @@ async fn manage(
             let was_registered = reg.is_registered();
             if reg.on_event(ev, now) == Action::Register {
                 if was_registered {
-                    log(&format!("{}: {ev:?}: registering again", plugin.resource));
+                    log::info!("{}: {ev:?}: registering again", plugin.resource);
                 }
                 break;
             }
@@ -866,10 +566,10 @@ pub async fn run(
         let profile = opts.host_root.rebase(profile);
         let found = devices::discover(&profile)?;
         if found.is_empty() {
-            log(&format!(
+            log::info!(
                 "{}: no devices on this node yet; registering when one appears",
                 profile.name
-            ));
+            );
         } else if cdi {
             write_cdi(&profile, &opts)?;
         }
@@ -885,7 +585,7 @@ pub async fn run(
         }
     }
     if plugins.is_empty() {
-        log("no profile names a resource; idle");
+        log::info!("no profile names a resource; idle");
     }
     super::watch::kubelet_dir(
         &opts.kubelet_dir,
@@ -916,7 +616,7 @@ pub async fn run(
         },
         shutdown.clone(),
     ) {
-        log(&format!("{e}; health is polled every {:?}", opts.poll));
+        log::warn!("{e}; health is polled every {:?}", opts.poll);
     }
     let tasks: Vec<_> = plugins
         .into_iter()
@@ -956,30 +656,6 @@ pub fn write_cdi(profile: &Profile, opts: &Options) -> Result<bool, PluginError>
     }
     std::fs::create_dir_all(&opts.cdi_dir).map_err(|e| err(e.into()))?;
     crate::atomic::replace(&path, &text, 0o644).map_err(|e| err(e.into()))?;
-    log(&format!(
-        "{}: CDI spec written to {}",
-        profile.name,
-        path.display()
-    ));
+    log::info!("{}: CDI spec written to {}", profile.name, path.display());
     Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Allocate and preferred-allocation lines name at most 8 IDs, each cut and escaped
-    /// (issue 22, 10: a 10,000-ID request logged 10,000 IDs).
-    #[test]
-    fn logged_id_lists_are_bounded_and_escaped() {
-        let ids: Vec<String> = (0..10_000).map(|i| format!("GCU-{i}")).collect();
-        let line = shown(&ids);
-        assert!(line.ends_with(", \"GCU-7\", and 9992 more]"), "{line}");
-        assert!(line.len() < 200, "{line}");
-        let odd = vec!["a\nb".to_string(), "x".repeat(500)];
-        let line = shown(&odd);
-        assert!(line.starts_with("[\"a\\nb\", \"xxx"), "{line}");
-        assert!(!line.contains('\n') && line.len() < 100, "{line}");
-        assert_eq!(shown(&[]), "[]");
-    }
 }

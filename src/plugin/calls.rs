@@ -1,0 +1,323 @@
+//! What the plugin answers kubelet's calls with: GetPreferredAllocation (the best-connected
+//! choice of the offered devices, replicas spread) and Allocate (the strategies' answer for
+//! each container). Requests are bounded by the device table: IDs the plugin does not offer
+//! are refused or left out before any work that grows with them.
+
+use tonic::Status;
+
+use super::allocate::{allocate, AllocateError};
+use super::api::*;
+use super::devices::{replica_id, split_replica, PluginDevice};
+use super::preferred::{choose, choose_replicas, Place};
+use super::server::Plugin;
+
+/// At most this many device IDs in a log line; the rest are counted.
+const LOGGED_IDS: usize = 8;
+
+/// `ids` for a log line: the first few, quoted and escaped, and how many more.
+fn shown(ids: &[String]) -> String {
+    let mut out: Vec<String> = ids
+        .iter()
+        .take(LOGGED_IDS)
+        .map(|i| format!("{:?}", i.chars().take(80).collect::<String>()))
+        .collect();
+    if ids.len() > LOGGED_IDS {
+        out.push(format!("and {} more", ids.len() - LOGGED_IDS));
+    }
+    format!("[{}]", out.join(", "))
+}
+
+impl Plugin {
+    /// The best-connected `allocation_size` of the offered devices. The offered IDs are
+    /// taken in device-index order, whatever order kubelet sends them in (Go's map order,
+    /// different at every call): equal choices then always fall to the lower indexes, so
+    /// the same free devices give the same answer. IDs this plugin does not offer are left
+    /// out, which also bounds the work to the device table.
+    pub fn preferred(
+        &self,
+        req: PreferredAllocationRequest,
+    ) -> Result<PreferredAllocationResponse, Status> {
+        if self.offer.replicas > 1 {
+            return self.preferred_replicas(req);
+        }
+        let mut out = PreferredAllocationResponse::default();
+        let table = self.table();
+        for r in req.container_requests {
+            // kubelet offers only IDs this plugin listed: a longer list is refused before
+            // any per-ID work.
+            let listed = r
+                .available_device_ids
+                .len()
+                .max(r.must_include_device_ids.len());
+            if listed > table.len() {
+                return Err(self.refused(
+                    "GetPreferredAllocation",
+                    format!("{listed} device IDs offered, {} listed", table.len()),
+                ));
+            }
+            let position = |id: &String| table.iter().position(|d| d.id == *id);
+            let mut offered: Vec<usize> =
+                r.available_device_ids.iter().filter_map(position).collect();
+            offered.sort_unstable();
+            offered.dedup();
+            let mut must: Vec<usize> = Vec::new();
+            for id in &r.must_include_device_ids {
+                match position(id).and_then(|t| offered.binary_search(&t).ok()) {
+                    Some(k) => must.push(k),
+                    None => {
+                        return Err(self.refused(
+                            "GetPreferredAllocation",
+                            format!(
+                                "required device {:?} is not among the offered devices",
+                                id.chars().take(80).collect::<String>()
+                            ),
+                        ))
+                    }
+                }
+            }
+            let places: Vec<Place> = offered.iter().map(|&t| table[t].place.clone()).collect();
+            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
+            let chosen = choose(&places, &must, size).ok_or_else(|| {
+                self.refused(
+                    "GetPreferredAllocation",
+                    format!(
+                        "cannot choose {} of {} offered devices with {} required",
+                        r.allocation_size,
+                        offered.len(),
+                        must.len()
+                    ),
+                )
+            })?;
+            let ids: Vec<String> = chosen
+                .into_iter()
+                .map(|k| table[offered[k]].id.clone())
+                .collect();
+            log::info!(
+                "{}: GetPreferredAllocation of {} from {} offered ({} required): {}",
+                self.resource,
+                r.allocation_size,
+                offered.len(),
+                must.len(),
+                shown(&ids)
+            );
+            out.container_responses
+                .push(ContainerPreferredAllocationResponse { device_ids: ids });
+        }
+        Ok(out)
+    }
+
+    /// The replicas to give, by the profile's `replica-policy`: the offered replica IDs are
+    /// grouped by device in device-index order (kubelet's order is Go's map order), the
+    /// devices chosen, then the replicas on them.
+    fn preferred_replicas(
+        &self,
+        req: PreferredAllocationRequest,
+    ) -> Result<PreferredAllocationResponse, Status> {
+        let mut out = PreferredAllocationResponse::default();
+        let table = self.table();
+        let listed_ids = table.len() * self.offer.replicas as usize;
+        let policy = self.profile.replica_policy;
+        for r in req.container_requests {
+            let listed = r
+                .available_device_ids
+                .len()
+                .max(r.must_include_device_ids.len());
+            if listed > listed_ids {
+                return Err(self.refused(
+                    "GetPreferredAllocation",
+                    format!("{listed} device IDs offered, {listed_ids} listed"),
+                ));
+            }
+            let mut offered: Vec<(usize, u32)> = r
+                .available_device_ids
+                .iter()
+                .filter_map(|id| self.slot(&table, id))
+                .collect();
+            offered.sort_unstable();
+            offered.dedup();
+            // Offered devices in index order, each with its free replicas.
+            let mut devices: Vec<usize> = Vec::new();
+            let mut free: Vec<Vec<u32>> = Vec::new();
+            for &(t, k) in &offered {
+                if devices.last() != Some(&t) {
+                    devices.push(t);
+                    free.push(Vec::new());
+                }
+                if let Some(f) = free.last_mut() {
+                    f.push(k);
+                }
+            }
+            let mut must = Vec::new();
+            for id in &r.must_include_device_ids {
+                let slot = self
+                    .slot(&table, id)
+                    .filter(|s| offered.binary_search(s).is_ok())
+                    .and_then(|(t, k)| Some((devices.binary_search(&t).ok()?, k)));
+                match slot {
+                    Some(s) => must.push(s),
+                    None => {
+                        return Err(self.refused(
+                            "GetPreferredAllocation",
+                            format!(
+                                "required device {:?} is not among the offered devices",
+                                id.chars().take(80).collect::<String>()
+                            ),
+                        ))
+                    }
+                }
+            }
+            let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
+            if policy == crate::profile::ReplicaPolicy::Strict && size > 1 {
+                return Err(self.refused(
+                    "GetPreferredAllocation",
+                    format!(
+                        "replica-policy strict: at most 1 replica per container, {size} asked for"
+                    ),
+                ));
+            }
+            let places: Vec<Place> = devices.iter().map(|&t| table[t].place.clone()).collect();
+            let chosen = choose_replicas(&places, &free, &must, size, policy).ok_or_else(|| {
+                self.refused(
+                    "GetPreferredAllocation",
+                    format!(
+                        "cannot choose {} of {} offered replicas with {} required",
+                        r.allocation_size,
+                        offered.len(),
+                        must.len()
+                    ),
+                )
+            })?;
+            let ids: Vec<String> = chosen
+                .into_iter()
+                .map(|(d, k)| replica_id(&table[devices[d]].id, k))
+                .collect();
+            log::info!(
+                "{}: GetPreferredAllocation of {} from {} offered replicas ({} required, {}): {}",
+                self.resource,
+                r.allocation_size,
+                offered.len(),
+                must.len(),
+                policy.as_str(),
+                shown(&ids)
+            );
+            out.container_responses
+                .push(ContainerPreferredAllocationResponse { device_ids: ids });
+        }
+        Ok(out)
+    }
+
+    /// The table position and replica number of a replica ID this plugin lists.
+    fn slot(&self, table: &[PluginDevice], id: &str) -> Option<(usize, u32)> {
+        let (base, k) = split_replica(id)?;
+        if k >= self.offer.replicas {
+            return None;
+        }
+        Some((table.iter().position(|d| d.id == base)?, k))
+    }
+
+    /// The device IDs of the IDs kubelet allocated: a replica ID is its device's, so a
+    /// container given two replicas of one device gets that device once. Err: an ID this
+    /// plugin does not list (a whole device's ID among them: this plugin lists replicas).
+    fn device_ids(
+        &self,
+        table: &[PluginDevice],
+        ids: &[String],
+    ) -> Result<Vec<String>, AllocateError> {
+        if self.offer.replicas <= 1 {
+            return Ok(ids.to_vec());
+        }
+        let mut out: Vec<String> = Vec::new();
+        for id in ids {
+            let Some((t, _)) = self.slot(table, id) else {
+                return Err(AllocateError::Unknown(
+                    id.chars().take(80).collect(),
+                    self.resource.clone(),
+                ));
+            };
+            if !out.contains(&table[t].id) {
+                out.push(table[t].id.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn allocate(&self, req: AllocateRequest) -> Result<AllocateResponse, Status> {
+        let mut out = AllocateResponse::default();
+        let table = self.table();
+        let listed = table.len() * self.offer.replicas as usize;
+        for r in req.container_requests {
+            // kubelet never asks for more than the plugin offers; a longer list is refused
+            // before any per-ID work.
+            if r.devices_ids.len() > listed {
+                return Err(self.refused(
+                    "Allocate",
+                    format!(
+                        "{} device IDs asked for, {listed} offered",
+                        r.devices_ids.len(),
+                    ),
+                ));
+            }
+            if self.offer.replicas > 1
+                && self.profile.replica_policy == crate::profile::ReplicaPolicy::Strict
+                && r.devices_ids.len() > 1
+            {
+                return Err(self.refused(
+                    "Allocate",
+                    format!(
+                        "{} replica-policy strict: at most 1 replica per container, {} asked for",
+                        shown(&r.devices_ids),
+                        r.devices_ids.len()
+                    ),
+                ));
+            }
+            let mut answer = self
+                .device_ids(&table, &r.devices_ids)
+                .and_then(|ids| allocate(&self.profile, &table, &self.strategies, &ids))
+                .map_err(|e| self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids))))?;
+            if self.offer.replicas > 1 {
+                if let Some(var) = &self.profile.replicas_env {
+                    answer
+                        .envs
+                        .insert(var.clone(), self.offer.replicas.to_string());
+                }
+            }
+            let answer = self.host_root.answer(answer);
+            log::info!(
+                "{}: Allocate {}: {} env, {} mounts, {} device nodes, {} CDI devices",
+                self.resource,
+                shown(&r.devices_ids),
+                answer.envs.len(),
+                answer.mounts.len(),
+                answer.devices.len(),
+                answer.cdi_devices.len() + answer.annotations.len()
+            );
+            out.container_responses.push(answer.into());
+        }
+        Ok(out)
+    }
+
+    fn refused(&self, call: &str, why: String) -> Status {
+        log::warn!("{}: {call} refused: {why}", self.resource);
+        Status::invalid_argument(why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocate and preferred-allocation lines name at most 8 IDs, each cut and escaped
+    /// (issue 22, 10: a 10,000-ID request logged 10,000 IDs).
+    #[test]
+    fn logged_id_lists_are_bounded_and_escaped() {
+        let ids: Vec<String> = (0..10_000).map(|i| format!("GCU-{i}")).collect();
+        let line = shown(&ids);
+        assert!(line.ends_with(", \"GCU-7\", and 9992 more]"), "{line}");
+        assert!(line.len() < 200, "{line}");
+        let odd = vec!["a\nb".to_string(), "x".repeat(500)];
+        let line = shown(&odd);
+        assert!(line.starts_with("[\"a\\nb\", \"xxx"), "{line}");
+        assert!(!line.contains('\n') && line.len() < 100, "{line}");
+        assert_eq!(shown(&[]), "[]");
+    }
+}
