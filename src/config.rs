@@ -644,11 +644,7 @@ fn profile_files(dir: &Path, warnings: &mut Vec<String>) -> Vec<PathBuf> {
 /// The built-in NVIDIA profile as the defaults give it, for other modules' tests.
 #[cfg(test)]
 pub(crate) fn builtin_nvidia() -> Profile {
-    Config::parse("", None)
-        .unwrap()
-        .profile("nvidia")
-        .unwrap()
-        .clone()
+    Config::builtin().profile("nvidia").unwrap().clone()
 }
 
 #[cfg(test)]

@@ -306,6 +306,135 @@ impl Plugin {
 mod tests {
     use super::*;
 
+    use std::path::PathBuf;
+
+    use crate::plugin::allocate::Strategy;
+    use crate::topology::Node;
+
+    /// Eight GCUs, two switches of four under one root port each (device i under switch
+    /// i / 4), as the seed's node.
+    fn plugin(strategies: Vec<Strategy>) -> Plugin {
+        let table = (0..8u32)
+            .map(|i| PluginDevice {
+                index: i,
+                id: format!("GCU-{i}"),
+                name: i.to_string(),
+                nodes: vec![Node {
+                    path: PathBuf::from(format!("/dev/gcu{i}")),
+                    major: Some(240),
+                    minor: Some(u64::from(i)),
+                }],
+                host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
+                place: Place {
+                    numa: Some(i / 4),
+                    root: Some("pci0000:00".into()),
+                    bridges: vec![
+                        format!("0000:0{}:01.0", i / 4),
+                        format!("0000:1{}:00.0", i / 4),
+                    ],
+                },
+            })
+            .collect();
+        let enflame = crate::config::Config::builtin()
+            .profile("enflame")
+            .unwrap()
+            .clone();
+        Plugin::from_table(enflame, strategies, table)
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn preferred(p: &Plugin, available: &[&str], must: &[&str], size: i32) -> Vec<String> {
+        let req = PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_ids: ids(available),
+                must_include_device_ids: ids(must),
+                allocation_size: size,
+            }],
+        };
+        let mut got = p.preferred(req).unwrap().container_responses[0]
+            .device_ids
+            .clone();
+        got.sort();
+        got
+    }
+
+    /// kubelet sends the free IDs in Go's map order, different at every call: the answer is
+    /// the same whatever the order, and stays under one switch.
+    #[test]
+    fn preferred_ignores_the_order_of_the_ids_and_keeps_a_switch_together() {
+        let p = plugin(vec![Strategy::DeviceSpecs]);
+        let order = [
+            "GCU-5", "GCU-0", "GCU-7", "GCU-2", "GCU-6", "GCU-1", "GCU-4", "GCU-3",
+        ];
+        let mut reversed = order;
+        reversed.reverse();
+        let a = preferred(&p, &order, &[], 4);
+        assert_eq!(a, ["GCU-0", "GCU-1", "GCU-2", "GCU-3"]);
+        assert_eq!(preferred(&p, &reversed, &[], 4), a);
+        assert_eq!(
+            preferred(&p, &order, &["GCU-6"], 2),
+            ["GCU-4", "GCU-6"],
+            "the must-include device's switch"
+        );
+    }
+
+    /// IDs the plugin does not offer are left out of a preferred choice, never chosen.
+    #[test]
+    fn preferred_leaves_out_ids_it_does_not_offer() {
+        let p = plugin(vec![Strategy::DeviceSpecs]);
+        let got = preferred(&p, &["GCU-99", "x\ny", "GCU-1", "GCU-2"], &[], 2);
+        assert_eq!(got, ["GCU-1", "GCU-2"]);
+    }
+
+    fn allocate(p: &Plugin, devices: &[&str]) -> Result<AllocateResponse, Status> {
+        p.allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids(devices),
+            }],
+        })
+    }
+
+    #[test]
+    fn allocate_answers_each_container_with_exactly_its_nodes() {
+        let p = plugin(vec![Strategy::DeviceSpecs]);
+        let got = allocate(&p, &["GCU-3", "GCU-1"]).unwrap();
+        let mut nodes: Vec<&str> = got.container_responses[0]
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        nodes.sort();
+        assert!(
+            nodes.contains(&"/dev/gcu1") && nodes.contains(&"/dev/gcu3"),
+            "{nodes:?}"
+        );
+        assert!(
+            !nodes.iter().any(|n| ["/dev/gcu0", "/dev/gcu2"].contains(n)),
+            "{nodes:?}"
+        );
+    }
+
+    /// An ID the plugin never listed is refused with its name, quoted and cut; a request for
+    /// more IDs than the table holds is refused before any work that grows with it.
+    #[test]
+    fn allocate_refuses_unknown_and_oversized_requests() {
+        let p = plugin(vec![Strategy::DeviceSpecs]);
+        let e = allocate(&p, &["GCU-1", "GCU-9\n"]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("GCU-9"), "{}", e.message());
+        assert!(!e.message().contains('\n'), "{}", e.message());
+        let many: Vec<String> = (0..100_000).map(|i| format!("GCU-{}", i % 8)).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let started = std::time::Instant::now();
+        let e = allocate(&p, &many).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().len() < 400, "{}", e.message());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
     /// Allocate and preferred-allocation lines name at most 8 IDs, each cut and escaped
     /// (issue 22, 10: a 10,000-ID request logged 10,000 IDs).
     #[test]
