@@ -40,7 +40,7 @@ pub enum CreateError {
     #[error(transparent)]
     Cdi(#[from] CdiError),
     #[error(transparent)]
-    Require(#[from] crate::require::RequireError),
+    Require(#[from] crate::constraints::RequireError),
     #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
     LdCache {
         root: PathBuf,

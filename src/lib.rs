@@ -6,9 +6,9 @@
 //! (whole-file reads with a limit), `inroot` (paths that stay inside a root: openat2, or
 //! its rules walked where the kernel lacks it), `keys` (known config keys), `quote` (container
 //! text in messages), `trust` (files only root can write) →
-//! `ldcache`, `rootfs` (the image's files, through `inroot`), `require`
-//! (`NVIDIA_REQUIRE_*`, pure) → `profile` → `config` → `discovery`, `libraries`, `request`
-//! → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
+//! `ldcache`, `rootfs` (the image's files, through `inroot`), `constraints` (an image's
+//! `NVIDIA_REQUIRE_*` on the driver, pure) → `profile` → `config` → `discovery`, `libraries`,
+//! `request` (the devices a container asks for) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
 //! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
 //! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
@@ -22,6 +22,7 @@ pub mod bounded;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
+pub mod constraints;
 pub mod create;
 pub mod ctk;
 pub mod devchar;
@@ -42,7 +43,6 @@ pub mod plugin;
 pub mod profile;
 pub mod quote;
 pub mod request;
-pub mod require;
 pub mod rootfs;
 pub mod spec;
 pub mod topology;

@@ -23,7 +23,7 @@ use crate::discovery;
 use crate::ldcache::{self, Record};
 use crate::plan::{BindMount, Plan};
 use crate::profile::Profile;
-use crate::require::{self, RequireError};
+use crate::constraints::{self, RequireError};
 use crate::rootfs::{Kind, Rootfs};
 
 /// Largest image cache read (a distro's is well under 1 MiB).
@@ -89,25 +89,25 @@ pub fn prepare(
         _ => None,
     };
     if let Some(req) = &profile.requirements {
-        let mut host = require::Host::from_driver(host_driver.clone(), &req.cuda_by_driver);
+        let mut host = constraints::Host::from_driver(host_driver.clone(), &req.cuda_by_driver);
         // Newer compat libraries bring their own CUDA version into the container.
         if let Some(c) = compat.as_ref().filter(|c| c.used) {
-            if let Some(cuda) = require::cuda_for_driver(&c.version, &req.cuda_by_driver) {
+            if let Some(cuda) = constraints::cuda_for_driver(&c.version, &req.cuda_by_driver) {
                 let newer = host
                     .cuda
                     .as_deref()
-                    .is_none_or(|h| require::compare_versions(&cuda, h).is_gt());
+                    .is_none_or(|h| constraints::compare_versions(&cuda, h).is_gt());
                 if newer {
                     host.cuda = Some(cuda);
                 }
             }
         }
-        let names = require::Names {
+        let names = constraints::Names {
             prefix: &req.env_prefix,
             disable: req.disable_env.as_deref(),
             legacy_cuda: req.legacy_cuda_env.as_deref(),
         };
-        require::check(names, env, &host)?;
+        constraints::check(names, env, &host)?;
     }
     let mut out = VendorLibs {
         compat,
@@ -181,7 +181,7 @@ pub fn find_compat(
         .filter(|(_, k)| *k != Kind::Other)
         .filter_map(|(n, _)| n.strip_prefix(&prefix))
         .filter(|v| v.contains('.') && is_dotted(v))
-        .max_by(|a, b| require::compare_versions(a, b))?
+        .max_by(|a, b| constraints::compare_versions(a, b))?
         .to_string();
     let major = |v: &str| v.split('.').next().and_then(|m| m.parse::<u64>().ok());
     let used =

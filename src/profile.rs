@@ -147,7 +147,7 @@ pub struct Profile {
     /// Newer driver libraries an image may carry (CUDA forward compatibility).
     #[serde(default)]
     pub compat: Option<Compat>,
-    /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/require.rs).
+    /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/constraints.rs).
     #[serde(default)]
     pub requirements: Option<Requirements>,
 }
