@@ -54,7 +54,7 @@ impl Scope {
     }
 }
 
-/// Set once `openat2` said `ENOSYS`: later lookups walk here without asking again.
+/// Set once `openat2` could not be used: later lookups walk here without asking again.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
 /// A root directory, opened once (`O_PATH`).
@@ -114,7 +114,10 @@ impl Root {
         };
         if !NO_OPENAT2.load(Ordering::Relaxed) {
             match kernel(self.fd.as_fd(), rel, flags, scope) {
-                Err(Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                // ENOSYS: no openat2 in this kernel; EPERM: a seccomp filter from before
+                // openat2 (the device plugin's pod on an old engine) refuses it. The opens made
+                // here (O_PATH, read-only) get no EPERM of their own, so the walk answers.
+                Err(Errno::NOSYS) | Err(Errno::PERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
                 r => return r,
             }
         }

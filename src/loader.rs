@@ -19,11 +19,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::constraints::{self, RequireError};
 use crate::discovery;
 use crate::ldcache::{self, Record};
 use crate::plan::{BindMount, Plan};
 use crate::profile::Profile;
-use crate::constraints::{self, RequireError};
 use crate::rootfs::{Kind, Rootfs};
 
 /// Largest image cache read (a distro's is well under 1 MiB).
