@@ -46,6 +46,7 @@
 
 #![allow(dead_code)]
 
+pub mod drm;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
 

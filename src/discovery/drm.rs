@@ -1,0 +1,288 @@
+//! DRM-class accelerators (AMD, Intel, Hygon, MetaX): devices are PCI functions with a DRM
+//! render node, told apart from any other GPU on the node (a BMC's or an iGPU's display
+//! controller) by PCI vendor id and bound kernel driver, both read from sysfs.
+//!
+//! Everything is read under the profile's `driver-root`. A `/sys/class/drm/<node>` entry is a
+//! symlink into `/sys/devices/pci…/<bdf>/drm/<node>`; its target is read as text and
+//! resolved lexically under `<driver-root>/sys`, never followed, so a link can neither lead
+//! out of the root nor make one function's files stand for another's. The function's own
+//! directory (`vendor`, the `driver` link) is then a plain directory of that tree.
+//!
+//! Ref: Documentation/ABI/testing/sysfs-class-drm, sysfs-bus-pci (`vendor`, `driver`);
+//! KFD topology: drivers/gpu/drm/amd/amdkfd/kfd_topology.c (`drm_render_minor`,
+//! `unique_id` in each node's `properties`).
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use super::{is_device_node, read_dir_names, Device, DiscoveryError};
+use crate::profile::{DrmOrder, Profile};
+
+const CLASS_DRM: &str = "sys/class/drm";
+
+/// A sysfs attribute holds a few bytes; its reported size is 4096 whatever it holds.
+const MAX_ATTR: u64 = 4096;
+/// A KFD node's `properties` is a few dozen `key value` lines.
+const MAX_PROPERTIES: u64 = 64 << 10;
+
+/// The DRM-class discovery's data from the profile.
+pub struct Filter<'a> {
+    pub pci_vendors: &'a [String],
+    pub drivers: &'a [String],
+    pub order: DrmOrder,
+    pub kfd_topology: Option<&'a Path>,
+}
+
+#[derive(Debug, Default)]
+struct Function {
+    render: Option<u32>,
+    card: Option<u32>,
+    /// `<root>/sys/devices/…/<bdf>`, lexically resolved.
+    dir: PathBuf,
+}
+
+/// `renderD128` → (true, 128), `card1` → (false, 1); connectors (`card0-DP-1`) and anything
+/// else → `None`.
+fn node_name(name: &str) -> Option<(bool, u32)> {
+    let (render, num) = match name.strip_prefix("renderD") {
+        Some(n) => (true, n),
+        None => (false, name.strip_prefix("card")?),
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((render, num.parse().ok()?))
+}
+
+/// A PCI function address `dddd:bb:dd.f`, lower-case hex (as sysfs names them).
+fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && (b'0'..=b'7').contains(&b[11])
+}
+
+/// The PCI function a class entry belongs to: its bus address and its directory, from the
+/// entry's link text resolved lexically under `sys` (`None` when it is no link, leads out of
+/// `sys`, or passes no PCI function).
+fn function_of(sys: &Path, entry: &Path) -> Option<(String, PathBuf)> {
+    let target = std::fs::read_link(entry).ok()?;
+    // The link lives in sys/class/drm: its parent is where a relative target starts.
+    let mut parts: Vec<String> = vec!["class".into(), "drm".into()];
+    if target.is_absolute() {
+        parts.clear();
+    }
+    for c in target.components() {
+        match c {
+            Component::Normal(n) => parts.push(n.to_str()?.to_string()),
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::RootDir => {
+                // An absolute target names a host path; only one inside /sys is understood.
+                if !target.starts_with("/sys") {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    if target.is_absolute() {
+        // `/sys/devices/…`: drop the leading `sys`.
+        if parts.first().map(String::as_str) != Some("sys") {
+            return None;
+        }
+        parts.remove(0);
+    }
+    let at = parts.iter().rposition(|p| is_pci_address(p))?;
+    let mut dir = sys.to_path_buf();
+    for p in &parts[..=at] {
+        dir.push(p);
+    }
+    Some((parts[at].clone(), dir))
+}
+
+fn attr(path: &Path) -> Option<String> {
+    crate::bounded::read_text(path, MAX_ATTR)
+        .ok()
+        .map(|t| t.trim().to_string())
+}
+
+/// The kernel driver bound to the function in `dir`: the last name of its `driver` link.
+fn bound_driver(dir: &Path) -> Option<String> {
+    let target = std::fs::read_link(dir.join("driver")).ok()?;
+    target.file_name()?.to_str().map(str::to_string)
+}
+
+/// KFD topology: each GPU node's render minor, with its node number and unique id.
+fn kfd_nodes(dir: &Path) -> Result<BTreeMap<u32, (u32, Option<u64>)>, DiscoveryError> {
+    let mut out = BTreeMap::new();
+    for name in read_dir_names(dir)? {
+        let Ok(node) = name.parse::<u32>() else {
+            continue;
+        };
+        let path = dir.join(&name).join("properties");
+        let text = match crate::bounded::read_text(&path, MAX_PROPERTIES) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(DiscoveryError::Read { path, source }),
+        };
+        let (mut minor, mut unique) = (None, None);
+        for (k, v) in text.lines().filter_map(|l| l.split_once(' ')) {
+            match k {
+                "drm_render_minor" => minor = v.trim().parse::<u32>().ok(),
+                "unique_id" => unique = v.trim().parse::<u64>().ok(),
+                _ => {}
+            }
+        }
+        // CPU nodes report no render minor (or 0): render minors start at 128.
+        if let Some(m) = minor.filter(|m| *m >= 128) {
+            out.insert(m, (node, unique.filter(|u| *u != 0)));
+        }
+    }
+    Ok(out)
+}
+
+pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, DiscoveryError> {
+    let root = &profile.driver_root;
+    let sys = root.join("sys");
+    let class = root.join(CLASS_DRM);
+    let mut functions: BTreeMap<String, Function> = BTreeMap::new();
+    for name in read_dir_names(&class)? {
+        let Some((render, num)) = node_name(&name) else {
+            continue;
+        };
+        let Some((bdf, dir)) = function_of(&sys, &class.join(&name)) else {
+            continue;
+        };
+        let f = functions.entry(bdf).or_default();
+        f.dir = dir;
+        let slot = if render { &mut f.render } else { &mut f.card };
+        // Two of a kind under one function cannot be told apart: the lowest is kept.
+        *slot = Some(slot.map_or(num, |s| s.min(num)));
+    }
+    let kfd = match filter.kfd_topology {
+        Some(dir) => kfd_nodes(&Profile::under(root, dir))?,
+        None => BTreeMap::new(),
+    };
+    let mut found: Vec<(String, Function)> = functions
+        .into_iter()
+        .filter(|(_, f)| f.render.is_some())
+        .filter(|(_, f)| {
+            attr(&f.dir.join("vendor")).is_some_and(|v| {
+                filter
+                    .pci_vendors
+                    .iter()
+                    .any(|w| w.eq_ignore_ascii_case(&v))
+            })
+        })
+        .filter(|(_, f)| {
+            filter.drivers.is_empty()
+                || bound_driver(&f.dir).is_some_and(|d| filter.drivers.contains(&d))
+        })
+        .collect();
+    let kfd_of = |f: &Function| f.render.and_then(|r| kfd.get(&r));
+    match filter.order {
+        // Already in PCI address order (the map's key).
+        DrmOrder::PciBus => {}
+        DrmOrder::Card => found.sort_by_key(|(_, f)| (f.card.is_none(), f.card)),
+        DrmOrder::Kfd => found.sort_by_key(|(_, f)| {
+            let node = kfd_of(f).map(|(n, _)| *n);
+            (node.is_none(), node)
+        }),
+    }
+    Ok(found
+        .iter()
+        .enumerate()
+        .map(|(i, (bdf, f))| {
+            let render = f.render.unwrap_or_default();
+            let mut nodes = vec![PathBuf::from(format!("/dev/dri/renderD{render}"))];
+            if let Some(card) = f.card {
+                let node = PathBuf::from(format!("/dev/dri/card{card}"));
+                if is_device_node(&Profile::under(profile.dev_root(), &node)) {
+                    nodes.push(node);
+                }
+            }
+            Device {
+                index: i as u32,
+                nodes,
+                uuid: kfd_of(f).and_then(|(_, u)| *u).map(|u| format!("0x{u:x}")),
+                pci_bus_id: Some(bdf.clone()),
+                minor: f.card,
+                aliases: Vec::new(),
+            }
+        })
+        .collect())
+}
+
+/// The PCI device id (`0x74a1`) of a discovered device: the model, as far as sysfs names it.
+pub fn pci_device_id(profile: &Profile, bdf: &str) -> Option<String> {
+    if !is_pci_address(bdf) {
+        return None;
+    }
+    let class = profile.driver_root.join(CLASS_DRM);
+    let sys = profile.driver_root.join("sys");
+    read_dir_names(&class).ok()?.iter().find_map(|name| {
+        node_name(name)?;
+        let (b, dir) = function_of(&sys, &class.join(name))?;
+        (b == bdf).then(|| attr(&dir.join("device")))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names() {
+        assert_eq!(node_name("renderD128"), Some((true, 128)));
+        assert_eq!(node_name("card0"), Some((false, 0)));
+        assert_eq!(node_name("card0-DP-1"), None);
+        assert_eq!(node_name("renderD"), None);
+        assert_eq!(node_name("version"), None);
+    }
+
+    #[test]
+    fn links_resolve_lexically_inside_sys() {
+        let t = tempfile::tempdir().unwrap();
+        let sys = t.path().join("sys");
+        std::fs::create_dir_all(sys.join("class/drm")).unwrap();
+        let link = |name: &str, target: &str| {
+            std::os::unix::fs::symlink(target, sys.join("class/drm").join(name)).unwrap();
+            sys.join("class/drm").join(name)
+        };
+        let rel = link(
+            "renderD128",
+            "../../devices/pci0000:00/0000:00:01.0/0000:03:00.0/drm/renderD128",
+        );
+        let (bdf, dir) = function_of(&sys, &rel).unwrap();
+        assert_eq!(bdf, "0000:03:00.0");
+        assert_eq!(
+            dir,
+            sys.join("devices/pci0000:00/0000:00:01.0/0000:03:00.0")
+        );
+        let abs = link(
+            "renderD129",
+            "/sys/devices/pci0000:00/0000:04:00.0/drm/renderD129",
+        );
+        assert_eq!(function_of(&sys, &abs).unwrap().0, "0000:04:00.0");
+        let out = link("renderD130", "../../../../etc/0000:05:00.0/drm/renderD130");
+        assert_eq!(function_of(&sys, &out), None);
+        let elsewhere = link("renderD131", "/etc/0000:05:00.0/drm/renderD131");
+        assert_eq!(function_of(&sys, &elsewhere), None);
+        let no_pci = link(
+            "card9",
+            "../../devices/platform/simple-framebuffer.0/drm/card9",
+        );
+        assert_eq!(function_of(&sys, &no_pci), None);
+    }
+}
