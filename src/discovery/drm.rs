@@ -285,4 +285,105 @@ mod tests {
         );
         assert_eq!(function_of(&sys, &no_pci), None);
     }
+
+    /// A function under `sys/devices/pci0000:00/<bdf>` with class links for its nodes.
+    fn function(root: &Path, bdf: &str, vendor: &str, driver: &str, card: u32, render: u32) {
+        let rel = format!("pci0000:00/{bdf}");
+        let dir = root.join("sys/devices").join(&rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../bus/pci/drivers/{driver}"),
+            dir.join("driver"),
+        )
+        .unwrap();
+        let class = root.join(CLASS_DRM);
+        std::fs::create_dir_all(&class).unwrap();
+        for name in [format!("card{card}"), format!("renderD{render}")] {
+            std::fs::create_dir_all(dir.join("drm").join(&name)).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../devices/{rel}/drm/{name}"),
+                class.join(&name),
+            )
+            .unwrap();
+        }
+    }
+
+    fn kfd(root: &Path, node: u32, render: u32, unique: u64) {
+        let d = root.join(format!("sys/class/kfd/kfd/topology/nodes/{node}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("properties"),
+            format!("simd_count 304\ndrm_render_minor {render}\nunique_id {unique}\n"),
+        )
+        .unwrap();
+    }
+
+    fn found(root: &Path, vendors: &[&str], drivers: &[&str], order: DrmOrder) -> Vec<Device> {
+        let mut p = crate::config::Config::parse("", None)
+            .unwrap()
+            .profile("enflame")
+            .unwrap()
+            .clone();
+        p.driver_root = root.to_path_buf();
+        let vendors: Vec<String> = vendors.iter().map(|s| s.to_string()).collect();
+        let drivers: Vec<String> = drivers.iter().map(|s| s.to_string()).collect();
+        let kfd_dir = PathBuf::from("/sys/class/kfd/kfd/topology/nodes");
+        discover(
+            &p,
+            &Filter {
+                pci_vendors: &vendors,
+                drivers: &drivers,
+                order,
+                kfd_topology: Some(&kfd_dir),
+            },
+        )
+        .unwrap()
+    }
+
+    fn buses(devs: &[Device]) -> Vec<&str> {
+        devs.iter()
+            .map(|d| d.pci_bus_id.as_deref().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn vendor_driver_filter_and_each_order() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        // Probe order (card numbers) differs from PCI order and from KFD's node order.
+        function(r, "0000:00:1f.0", "0x1a03", "ast", 0, 128);
+        function(r, "0000:c3:00.0", "0x1002", "amdgpu", 1, 129);
+        function(r, "0000:43:00.0", "0x1002", "amdgpu", 2, 130);
+        function(r, "0000:23:00.0", "0x1002", "amdgpu", 3, 131);
+        function(r, "0000:63:00.0", "0x1002", "vfio-pci", 4, 132);
+        kfd(r, 0, 0, 0);
+        kfd(r, 1, 130, 0xabc);
+        kfd(r, 2, 129, 0xdef);
+        let pci = found(r, &["0x1002"], &["amdgpu"], DrmOrder::PciBus);
+        assert_eq!(
+            buses(&pci),
+            ["0000:23:00.0", "0000:43:00.0", "0000:c3:00.0"]
+        );
+        assert_eq!(pci[0].nodes, [PathBuf::from("/dev/dri/renderD131")]);
+        assert_eq!(pci[0].minor, Some(3));
+        assert_eq!(pci[0].uuid, None, "not in KFD's topology");
+        assert_eq!(pci[1].uuid.as_deref(), Some("0xabc"));
+        let card = found(r, &["0x1002"], &["amdgpu"], DrmOrder::Card);
+        assert_eq!(
+            buses(&card),
+            ["0000:c3:00.0", "0000:43:00.0", "0000:23:00.0"]
+        );
+        let by_kfd = found(r, &["0x1002"], &["amdgpu"], DrmOrder::Kfd);
+        assert_eq!(
+            buses(&by_kfd),
+            ["0000:43:00.0", "0000:c3:00.0", "0000:23:00.0"]
+        );
+        // No driver list: any bound driver of the vendor; vendor ids compare without case.
+        let any = found(r, &["0X1002"], &[], DrmOrder::PciBus);
+        assert_eq!(any.len(), 4);
+        assert!(found(r, &["0x10de"], &[], DrmOrder::PciBus).is_empty());
+        let none = tempfile::tempdir().unwrap();
+        assert!(found(none.path(), &["0x1002"], &[], DrmOrder::PciBus).is_empty());
+    }
 }

@@ -131,7 +131,12 @@ pub fn build(root: &Path, funcs: Vec<Func>, kfd: bool, extra_kfd_nodes: &[&str])
         }
         let name = format!("card{}-HDMI-A-1", f.card.unwrap());
         link(
-            &format!("../../devices/{}/{}/drm/card{}/{name}", rel.display(), f.bdf, f.card.unwrap()),
+            &format!(
+                "../../devices/{}/{}/drm/card{}/{name}",
+                rel.display(),
+                f.bdf,
+                f.card.unwrap()
+            ),
             &root.join("sys/class/drm").join(name),
         );
     }
@@ -266,10 +271,7 @@ pub fn hygon_node(sim: &SimRoot) -> DrmHost {
         render: Some(render),
         kfd: Some((node, 0x1d94_0000_0000 + u64::from(card))),
     };
-    let funcs = vec![
-        f("0000:41:00.0", 0, 128, 1),
-        f("0000:42:00.0", 1, 129, 2),
-    ];
+    let funcs = vec![f("0000:41:00.0", 0, 128, 1), f("0000:42:00.0", 1, 129, 2)];
     build(sim.path(), funcs, true, &["mkfd"])
 }
 

@@ -1,0 +1,277 @@
+//! DRM-class vendors (AMD, Intel, Hygon) end to end on simulated hosts (tests/common/drm.rs):
+//! real runc with the shim, what the container sees checked from inside it; `accel-ctk list`
+//! (order, filtering, topology), `cdi generate` validated against the CDI schema, and the
+//! NFD labels file. Needs root, runc, busybox; fails (never skips) without them.
+
+mod common;
+
+use std::path::Path;
+
+use common::drm::{self, DrmHost, DRM_MAJOR};
+use common::*;
+use serde_json::Value;
+
+/// A container with `env` on `sim` (profiles `names` installed), probed with `probe`.
+fn run(sim: &SimRoot, names: &[&str], env: &[&str], probe: &Probe) -> (Report, Bundle, Runc) {
+    let mut b = Bundle::busybox();
+    for kv in env {
+        b.env(kv);
+    }
+    b.sh(&probe.script());
+    let runc = Runc::new(sim);
+    drm::install_profiles(&runc, sim, names);
+    let id = runc.id("drm");
+    let out = runc.run(&b, &id);
+    assert_eq!(out.code, 0, "{out:#?}\n{}", runc.shim_log());
+    (Report::parse(&out.stdout), b, runc)
+}
+
+/// What opening a fake DRM node gives: ENXIO with no DRM driver in this kernel.
+fn assert_no_driver_open(r: &Report, node: &str) {
+    let got = r.open(node);
+    if drm::host_has_drm() {
+        assert!(
+            matches!(&got, Open::Other(t) if t.contains("No such device")),
+            "{node}: {got:?}\n{}",
+            r.raw
+        );
+    } else {
+        assert_eq!(got, Open::Enxio, "{node}\n{}", r.raw);
+    }
+}
+
+fn probe_dri() -> Probe {
+    Probe::new().ls("/dev").ls("/dev/dri")
+}
+
+#[test]
+fn amd_index_is_pci_order_and_the_display_gpu_is_never_offered() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let host = drm::amd_node(&sim);
+    let gpus = host.offered("0x1002", "amdgpu");
+    assert_eq!(gpus.len(), 8);
+    // Index 5 is 0000:84:00.0, whose numbers the reverse probe made card7/renderD135.
+    let five = gpus[5];
+    assert_eq!((five.bdf.as_str(), five.card), ("0000:84:00.0", Some(7)));
+    let probe = probe_dri()
+        .open(&gpus[1].render_node())
+        .open(&five.render_node())
+        .open(&five.card_node())
+        .open("/dev/kfd")
+        .open("/dev/dri/renderD128");
+    let (r, b, _runc) = run(&sim, &["amd"], &["AMD_VISIBLE_DEVICES=1,5"], &probe);
+    r.assert_extra_dev(&["dri", "kfd"]);
+    assert_eq!(
+        r.ls("/dev/dri"),
+        names(&["card2", "renderD130", "card7", "renderD135"]),
+        "{}",
+        r.raw
+    );
+    for node in [gpus[1].render_node(), five.render_node(), five.card_node()] {
+        assert_no_driver_open(&r, &node);
+    }
+    assert_eq!(r.open("/dev/kfd"), Open::Enxio, "{}", r.raw);
+    assert_eq!(r.open("/dev/dri/renderD128"), Open::Absent, "{}", r.raw);
+
+    // The cgroup rules: DRM's 226 for the GPUs' nodes, kfd's dynamic major read from /dev.
+    let spec = b.read_spec();
+    let mut rules: Vec<(u64, u64)> = spec["linux"]["resources"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["allow"] == true && r["major"].is_u64())
+        .map(|r| (r["major"].as_u64().unwrap(), r["minor"].as_u64().unwrap()))
+        .collect();
+    rules.sort();
+    let kfd = u64::from(host.kfd_major.unwrap());
+    let d = u64::from(DRM_MAJOR);
+    let mut want = vec![(d, 2), (d, 7), (d, 130), (d, 135), (kfd, 0)];
+    want.sort();
+    assert_eq!(rules, want);
+}
+
+#[test]
+fn amd_unique_ids_and_ranges_select_the_same_gpus() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let host = drm::amd_node(&sim);
+    let gpus = host.offered("0x1002", "amdgpu");
+    let (_, unique) = gpus[6].kfd.unwrap();
+    let env = format!("AMD_VISIBLE_DEVICES=0-1,0x{unique:x}");
+    let (r, _, _runc) = run(&sim, &["amd"], &[&env], &probe_dri());
+    let want: Vec<String> = [gpus[0], gpus[1], gpus[6]]
+        .iter()
+        .flat_map(|g| [g.render_node(), g.card_node()])
+        .map(|n| n.trim_start_matches("/dev/dri/").to_string())
+        .collect();
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    assert_eq!(r.ls("/dev/dri"), names(&want), "{}", r.raw);
+
+    // The display GPU's render node asked for by a path-like or index beyond: one clear line.
+    let mut b = Bundle::busybox();
+    b.env("AMD_VISIBLE_DEVICES=8").sh("true");
+    let runc = Runc::new(&sim);
+    drm::install_profiles(&runc, &sim, &["amd"]);
+    let id = runc.id("drm-bad");
+    let out = runc.run(&b, &id);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr
+            .contains("AMD_VISIBLE_DEVICES: no device \"8\" on this node; it has 8"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn intel_i915_and_xe_are_two_profiles_in_card_order() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    drm::intel_node(&sim);
+    let (r, _, _runc) = run(
+        &sim,
+        &["intel", "intel-xe"],
+        &["INTEL_VISIBLE_DEVICES=1", "INTEL_XE_VISIBLE_DEVICES=0"],
+        &probe_dri().open("/dev/dri/renderD130"),
+    );
+    // i915 index 1 is card2 (card order: card0 integrated, card2 discrete); xe 0 is card1.
+    assert_eq!(
+        r.ls("/dev/dri"),
+        names(&["card2", "renderD130", "card1", "renderD129"]),
+        "{}",
+        r.raw
+    );
+    assert_no_driver_open(&r, "/dev/dri/renderD130");
+    r.assert_extra_dev(&["dri"]);
+}
+
+#[test]
+fn hygon_gets_kfd_and_mkfd() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let host = drm::hygon_node(&sim);
+    let (r, _, _runc) = run(
+        &sim,
+        &["hygon"],
+        &["HCU_VISIBLE_DEVICES=all"],
+        &probe_dri().open("/dev/mkfd").open("/dev/kfd"),
+    );
+    assert_eq!(host.funcs.len(), 2);
+    r.assert_extra_dev(&["dri", "kfd", "mkfd"]);
+    assert_eq!(
+        r.ls("/dev/dri"),
+        names(&["card0", "renderD128", "card1", "renderD129"]),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.open("/dev/mkfd"), Open::Enxio, "{}", r.raw);
+}
+
+/// accel-ctk with `runc`'s config.
+fn ctk(runc: &Runc, args: &[&str]) -> Out {
+    output(
+        std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+            .args(args)
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
+    )
+}
+
+fn amd_runc(sim: &SimRoot) -> (DrmHost, Runc) {
+    let host = drm::amd_node(sim);
+    let runc = Runc::new(sim);
+    drm::install_profiles(&runc, sim, &["amd", "intel", "hygon"]);
+    (host, runc)
+}
+
+#[test]
+fn list_shows_order_numa_and_switches() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let out = ctk(&runc, &["list", "--json"]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let amd: Vec<&Value> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["vendor"] == "amd")
+        .collect();
+    let want = host.offered("0x1002", "amdgpu");
+    assert_eq!(amd.len(), 8, "{}", out.stdout);
+    for (i, (d, g)) in amd.iter().zip(&want).enumerate() {
+        assert_eq!(d["index"], i, "{d}");
+        assert_eq!(d["pci_bus_id"], g.bdf.as_str(), "{d}");
+        assert_eq!(d["numa_node"], g.numa, "{d}");
+        let switch = if g.bdf.as_str() < "0000:80" {
+            "0000:01:00.0"
+        } else {
+            "0000:81:00.0"
+        };
+        assert_eq!(d["switch"], switch, "{d}");
+    }
+    // Neither the display GPU nor the vfio-bound AMD function, under any profile.
+    assert!(!out.stdout.contains("0000:00:1f.0") && !out.stdout.contains("0000:c1:00.0"));
+    assert!(
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["vendor"] == "amd"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn cdi_generate_for_amd_passes_the_schema() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let out = ctk(
+        &runc,
+        &["cdi", "generate", "--vendor", "amd", "--format", "json"],
+    );
+    assert_eq!(out.code, 0, "{out:#?}");
+    let spec: Value = serde_json::from_str(&out.stdout).unwrap();
+    let schema: Value = serde_json::from_slice(
+        &std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cdi-schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let v = jsonschema::options().build(&schema).unwrap();
+    let errors: Vec<String> = v.iter_errors(&spec).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:?}\n{spec:#}");
+    assert_eq!(spec["kind"], "amd.com/gpu");
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"0") && names.contains(&"7") && names.contains(&"all"));
+    let seven = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "7")
+        .unwrap();
+    let g = host.offered("0x1002", "amdgpu")[7];
+    let paths: Vec<&str> = seven["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, [g.render_node(), g.card_node()]);
+    let shared: Vec<&str> = spec["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(shared, ["/dev/kfd"]);
+}
