@@ -275,3 +275,168 @@ fn cdi_generate_for_amd_passes_the_schema() {
         .collect();
     assert_eq!(shared, ["/dev/kfd"]);
 }
+
+/// The device plugin for AMD: under the stand-in kubelet (registration, ListAndWatch with
+/// NUMA topology, preferred allocation by switch, health), and each strategy's Allocate
+/// answer run through the runtime and real runc.
+#[cfg(feature = "plugin")]
+mod plugin {
+    use super::*;
+    use accel_container_runtime::config::Config;
+    use accel_container_runtime::plugin::allocate::Strategy;
+    use accel_container_runtime::plugin::api::*;
+    use accel_container_runtime::plugin::grpc;
+    use accel_container_runtime::plugin::server::{self, Options};
+    use common::kubelet::{apply_answer, ids, rt, Kubelet};
+    use std::path::PathBuf;
+    use std::time::Duration;
+    use tokio::sync::watch;
+
+    fn amd_profile(runc: &Runc) -> accel_container_runtime::profile::Profile {
+        Config::load_from(&runc.config_path())
+            .unwrap()
+            .profiles
+            .into_iter()
+            .find(|p| p.name == "amd")
+            .unwrap()
+    }
+
+    #[test]
+    fn stand_in_kubelet_lists_amd_gpus_with_topology_and_health() {
+        require_root();
+        let sim = SimRoot::builder().build();
+        let (host, runc) = amd_runc(&sim);
+        let gpus = host.offered("0x1002", "amdgpu");
+        let profile = amd_profile(&runc);
+        let scratch = tempfile::tempdir().unwrap();
+        rt().block_on(async move {
+            let mut kubelet = Kubelet::started();
+            let mut opts = kubelet.plugin_options();
+            opts.strategies = Strategy::ALL.to_vec();
+            opts.cdi_dir = scratch.path().join("cdi");
+            opts.poll = Duration::from_millis(100);
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(server::run(vec![profile], opts, stop_rx));
+            kubelet.wait_registrations(1).await;
+            let reg = kubelet.registrations.lock().unwrap()[0].clone();
+            assert_eq!(reg.resource_name, "amd.com/gpu");
+            let ch = grpc::connect(&kubelet.dir().join(&reg.endpoint), "localhost")
+                .await
+                .unwrap();
+
+            // The 8 GPUs by PCI address (AMD's device plugin's IDs), NUMA 0 then 1.
+            let first = kubelet.updates.recv().await.unwrap();
+            let got: Vec<(String, String, i64)> = first
+                .devices
+                .iter()
+                .map(|d| {
+                    let numa = d.topology.as_ref().unwrap().nodes[0].id;
+                    (d.id.clone(), d.health.clone(), numa)
+                })
+                .collect();
+            let want: Vec<(String, String, i64)> = gpus
+                .iter()
+                .map(|g| (g.bdf.clone(), HEALTHY.to_string(), i64::from(g.numa)))
+                .collect();
+            assert_eq!(got, want);
+
+            // Two GPUs: behind one switch; with a GPU of the second switch, its neighbour.
+            let all: Vec<String> = gpus.iter().map(|g| g.bdf.clone()).collect();
+            let prefer = |must: Vec<String>| {
+                let ch = ch.clone();
+                let avail = all.clone();
+                async move {
+                    grpc::get_preferred(
+                        &ch,
+                        PreferredAllocationRequest {
+                            container_requests: vec![ContainerPreferredAllocationRequest {
+                                available_device_ids: avail,
+                                must_include_device_ids: must,
+                                allocation_size: 2,
+                            }],
+                        },
+                    )
+                    .await
+                    .unwrap()
+                    .container_responses[0]
+                        .device_ids
+                        .clone()
+                }
+            };
+            assert_eq!(prefer(vec![]).await, ids(&["0000:03:00.0", "0000:04:00.0"]));
+            let got = prefer(ids(&["0000:85:00.0"])).await;
+            assert!(got.contains(&"0000:85:00.0".to_string()), "{got:?}");
+            assert!(got.iter().all(|b| b.as_str() > "0000:80"), "{got:?}");
+
+            // A render node gone: that GPU turns unhealthy, the others stay healthy.
+            std::fs::remove_file(sim.path().join(&gpus[2].render_node()[1..])).unwrap();
+            let update = tokio::time::timeout(Duration::from_secs(20), kubelet.updates.recv())
+                .await
+                .expect("an update after the node went")
+                .unwrap();
+            let unhealthy: Vec<&str> = update
+                .devices
+                .iter()
+                .filter(|d| d.health != HEALTHY)
+                .map(|d| d.id.as_str())
+                .collect();
+            assert_eq!(unhealthy, [gpus[2].bdf.as_str()]);
+            stop.send(true).unwrap();
+            task.await.unwrap().unwrap();
+        });
+    }
+
+    /// Each strategy's answer for two GPUs, applied as containerd would and run: the
+    /// container sees exactly their render/card nodes and /dev/kfd.
+    #[test]
+    fn allocate_answers_give_exactly_those_gpus_through_runtime_and_runc() {
+        require_root();
+        let sim = SimRoot::builder().build();
+        let host = drm::amd_node(&sim);
+        let gpus = host.offered("0x1002", "amdgpu");
+        for (strategy, extra) in [
+            (Strategy::Envvar, ""),
+            (
+                Strategy::VolumeMounts,
+                "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+            ),
+            (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
+            (Strategy::CdiCri, ""),
+            (Strategy::CdiAnnotations, ""),
+        ] {
+            let cdi_dir = tempfile::tempdir().unwrap();
+            let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
+            let runc = Runc::with_config(&sim, &extra);
+            drm::install_profiles(&runc, &sim, &["amd"]);
+            let profile = amd_profile(&runc);
+            let mut opts = Options::new(PathBuf::from("/nonexistent"));
+            opts.cdi_dir = cdi_dir.path().to_path_buf();
+            server::write_cdi(&profile, &opts).unwrap();
+            let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+            let answer = plugin
+                .allocate(AllocateRequest {
+                    container_requests: vec![ContainerAllocateRequest {
+                        devices_ids: ids(&[&gpus[6].bdf, &gpus[1].bdf]),
+                    }],
+                })
+                .unwrap()
+                .container_responses
+                .remove(0);
+            let mut b = Bundle::busybox();
+            apply_answer(&mut b, &answer);
+            b.sh(&probe_dri().open("/dev/kfd").script());
+            let id = runc.id(&format!("amd-{}", strategy.as_str()));
+            let out = runc.run(&b, &id);
+            assert_eq!(out.code, 0, "{strategy:?}: {out:#?}\n{}", runc.shim_log());
+            let r = Report::parse(&out.stdout);
+            let want: Vec<String> = [gpus[1], gpus[6]]
+                .iter()
+                .flat_map(|g| [g.render_node(), g.card_node()])
+                .map(|n| n.trim_start_matches("/dev/dri/").to_string())
+                .collect();
+            let want: Vec<&str> = want.iter().map(String::as_str).collect();
+            assert_eq!(r.ls("/dev/dri"), names(&want), "{strategy:?}: {}", r.raw);
+            assert_eq!(r.open("/dev/kfd"), Open::Enxio, "{strategy:?}: {}", r.raw);
+        }
+    }
+}
