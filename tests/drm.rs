@@ -440,3 +440,48 @@ mod plugin {
         }
     }
 }
+
+#[test]
+fn doctor_and_dev_char_links_cover_the_amd_nodes() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let out = ctk(&runc, &["doctor", "--json"]);
+    let findings: Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:#?}"));
+    let amd = findings
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"].as_str().is_some_and(|c| c.contains("amd")))
+        .unwrap_or_else(|| panic!("no amd finding: {findings:#}"));
+    assert_eq!(amd["status"], "ok", "{amd}");
+    assert!(
+        amd["message"].as_str().unwrap().starts_with("8 device(s)"),
+        "{amd}"
+    );
+
+    let dev = runc.scratch().join("dev");
+    let out = ctk(
+        &runc,
+        &[
+            "system",
+            "create-dev-char-symlinks",
+            "--dev-dir",
+            dev.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:#?}");
+    let kfd = host.kfd_major.unwrap();
+    for g in host.offered("0x1002", "amdgpu") {
+        for minor in [g.card.unwrap(), g.render.unwrap()] {
+            let link = dev.join(format!("char/{DRM_MAJOR}:{minor}"));
+            let target = std::fs::read_link(&link).unwrap_or_else(|e| panic!("{link:?}: {e}"));
+            assert!(target.starts_with(sim.path()), "{target:?}");
+        }
+    }
+    assert!(dev.join(format!("char/{kfd}:0")).is_symlink());
+    // The display GPU's nodes are no profile's.
+    assert!(!dev.join(format!("char/{DRM_MAJOR}:128")).exists());
+    assert!(!dev.join(format!("char/{DRM_MAJOR}:0")).exists());
+}
