@@ -485,3 +485,88 @@ fn doctor_and_dev_char_links_cover_the_amd_nodes() {
     assert!(!dev.join(format!("char/{DRM_MAJOR}:128")).exists());
     assert!(!dev.join(format!("char/{DRM_MAJOR}:0")).exists());
 }
+
+/// A local feature file read as NFD's `local` source reads it (source/local/local.go:
+/// trimmed lines, `#` comments, `# +expiry-time=` RFC 3339 directive after which lines past
+/// that time are dropped, `name=value` split at the first `=`, a bare name `true`), each
+/// label then checked as Kubernetes checks one with NFD's default prefix.
+fn nfd_parse(text: &str, now: std::time::SystemTime) -> std::collections::BTreeMap<String, String> {
+    let mut expiry = now;
+    let mut labels = std::collections::BTreeMap::new();
+    for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(c) = line.strip_prefix('#') {
+            if let Some(d) = c.strip_prefix(" +") {
+                let (key, val) = d.split_once('=').expect("directive with a value");
+                assert_eq!(key, "expiry-time", "{line}");
+                expiry = humantime::parse_rfc3339(val.trim()).expect("RFC 3339 expiry");
+            }
+            continue;
+        }
+        if expiry < now {
+            continue;
+        }
+        let (k, v) = line.split_once('=').unwrap_or((line, "true"));
+        let valid = |s: &str, max: usize| {
+            s.len() <= max
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        assert!(!k.contains('/') && valid(k, 63), "label name {k:?}");
+        assert!(v.is_empty() || valid(v, 63), "label value {v:?}");
+        labels.insert(format!("feature.node.kubernetes.io/{k}"), v.to_string());
+    }
+    labels
+}
+
+#[test]
+fn labels_file_is_what_nfd_reads_and_expires() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (_host, runc) = amd_runc(&sim);
+    let dir = runc.scratch().join("features.d");
+    let file = dir.join("accel-container-runtime");
+    let out = ctk(
+        &runc,
+        &[
+            "labels",
+            "--output",
+            file.to_str().unwrap(),
+            "--expiry",
+            "2h",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:#?}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let now = std::time::SystemTime::now();
+    let got = nfd_parse(&text, now);
+    let p = "feature.node.kubernetes.io/accel-amd";
+    let want: std::collections::BTreeMap<String, String> = [
+        ("present", "true"),
+        ("count", "8"),
+        ("model", "1002-74a1"),
+        ("numa-nodes", "0_1"),
+        ("pcie-switches", "2"),
+        ("pcie-switch-sizes", "4_4"),
+        ("sharing", "none"),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("{p}.{k}"), v.to_string()))
+    .collect();
+    assert_eq!(got, want, "{text}");
+    // Only the file itself: its temp file was renamed over it.
+    assert_eq!(dir_names(&dir), names(&["accel-container-runtime"]));
+    // Three hours on, NFD drops every label.
+    assert!(nfd_parse(&text, now + std::time::Duration::from_secs(3 * 3600)).is_empty());
+
+    // Shared: time-slicing with its replicas; written over the old file.
+    let mut cfg = std::fs::read_to_string(runc.config_path()).unwrap();
+    cfg = cfg.replace("[profiles.\"amd\"]\n", "[profiles.\"amd\"]\nreplicas = 4\n");
+    std::fs::write(runc.config_path(), cfg).unwrap();
+    let out = ctk(&runc, &["labels", "--output", file.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let got = nfd_parse(&std::fs::read_to_string(&file).unwrap(), now);
+    assert_eq!(got[&format!("{p}.sharing")], "time-slicing");
+    assert_eq!(got[&format!("{p}.replicas")], "4");
+}

@@ -224,8 +224,10 @@ pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, D
         .collect())
 }
 
-/// The PCI device id (`0x74a1`) of a discovered device: the model, as far as sysfs names it.
-pub fn pci_device_id(profile: &Profile, bdf: &str) -> Option<String> {
+/// The PCI vendor and device id of function `bdf` as `1002-74a1` (lspci's `1002:74a1` in
+/// characters a node label value allows): the model, as far as sysfs names it. Read through
+/// the function's DRM class entries, so only a function with DRM nodes has one.
+pub fn pci_model(profile: &Profile, bdf: &str) -> Option<String> {
     if !is_pci_address(bdf) {
         return None;
     }
@@ -234,7 +236,15 @@ pub fn pci_device_id(profile: &Profile, bdf: &str) -> Option<String> {
     read_dir_names(&class).ok()?.iter().find_map(|name| {
         node_name(name)?;
         let (b, dir) = function_of(&sys, &class.join(name))?;
-        (b == bdf).then(|| attr(&dir.join("device")))?
+        if b != bdf {
+            return None;
+        }
+        let id = |f: &str| {
+            let v = attr(&dir.join(f))?;
+            let hex = v.strip_prefix("0x")?.to_ascii_lowercase();
+            (hex.len() == 4 && hex.bytes().all(|c| c.is_ascii_hexdigit())).then_some(hex)
+        };
+        Some(format!("{}-{}", id("vendor")?, id("device")?))
     })
 }
 
