@@ -79,6 +79,10 @@ fn function_of(sys: &Path, entry: &Path) -> Option<(String, PathBuf)> {
     // The link lives in sys/class/drm: its parent is where a relative target starts.
     let mut parts: Vec<String> = vec!["class".into(), "drm".into()];
     if target.is_absolute() {
+        // An absolute target names a host path; only one inside /sys is understood.
+        if !target.starts_with("/sys") {
+            return None;
+        }
         parts.clear();
     }
     for c in target.components() {
@@ -86,12 +90,6 @@ fn function_of(sys: &Path, entry: &Path) -> Option<(String, PathBuf)> {
             Component::Normal(n) => parts.push(n.to_str()?.to_string()),
             Component::ParentDir => {
                 parts.pop()?;
-            }
-            Component::RootDir => {
-                // An absolute target names a host path; only one inside /sys is understood.
-                if !target.starts_with("/sys") {
-                    return None;
-                }
             }
             _ => {}
         }
