@@ -570,3 +570,57 @@ fn labels_file_is_what_nfd_reads_and_expires() {
     assert_eq!(got[&format!("{p}.sharing")], "time-slicing");
     assert_eq!(got[&format!("{p}.replicas")], "4");
 }
+
+/// kubelet's checkpoint names AMD GPUs by PCI address, as the plugin lists them: consistent
+/// while those GPUs exist, stale once one is gone.
+#[test]
+fn checkpoint_ids_are_pci_addresses() {
+    use accel_container_runtime::checkpoint::{kubelet_checksum, Checkpoint};
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let bdfs: Vec<String> = host
+        .offered("0x1002", "amdgpu")
+        .iter()
+        .map(|g| g.bdf.clone())
+        .collect();
+    let write = |dir: &Path, allocated: &str| {
+        let json = serde_json::json!({"Data": {
+            "PodDeviceEntries": [{"PodUID": "0c0ffee0-0000-4000-8000-000000000001",
+                "ContainerName": "train", "ResourceName": "amd.com/gpu",
+                "DeviceIDs": {"0": [allocated]}, "AllocResp": ""}],
+            "RegisteredDevices": {"amd.com/gpu": bdfs}}, "Checksum": 0});
+        let path = dir.join("kubelet_internal_checkpoint");
+        let text = serde_json::to_vec(&json).unwrap();
+        let sum = kubelet_checksum(&Checkpoint::parse(&text, &path).unwrap().data).unwrap();
+        let text = String::from_utf8(text)
+            .unwrap()
+            .replace("\"Checksum\":0", &format!("\"Checksum\":{sum}"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let dir = runc.scratch().join("kubelet");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = write(&dir, &bdfs[3]);
+    let check = |cp: &Path| {
+        ctk(
+            &runc,
+            &[
+                "checkpoint",
+                "check",
+                "--checkpoint",
+                cp.to_str().unwrap(),
+                "--resource",
+                "amd.com/gpu",
+            ],
+        )
+    };
+    let out = check(&cp);
+    assert_eq!(out.code, 0, "{out:#?}");
+    assert!(out.stdout.contains("\"consistent\""), "{}", out.stdout);
+    // The GPU at 0000:06:00.0 leaves the node (its sysfs and nodes gone).
+    std::fs::remove_file(sim.path().join("sys/class/drm/renderD132")).unwrap();
+    let out = check(&cp);
+    assert_eq!(out.code, 1, "{out:#?}");
+    assert!(out.stdout.contains("\"stale\""), "{}", out.stdout);
+}
