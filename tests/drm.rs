@@ -386,6 +386,63 @@ mod plugin {
         });
     }
 
+    /// `accel-device-plugin --nfd-labels`: the plugin keeps the feature file fresh, its
+    /// expiry moving on with each rewrite.
+    #[test]
+    fn plugin_keeps_the_labels_file_fresh() {
+        require_root();
+        let sim = SimRoot::builder().build();
+        let (_host, runc) = amd_runc(&sim);
+        let kubelet_dir = runc.scratch().join("device-plugins");
+        std::fs::create_dir_all(&kubelet_dir).unwrap();
+        let file = runc.scratch().join("features.d/accel");
+        /// Killed on drop, also when an assertion fails.
+        struct Child(std::process::Child);
+        impl Drop for Child {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_accel-device-plugin"))
+            .args(["--kubelet-dir", kubelet_dir.to_str().unwrap()])
+            .args([
+                "--nfd-labels",
+                file.to_str().unwrap(),
+                "--nfd-labels-expiry",
+                "3s",
+            ])
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let child = Child(child);
+        let expiry_of = |deadline: std::time::Instant, not: Option<&str>| loop {
+            if let Ok(text) = std::fs::read_to_string(&file) {
+                let line = text
+                    .lines()
+                    .find(|l| l.starts_with("# +expiry-time="))
+                    .map(str::to_string);
+                if line.is_some() && line.as_deref() != not {
+                    return (text, line.unwrap());
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "no (new) labels file");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let start = std::time::Instant::now();
+        let (text, first) = expiry_of(start + Duration::from_secs(20), None);
+        let (_, second) = expiry_of(start + Duration::from_secs(20), Some(&first));
+        drop(child);
+        let labels = nfd_parse(&text, std::time::SystemTime::now());
+        assert_eq!(
+            labels["feature.node.kubernetes.io/accel-amd.count"], "8",
+            "{text}"
+        );
+        assert!(second > first, "{first} then {second}");
+    }
+
     /// Each strategy's answer for two GPUs, applied as containerd would and run: the
     /// container sees exactly their render/card nodes and /dev/kfd.
     #[test]

@@ -130,19 +130,33 @@ pub fn render(labels: &BTreeMap<String, String>, expires: SystemTime) -> String 
     text
 }
 
+/// Writes `config`'s labels to `output` (its directory made), replacing it with a rename;
+/// returns the discovery errors (those profiles' labels left out). Also the device plugin's
+/// `--nfd-labels`.
+pub fn write(
+    config: &Config,
+    output: &std::path::Path,
+    expiry: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let (labels, errors) = labels(config);
+    let text = render(&labels, SystemTime::now() + expiry);
+    if let Some(dir) = output.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    crate::atomic::replace(output, text.as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", output.display()))?;
+    Ok(errors)
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = super::load_config()?;
-    let (labels, errors) = labels(&config);
-    let text = render(&labels, SystemTime::now() + args.expiry);
-    if args.output.as_os_str() == "-" {
-        print!("{text}");
+    let errors = if args.output.as_os_str() == "-" {
+        let (labels, errors) = labels(&config);
+        print!("{}", render(&labels, SystemTime::now() + args.expiry));
+        errors
     } else {
-        if let Some(dir) = args.output.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        crate::atomic::replace(&args.output, text.as_bytes(), 0o644)
-            .with_context(|| format!("writing {}", args.output.display()))?;
-    }
+        write(&config, &args.output, args.expiry)?
+    };
     for e in &errors {
         eprintln!("accel-ctk: {e} (its labels are left out)");
     }
