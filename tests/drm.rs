@@ -424,8 +424,8 @@ mod plugin {
                     .lines()
                     .find(|l| l.starts_with("# +expiry-time="))
                     .map(str::to_string);
-                if line.is_some() && line.as_deref() != not {
-                    return (text, line.unwrap());
+                if let Some(line) = line.filter(|l| Some(l.as_str()) != not) {
+                    return (text, line);
                 }
             }
             assert!(std::time::Instant::now() < deadline, "no (new) labels file");
