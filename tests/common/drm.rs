@@ -11,7 +11,7 @@
 //! - [`amd_node`]: 8 AMD MI300X-like GPUs (0x1002:0x74a1, amdgpu) behind two PCIe switches
 //!   (four each, NUMA 0 and 1), card/render numbers deliberately not in PCI order, plus an
 //!   onboard ASPEED display GPU (0x1a03, ast) given card0 *and* renderD128 so only the vendor
-//!   filter keeps it out, and an AMD function bound to vfio-pci (no DRM nodes) .
+//!   filter keeps it out, and an AMD function bound to vfio-pci (no DRM nodes).
 //! - [`intel_node`]: two i915 GPUs and one xe GPU.
 //! - [`hygon_node`]: two Hygon DCUs (0x1d94) with `/dev/kfd` and `/dev/mkfd`.
 
