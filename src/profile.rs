@@ -795,6 +795,43 @@ mod tests {
     }
 
     #[test]
+    fn drm_discovery_is_checked() {
+        let parse = |discovery: &str| {
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"drm\"\n{discovery}"
+            );
+            Profile::from_table(toml::from_str(&text).unwrap(), "t").map_err(|e| e.to_string())
+        };
+        let (p, unknown) = parse(
+            "pci-vendors = [\"0x1002\"]\ndrivers = [\"amdgpu\"]\norder = \"kfd\"\nkfd-topology = \"/sys/class/kfd/kfd/topology/nodes\"\nindex-ranges = true\n",
+        )
+        .unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert!(p.discovery.index_ranges());
+        assert_eq!(p.discovery.node_template(), Some("/dev/dri/renderD{index}"));
+        for (bad, says) in [
+            ("pci-vendors = []\n", "pci-vendors is empty"),
+            ("pci-vendors = [\"1002\"]\n", "0x and four hex digits"),
+            ("pci-vendors = [\"0x10020\"]\n", "0x and four hex digits"),
+            (
+                "pci-vendors = [\"0x1002\"]\ndrivers = [\"../amdgpu\"]\n",
+                "plain name",
+            ),
+            (
+                "pci-vendors = [\"0x1002\"]\nkfd-topology = \"sys/kfd\"\n",
+                "absolute",
+            ),
+            (
+                "pci-vendors = [\"0x1002\"]\norder = \"probe\"\n",
+                "unknown variant",
+            ),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_reported() {
         let mut t: toml::Table = toml::from_str(BUILTIN[1].text).unwrap();
         t.insert("driver-rot".into(), "/x".into());
