@@ -770,7 +770,7 @@ mod tests {
         .unwrap();
         let q = Quick::read(&cfg).unwrap();
         let full = Config::load(&cfg).unwrap();
-        assert_eq!(full.profiles.len(), 7);
+        assert_eq!(full.profiles.len(), 12);
         let screen = |q: &Quick, var: &str| {
             let spec = format!(r#"{{"process":{{"env":["{var}=0"]}}}}"#);
             crate::spec::screen::screen(spec.as_bytes(), q.texts())

@@ -485,11 +485,5 @@ fn vendor_request(
 }
 
 fn ranges(profile: &Profile) -> bool {
-    matches!(
-        profile.discovery,
-        crate::profile::Discovery::DeviceNodes {
-            index_ranges: true,
-            ..
-        }
-    )
+    profile.discovery.index_ranges()
 }

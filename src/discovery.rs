@@ -14,6 +14,8 @@ use rustix::io::Errno;
 use crate::inroot::{Root, Scope};
 use crate::profile::{Discovery, Profile};
 
+pub mod drm;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
     #[error("cannot read {}: {source}", path.display())]
@@ -169,6 +171,21 @@ pub fn discover(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
             aliases,
             ..
         } => device_nodes(profile, node_templates, aliases),
+        Discovery::Drm {
+            pci_vendors,
+            drivers,
+            order,
+            kfd_topology,
+            ..
+        } => drm::discover(
+            profile,
+            &drm::Filter {
+                pci_vendors,
+                drivers,
+                order: *order,
+                kfd_topology: kfd_topology.as_deref(),
+            },
+        ),
     }
 }
 

@@ -229,6 +229,66 @@ pub enum Discovery {
         #[serde(default)]
         index_ranges: bool,
     },
+    /// DRM-class devices (AMD, Intel, Hygon, MetaX): each PCI function of the profile's
+    /// vendors, bound to one of its drivers, that has a render node under `/sys/class/drm`;
+    /// its nodes are `/dev/dri/renderD<M>` then `/dev/dri/card<N>` (src/discovery/drm.rs).
+    #[serde(rename_all = "kebab-case")]
+    Drm {
+        /// PCI vendor ids (`0x1002`) whose functions count; another vendor's display GPU on
+        /// the same node is never offered.
+        pci_vendors: Vec<String>,
+        /// Kernel drivers one of which must be bound (`amdgpu`); empty: any driver.
+        #[serde(default)]
+        drivers: Vec<String>,
+        /// How the vendor's tools number devices.
+        #[serde(default)]
+        order: DrmOrder,
+        /// KFD topology directory (`/sys/class/kfd/kfd/topology/nodes`) under driver-root:
+        /// unique ids (`unique_id`, written `0x<hex>`) and the `kfd` order.
+        #[serde(default)]
+        kfd_topology: Option<PathBuf>,
+        /// Accept `a-b` ranges in the variable.
+        #[serde(default)]
+        index_ranges: bool,
+    },
+}
+
+/// Index order of DRM-class devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrmOrder {
+    /// PCI address order of the functions.
+    #[default]
+    PciBus,
+    /// KFD topology node order (GPU nodes only); devices KFD does not list come after, in
+    /// PCI order.
+    Kfd,
+    /// DRM card number order (`card0` first).
+    Card,
+}
+
+impl Discovery {
+    /// Whether the variable accepts `a-b` ranges.
+    pub fn index_ranges(&self) -> bool {
+        match self {
+            Discovery::NvidiaProcfs { .. } => false,
+            Discovery::DeviceNodes { index_ranges, .. } | Discovery::Drm { index_ranges, .. } => {
+                *index_ranges
+            }
+        }
+    }
+
+    /// The container path where the first node of each device appears, `{index}` standing
+    /// for its number (what the device plugin watches).
+    pub fn node_template(&self) -> Option<&str> {
+        match self {
+            Discovery::NvidiaProcfs { node_template, .. } => Some(node_template),
+            Discovery::DeviceNodes { node_templates, .. } => {
+                node_templates.first().map(String::as_str)
+            }
+            Discovery::Drm { .. } => Some("/dev/dri/renderD{index}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -260,6 +320,10 @@ pub fn known_keys() -> Vec<&'static str> {
         "node-templates",
         "aliases",
         "index-ranges",
+        "pci-vendors",
+        "drivers",
+        "order",
+        "kfd-topology",
     ]);
     keys
 }
@@ -408,6 +472,30 @@ impl Profile {
                 }
                 node_templates.iter().map(String::as_str).collect()
             }
+            Discovery::Drm {
+                pci_vendors,
+                drivers,
+                kfd_topology,
+                ..
+            } => {
+                let hex4 = |v: &str| {
+                    v.strip_prefix("0x")
+                        .is_some_and(|h| h.len() == 4 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                };
+                if pci_vendors.is_empty() {
+                    return invalid("discovery.pci-vendors is empty".into());
+                }
+                if let Some(v) = pci_vendors.iter().find(|v| !hex4(v)) {
+                    return invalid(format!(
+                        "discovery.pci-vendors {v:?} must be 0x and four hex digits"
+                    ));
+                }
+                if let Some(d) = drivers.iter().find(|d| !plain_name(d)) {
+                    return invalid(format!("discovery.drivers {d:?} must be a plain name"));
+                }
+                paths.extend(kfd_topology.as_deref());
+                Vec::new()
+            }
         };
         for t in templates {
             let p = Path::new(t);
@@ -547,6 +635,10 @@ impl Lengths {
     }
 }
 
+fn plain_name(n: &str) -> bool {
+    !n.is_empty() && !n.contains('/') && n != "." && n != ".."
+}
+
 /// True when a path has a `..` component: profile paths are joined under host roots.
 pub fn has_dotdot(p: &Path) -> bool {
     // What `components()` calls ParentDir, without building the components (every path of
@@ -642,10 +734,15 @@ mod tests {
         assert_eq!(
             names,
             [
+                "amd",
                 "ascend",
                 "cambricon",
                 "enflame",
                 "habana",
+                "hygon",
+                "intel",
+                "intel-xe",
+                "metax",
                 "mthreads",
                 "nvidia"
             ]
@@ -694,6 +791,43 @@ mod tests {
             );
             let (_, unknown) = Profile::from_table(toml::from_str(&text).unwrap(), "t").unwrap();
             assert!(unknown.is_empty(), "{key}: {unknown:?}");
+        }
+    }
+
+    #[test]
+    fn drm_discovery_is_checked() {
+        let parse = |discovery: &str| {
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"drm\"\n{discovery}"
+            );
+            Profile::from_table(toml::from_str(&text).unwrap(), "t").map_err(|e| e.to_string())
+        };
+        let (p, unknown) = parse(
+            "pci-vendors = [\"0x1002\"]\ndrivers = [\"amdgpu\"]\norder = \"kfd\"\nkfd-topology = \"/sys/class/kfd/kfd/topology/nodes\"\nindex-ranges = true\n",
+        )
+        .unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert!(p.discovery.index_ranges());
+        assert_eq!(p.discovery.node_template(), Some("/dev/dri/renderD{index}"));
+        for (bad, says) in [
+            ("pci-vendors = []\n", "pci-vendors is empty"),
+            ("pci-vendors = [\"1002\"]\n", "0x and four hex digits"),
+            ("pci-vendors = [\"0x10020\"]\n", "0x and four hex digits"),
+            (
+                "pci-vendors = [\"0x1002\"]\ndrivers = [\"../amdgpu\"]\n",
+                "plain name",
+            ),
+            (
+                "pci-vendors = [\"0x1002\"]\nkfd-topology = \"sys/kfd\"\n",
+                "absolute",
+            ),
+            (
+                "pci-vendors = [\"0x1002\"]\norder = \"probe\"\n",
+                "unknown variant",
+            ),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
         }
     }
 

@@ -28,6 +28,8 @@ enum Cmd {
     List(ctk::list::Args),
     /// Check the node end to end and say how to fix what is wrong.
     Doctor(ctk::doctor::Args),
+    /// Write node labels (Node Feature Discovery feature file) for every profile's devices.
+    Labels(ctk::labels::Args),
     /// Generate and list Container Device Interface specs.
     Cdi {
         #[command(subcommand)]
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Cmd::Runtime { cmd } => ctk::runtime::run(cmd),
         Cmd::List(args) => ctk::list::run(args),
         Cmd::Doctor(args) => ctk::doctor::run(args),
+        Cmd::Labels(args) => ctk::labels::run(args),
         Cmd::Cdi { cmd } => ctk::cdi::run(cmd),
         Cmd::Checkpoint { cmd } => ctk::checkpoint::run(cmd),
         Cmd::System { cmd } => ctk::system::run(cmd),

@@ -37,6 +37,13 @@ struct Args {
     /// Seconds between health polls (inotify reports changes at once; this is the fallback).
     #[arg(long, default_value_t = 1.0)]
     poll_seconds: f64,
+    /// Also keep node labels in this Node Feature Discovery feature file (as `accel-ctk
+    /// labels` writes them), rewritten every third of --nfd-labels-expiry.
+    #[arg(long)]
+    nfd_labels: Option<PathBuf>,
+    /// How long NFD keeps the labels once this plugin stops rewriting them.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    nfd_labels_expiry: Duration,
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -77,6 +84,27 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         );
     }
     opts.host_root = HostRoot::new(args.host_root);
+    if let Some(path) = args.nfd_labels {
+        let mut seen = config.clone();
+        seen.profiles = seen
+            .profiles
+            .into_iter()
+            .map(|p| opts.host_root.rebase(p))
+            .collect();
+        let every = (args.nfd_labels_expiry / 3).max(Duration::from_secs(1));
+        std::thread::spawn(move || loop {
+            match accel_container_runtime::ctk::labels::write(&seen, &path, args.nfd_labels_expiry)
+            {
+                Ok(errors) => {
+                    for e in errors {
+                        log::warn!("labels: {e} (its labels are left out)");
+                    }
+                }
+                Err(e) => log::warn!("labels: {e:#}"),
+            }
+            std::thread::sleep(every);
+        });
+    }
     if let Some(d) = config.container_library_dir.clone() {
         opts.library_dir = d;
     }

@@ -4,6 +4,7 @@
 pub mod cdi;
 pub mod checkpoint;
 pub mod doctor;
+pub mod labels;
 pub mod list;
 #[cfg(feature = "plugin")]
 pub mod pods;

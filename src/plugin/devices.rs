@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::discovery::DiscoveryError;
 pub use crate::profile::replica_id;
-use crate::profile::{Discovery, Profile};
+use crate::profile::Profile;
 pub use crate::request::split_replica;
 use crate::topology::{discover_located, Node};
 
@@ -206,10 +206,7 @@ pub fn healthy(profile: &Profile, dev: &PluginDevice) -> bool {
 /// file, where the profile's device nodes appear (the first node template), and every node of
 /// the devices known.
 pub fn watched_paths(profile: &Profile, table: &[PluginDevice]) -> Vec<PathBuf> {
-    let template = match &profile.discovery {
-        Discovery::NvidiaProcfs { node_template, .. } => Some(node_template),
-        Discovery::DeviceNodes { node_templates, .. } => node_templates.first(),
-    };
+    let template = profile.discovery.node_template();
     let version = profile.version_file.as_deref();
     version
         .map(|v| Profile::under(&profile.driver_root, v))

@@ -41,11 +41,14 @@
 //! - [`Probe`]: a shell script that prints sections (`ls` of dirs, result of opening paths,
 //!   any command), and [`Report`] parses its output: `report.ls("/dev")`,
 //!   `report.open("/dev/nvidia1")` ([`Open::Enxio`], [`Open::Eperm`], ...).
+//! - [`drm`]: DRM-class hosts (AMD, Intel, Hygon sysfs and `/dev/dri` nodes) built into a
+//!   `SimRoot`, and `drm::install_profiles` to add their profile files to a `Runc`.
 //! - [`unique`]: a process- and thread-unique name for ids and files.
 //! - [`cgroup_v1`]: whether the host runs cgroup v1 (devices.list exists) or v2 (eBPF).
 
 #![allow(dead_code)]
 
+pub mod drm;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
 
