@@ -10,7 +10,7 @@
 # What ships is what is measured: the build the packages ship (packaging/target.sh: `cargo
 # build --release --target <triple>` with its one flag, static glibc), installed on the disk
 # and read back from it as after a boot (every binary compared is treated alike), with the
-# shipped config.toml and the four profile files the packages install in profiles-dir,
+# shipped config.toml and every profile file the packages install in profiles-dir,
 # bundles on a tmpfs as engines keep them.
 # What is compared, every command given the argv `state ctr` / `create --bundle B ctr`:
 #   noop               a static C program that exits 0: the "low-level runtime" here
@@ -126,7 +126,11 @@ done
 # The shipped config.toml and the profile files the packages install (Cargo.toml's assets),
 # pointed at the no-op runtime, a private log and the simulated driver root.
 mkdir -p "$work/profiles.d"
-for p in ascend cambricon habana mthreads; do cp "config/profiles/$p.toml" "$work/profiles.d/"; done
+# Every profile file the .deb installs in profiles.d (Cargo.toml's assets), as shipped.
+shipped_profiles=$(grep -o '"config/profiles/[a-z0-9-]*\.toml", "etc/accel-container-runtime/profiles.d/' Cargo.toml |
+  cut -d'"' -f2 | sort -u)
+[ -n "$shipped_profiles" ] || { echo "benches/bench.sh: no profile file in Cargo.toml's deb assets" >&2; exit 1; }
+for p in $shipped_profiles; do cp "$p" "$work/profiles.d/"; done
 sed -e "s|^low-level-runtime = .*|low-level-runtime = \"$bins/noop\"|" \
   -e "s|^log-file = .*|log-file = \"$work/shim.log\"|" \
   -e "s|^profiles-dir = .*|profiles-dir = \"$work/profiles.d\"|" config/config.toml >"$work/config.toml"
