@@ -21,9 +21,10 @@ use clap::Parser;
     about = "Kubernetes DRA driver for every accel-container-runtime vendor profile"
 )]
 struct Args {
-    /// This node's name (the DaemonSet passes spec.nodeName).
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
+    /// This node's name (default: the variable NODE_NAME, which the DaemonSet sets from
+    /// spec.nodeName).
+    #[arg(long)]
+    node_name: Option<String>,
     /// kubelet's plugin registry directory.
     #[arg(long, default_value = PLUGINS_REGISTRY)]
     registry_dir: PathBuf,
@@ -81,7 +82,14 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         .into_iter()
         .map(|p| host_root.rebase(p))
         .collect();
-    let mut opts = Options::new(args.node_name);
+    let node = match args.node_name {
+        Some(n) => n,
+        None => std::env::var("NODE_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .context("no node name: pass --node-name or set NODE_NAME")?,
+    };
+    let mut opts = Options::new(node);
     opts.registry_dir = args.registry_dir;
     opts.plugins_dir = args.plugins_dir;
     opts.cdi_dir = args.cdi_dir;

@@ -186,7 +186,12 @@ impl Claims {
                     res.device
                 ));
             }
-            let request = res.request.split('/').next().unwrap_or_default().to_string();
+            let request = res
+                .request
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
             let admin = res.admin_access.unwrap_or(false);
             match wanted.iter_mut().find(|(p, _)| p.device == res.device) {
                 Some((p, _)) => {
@@ -247,7 +252,10 @@ impl Claims {
             std::fs::create_dir_all(&self.cdi_dir)
                 .and_then(|()| crate::atomic::replace(&spec_path, &text, 0o644))
                 .map_err(|e| {
-                    format!("{r}: cannot write the CDI spec {}: {e}", spec_path.display())
+                    format!(
+                        "{r}: cannot write the CDI spec {}: {e}",
+                        spec_path.display()
+                    )
                 })?;
         }
         let record = Record {
@@ -291,9 +299,7 @@ impl Claims {
                 .devices
                 .iter()
                 .find(|g| g.name == index)
-                .ok_or_else(|| {
-                    format!("{r}: device {} is no longer found on this node", d.name)
-                })?;
+                .ok_or_else(|| format!("{r}: device {} is no longer found on this node", d.name))?;
             for n in &g.container_edits.device_nodes {
                 let host = n.host_path.as_deref().unwrap_or(&n.path);
                 if let Some(p) = char_problem(Path::new(host), None, &[]) {

@@ -99,6 +99,33 @@ impl<T> tonic::server::NamedService for DraServer<T> {
     const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin";
 }
 
+/// The same service under its v1beta1 name (kubelet 1.32–1.33); tonic routes by name.
+pub struct DraServerV1beta1<T>(pub DraServer<T>);
+
+impl<T> Clone for DraServerV1beta1<T> {
+    fn clone(&self) -> Self {
+        DraServerV1beta1(self.0.clone())
+    }
+}
+
+impl<T: DraPlugin> tower::Service<http::Request<Body>> for DraServerV1beta1<T> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        self.0.call(req)
+    }
+}
+
+impl<T> tonic::server::NamedService for DraServerV1beta1<T> {
+    const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin";
+}
+
 /// `pluginregistration.Registration` on the registry socket.
 pub struct RegistrationServer<T>(pub Arc<T>);
 

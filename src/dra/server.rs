@@ -19,7 +19,7 @@ use crate::profile::Profile;
 
 use super::api::*;
 use super::claims::{ClaimRef, Claims};
-use super::grpc::{DraPlugin, DraServer, RegistrationServer};
+use super::grpc::{DraPlugin, DraServer, DraServerV1beta1, RegistrationServer};
 use super::publish::Publisher;
 use super::slices::{self, Pool};
 use super::table::{self, DraDevice};
@@ -153,7 +153,11 @@ impl Driver {
         };
         match result {
             Ok(devices) => {
-                log(&format!("{}: {r} prepared: {} device(s)", self.name, devices.len()));
+                log(&format!(
+                    "{}: {r} prepared: {} device(s)",
+                    self.name,
+                    devices.len()
+                ));
                 NodePrepareResourceResponse {
                     devices: devices
                         .into_iter()
@@ -180,7 +184,10 @@ impl Driver {
 }
 
 impl DraPlugin for Driver {
-    async fn prepare(self: Arc<Self>, req: NodePrepareResourcesRequest) -> NodePrepareResourcesResponse {
+    async fn prepare(
+        self: Arc<Self>,
+        req: NodePrepareResourcesRequest,
+    ) -> NodePrepareResourcesResponse {
         let mut set = tokio::task::JoinSet::new();
         for c in req.claims {
             let me = Arc::clone(&self);
@@ -209,7 +216,10 @@ impl DraPlugin for Driver {
                 .map(|c| {
                     let error = me.claims.unprepare(&c.uid).err().unwrap_or_default();
                     if error.is_empty() {
-                        log(&format!("{}: claim {}/{} ({}) unprepared", me.name, c.namespace, c.name, c.uid));
+                        log(&format!(
+                            "{}: claim {}/{} ({}) unprepared",
+                            me.name, c.namespace, c.name, c.uid
+                        ));
                     } else {
                         log(&format!("{}: {error}", me.name));
                     }
@@ -235,7 +245,10 @@ impl DraPlugin for Driver {
         if s.plugin_registered {
             log(&format!("{}: registered with kubelet", self.name));
         } else {
-            log(&format!("{}: kubelet refused the registration: {}", self.name, s.error));
+            log(&format!(
+                "{}: kubelet refused the registration: {}",
+                self.name, s.error
+            ));
         }
     }
 }
@@ -261,20 +274,12 @@ fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(listener)
 }
 
-/// Serves `svc` on `path` until `stop` turns true.
-fn serve<S>(svc: S, path: &Path, mut stop: watch::Receiver<bool>) -> Result<(), DraError>
-where
-    S: tower::Service<
-            tonic::codegen::http::Request<tonic::body::Body>,
-            Response = tonic::codegen::http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + tonic::server::NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+/// Serves `routes` on `path` until `stop` turns true.
+fn serve(
+    routes: tonic::service::Routes,
+    path: &Path,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DraError> {
     let listener = bind_private(path).map_err(|source| DraError::Listen {
         path: path.into(),
         source,
@@ -289,7 +294,7 @@ where
             let _ = stop.wait_for(|s| *s).await;
         };
         if let Err(e) = tonic::transport::Server::builder()
-            .add_service(svc)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, stopped)
             .await
         {
@@ -321,9 +326,12 @@ pub fn start(
     )
     .map_err(DraError::Name)?;
     let driver = Arc::new(Driver::new(profile, name, client, opts)?);
-    serve(DraServer(Arc::clone(&driver)), &driver.endpoint, stop.clone())?;
+    let dra = DraServer(Arc::clone(&driver));
+    let routes = tonic::service::Routes::new(dra.clone()).add_service(DraServerV1beta1(dra));
+    serve(routes, &driver.endpoint, stop.clone())?;
     let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
-    serve(RegistrationServer(Arc::clone(&driver)), &reg, stop.clone())?;
+    let routes = tonic::service::Routes::new(RegistrationServer(Arc::clone(&driver)));
+    serve(routes, &reg, stop.clone())?;
     log(&format!(
         "{}: serving {} and {}; {} claim(s) prepared before",
         driver.name,
@@ -365,7 +373,10 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         }
         Err(e) => {
             run.resync = true;
-            log(&format!("{}: cannot publish the ResourceSlices: {e}", run.driver.name));
+            log(&format!(
+                "{}: cannot publish the ResourceSlices: {e}",
+                run.driver.name
+            ));
         }
     }
 }

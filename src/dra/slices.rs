@@ -181,11 +181,19 @@ mod tests {
         assert_eq!(s[0].spec.devices.as_ref().unwrap().len(), 64);
         let v = serde_json::to_value(&s[0]).unwrap();
         let d0 = &v["spec"]["devices"][0];
-        assert_eq!(d0["attributes"]["resource.kubernetes.io/pciBusID"]["string"], "0000:10:00.0");
+        assert_eq!(
+            d0["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+            "0000:10:00.0"
+        );
         assert_eq!(d0["attributes"]["pcieSwitch"]["string"], "0000:01:00.0");
         assert_eq!(d0["attributes"]["index"]["int"], 0);
-        assert!(v["spec"]["devices"][2]["attributes"].get("pcieSwitch").is_none());
-        assert_eq!(v["spec"]["devices"][3]["taints"][0]["key"], "gcu.enflame.com/unhealthy");
+        assert!(v["spec"]["devices"][2]["attributes"]
+            .get("pcieSwitch")
+            .is_none());
+        assert_eq!(
+            v["spec"]["devices"][3]["taints"][0]["key"],
+            "gcu.enflame.com/unhealthy"
+        );
         assert!(d0.get("taints").is_none());
         assert!(slices(&pool, &[], 1).is_empty());
     }

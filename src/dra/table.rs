@@ -102,9 +102,7 @@ pub fn node_problem(profile: &Profile, dev: &DraDevice) -> Option<String> {
 pub fn char_problem(host: &Path, want: Option<u64>, allowed: &[u64]) -> Option<String> {
     let m = match std::fs::symlink_metadata(host) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Some("does not exist".into())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some("does not exist".into()),
         Err(e) => return Some(format!("cannot be read: {e}")),
     };
     if !m.file_type().is_char_device() {

@@ -46,6 +46,8 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "dra")]
+pub mod apiserver;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
 
