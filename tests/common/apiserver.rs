@@ -295,6 +295,7 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
 }
 
 fn serve(conn: TcpStream, st: &Mutex<State>) {
+    let _ = conn.set_nodelay(true);
     let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
@@ -332,10 +333,10 @@ fn serve(conn: TcpStream, st: &Mutex<State>) {
             "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
             text.len()
         );
-        if w.write_all(head.as_bytes())
-            .and_then(|()| w.write_all(&text))
-            .is_err()
-        {
+        // One write: a head and a body in two would wait on the client's delayed ACK.
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&text);
+        if w.write_all(&out).is_err() {
             return;
         }
     }
