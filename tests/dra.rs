@@ -38,6 +38,7 @@ fn options(dir: &Path, poll: Duration) -> Options {
     o.cdi_dir = dir.join("cdi");
     o.state_dir = dir.join("state");
     o.poll = poll;
+    o.resync = Duration::from_millis(200);
     o
 }
 
@@ -243,7 +244,14 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
         let s = wait_slices(&api, "gcu5 gone", |s| devices(s).len() == 7).await;
         assert_eq!(s[0]["spec"]["pool"]["generation"], 4);
         common::mknod(&gcu5, sim.enflame_major().unwrap(), 5, 0o666);
-        wait_slices(&api, "gcu5 back", |s| devices(s).len() == 8).await;
+        let s = wait_slices(&api, "gcu5 back", |s| devices(s).len() == 8).await;
+        let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
+
+        // kubelet deletes the node's slices when it starts: the resync publishes them again,
+        // at a generation above the last.
+        api.wipe();
+        let s = wait_slices(&api, "republished", |s| devices(s).len() == 8).await;
+        assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
 
         // Every write was a create or an update of the one slice; nothing else was touched.
         for r in api.requests() {
