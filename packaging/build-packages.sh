@@ -46,8 +46,11 @@ if [ "$build" = 1 ]; then
     # The device plugin alone carries the gRPC stack (feature `plugin`); building only its
     # binary with the feature leaves the runtime and accel-ctk above untouched.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
+    # The DRA driver (feature `dra`: the API client too), for its image
+    # (packaging/Dockerfile.dra-driver); not in the packages yet.
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
 fi
-for b in accel-container-runtime accel-ctk accel-device-plugin; do
+for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
     # The shipped build is static: it has no program interpreter (PT_INTERP).

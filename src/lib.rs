@@ -14,7 +14,8 @@
 //! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
 //! `create` command's straight line) → `ctk` (accel-ctk's subcommands), `plugin`
-//! (accel-device-plugin; its gRPC half only with the `plugin` feature) → binaries.
+//! (accel-device-plugin; its gRPC half only with the `plugin` feature), `dra`
+//! (accel-dra-driver, only with the `dra` feature; on `plugin`) → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -28,6 +29,8 @@ pub mod ctk;
 pub mod devchar;
 pub mod discovery;
 pub mod doctor;
+#[cfg(feature = "dra")]
+pub mod dra;
 pub mod edits;
 pub mod engine;
 pub mod exec;

@@ -44,6 +44,11 @@ use serde_yaml_ng::Value as Yaml;
 const PLUGIN: &str = "packaging/kubernetes/accel-device-plugin-daemonset.yaml";
 const RUNTIME: &str = "packaging/kubernetes/accel-runtime-daemonset.yaml";
 const CHECKPOINT: &str = "packaging/kubernetes/accel-checkpoint-daemonset.yaml";
+const DRA: &str = "packaging/kubernetes/accel-dra-driver-daemonset.yaml";
+
+/// The node's name as kubelet gives it to `fieldRef: spec.nodeName` (and containerd's
+/// `/etc/hostname` below).
+const NODE_NAME: &str = "accel-node";
 
 /// containerd's default when the image sets no PATH (`oci.WithDefaultPathEnv`); Debian's
 /// images set the same.
@@ -196,6 +201,8 @@ fn built_binary(name: &str) -> &'static str {
         "accel-container-runtime" => env!("CARGO_BIN_EXE_accel-container-runtime"),
         "accel-ctk" => env!("CARGO_BIN_EXE_accel-ctk"),
         "accel-device-plugin" => env!("CARGO_BIN_EXE_accel-device-plugin"),
+        #[cfg(feature = "dra")]
+        "accel-dra-driver" => env!("CARGO_BIN_EXE_accel-dra-driver"),
         other => panic!("an image copies {other}, which this test cannot build"),
     }
 }
@@ -322,6 +329,8 @@ fn pause_image(rootfs: &Path) -> Image {
 fn image(name: &str, rootfs: &Path) -> Image {
     if name.contains("/accel-device-plugin:") {
         dockerfile_image("packaging/Dockerfile.device-plugin", rootfs)
+    } else if name.contains("/accel-dra-driver:") {
+        dockerfile_image("packaging/Dockerfile.dra-driver", rootfs)
     } else if name.contains("/accel-container-runtime:") {
         dockerfile_image("packaging/Dockerfile", rootfs)
     } else if name.starts_with("registry.k8s.io/pause:") {
@@ -557,13 +566,24 @@ impl Pod {
             (None, Some(args)) => [img.entrypoint.clone(), args].concat(),
             (None, None) => [img.entrypoint.clone(), img.cmd.clone()].concat(),
         };
-        let mut env = vec![PATH_ENV.to_owned()];
+        // kubelet gives every container the API server's address (the `kubernetes`
+        // service); nothing answers there in these tests.
+        let mut env = vec![
+            PATH_ENV.to_owned(),
+            "KUBERNETES_SERVICE_HOST=127.0.0.1".to_owned(),
+            "KUBERNETES_SERVICE_PORT=1".to_owned(),
+        ];
         for e in seq(c, "env") {
             let var = yaml_str(e, "name");
+            let given = || match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("spec.nodeName") => NODE_NAME.to_owned(),
+                Some(other) => panic!("{name}: no stand-in for the field {other}"),
+                None => yaml_str(e, "value").to_owned(),
+            };
             let value = env_over
                 .iter()
                 .find(|(cn, n, _)| *cn == name && *n == var)
-                .map_or_else(|| yaml_str(e, "value").to_owned(), |o| o.2.to_owned());
+                .map_or_else(given, |o| o.2.to_owned());
             env.push(format!("{var}={value}"));
         }
         for (cn, var, _) in env_over {
@@ -645,9 +665,19 @@ impl Pod {
         if spec["automountServiceAccountToken"].as_bool() != Some(false) {
             let token = files.join("serviceaccount");
             std::fs::create_dir_all(&token).unwrap();
-            for f in ["token", "ca.crt", "namespace"] {
+            for f in ["token", "namespace"] {
                 std::fs::write(token.join(f), "stand-in\n").unwrap();
             }
+            // A real certificate, as kubelet mounts the cluster's CA: an API client loads it.
+            sh_ok(
+                Command::new("openssl")
+                    .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+                    .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+                    .args(["-subj", "/CN=stand-in cluster CA", "-keyout"])
+                    .arg(files.join("ca.key"))
+                    .arg("-out")
+                    .arg(token.join("ca.crt")),
+            );
             pod_mounts.push(bind(
                 "/var/run/secrets/kubernetes.io/serviceaccount",
                 &token,
@@ -655,7 +685,7 @@ impl Pod {
                 "rprivate",
             ));
         }
-        let hostname = file("hostname", "accel-node\n");
+        let hostname = file("hostname", &format!("{NODE_NAME}\n"));
         pod_mounts.push(bind("/etc/hostname", &hostname, ro_root, "rprivate"));
         let resolv = file("resolv.conf", "nameserver 127.0.0.53\n");
         pod_mounts.push(bind("/etc/resolv.conf", &resolv, ro_root, "rprivate"));
@@ -738,7 +768,9 @@ fn every_manifest_is_started_by_a_test_here() {
         })
         .collect();
     files.sort();
-    let mut tested = vec![PLUGIN, RUNTIME, CHECKPOINT];
+    // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
+    // with `--features dra` (.ci/run runs this file so).
+    let mut tested = vec![PLUGIN, RUNTIME, CHECKPOINT, DRA];
     tested.sort();
     assert_eq!(files, tested);
 }
@@ -908,4 +940,90 @@ fn checkpoint_daemonset_installs_the_unit_and_idles() {
         "--no-reload enable accel-ctk-checkpoint.service\n"
     );
     pod.assert_stays_running("idle");
+}
+
+/// Issue 27: the DRA driver starts under its own securityContext with its DaemonSet's mounts,
+/// finds the simulated GCUs through its view of the host's `/`, and registers through the
+/// mounted plugin registry: GetInfo names the DRA socket at the path kubelet dials on the
+/// host, and that socket answers. No API server answers here (tests/dra.rs has a stand-in):
+/// a prepare fails with the API server named, and the pod keeps running.
+#[cfg(feature = "dra")]
+#[test]
+fn dra_driver_daemonset_starts_and_registers() {
+    use accel_container_runtime::dra::{api::*, grpc as dra};
+    require_root();
+    let sim = SimRoot::builder().enflame(8).build();
+    enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut node = Node::new();
+    node.map("/", Path::new("/"));
+    let etc = node.path("/etc/accel-container-runtime");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    let pod = Pod::start(DRA, &node, &[]);
+    let reg = node
+        .path("/var/lib/kubelet/plugins_registry")
+        .join("gcu.enflame.com-reg.sock");
+    let t = Instant::now();
+    while !reg.exists() {
+        let status = pod.status("accel-dra-driver");
+        assert!(
+            status == "running" && t.elapsed() < Duration::from_secs(20),
+            "no {}; the driver ({status}):\n{}",
+            reg.display(),
+            pod.log("accel-dra-driver")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rt.block_on(async {
+        let ch = grpc::connect(&reg, "localhost").await.unwrap();
+        let info = dra::get_info(&ch).await.unwrap();
+        assert_eq!(info.r#type, "DRAPlugin");
+        assert_eq!(info.name, "gcu.enflame.com");
+        assert_eq!(
+            info.endpoint,
+            "/var/lib/kubelet/plugins/gcu.enflame.com/dra.sock"
+        );
+        let sock = node.path(&info.endpoint);
+        let ch = grpc::connect(&sock, "localhost").await.unwrap();
+        let uid = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2a";
+        let c = Claim {
+            namespace: "default".into(),
+            name: "c".into(),
+            uid: uid.into(),
+        };
+        let u = dra::unprepare(
+            &ch,
+            UNPREPARE_V1,
+            NodeUnprepareResourcesRequest {
+                claims: vec![c.clone()],
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(u.claims[uid].error, "");
+        let p = dra::prepare(
+            &ch,
+            PREPARE_V1,
+            NodePrepareResourcesRequest { claims: vec![c] },
+        )
+        .await
+        .unwrap();
+        let e = &p.claims[uid].error;
+        assert!(e.contains("cannot read it from the API server"), "{e}");
+    });
+    let log = pod.log("accel-dra-driver");
+    assert!(log.contains("cannot publish the ResourceSlices"), "{log}");
+    pod.assert_stays_running("accel-dra-driver");
 }

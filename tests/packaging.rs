@@ -420,7 +420,11 @@ fn every_image_builds_what_the_packages_ship() {
     let files = dockerfiles();
     assert_eq!(
         files,
-        ["packaging/Dockerfile", "packaging/Dockerfile.device-plugin"],
+        [
+            "packaging/Dockerfile",
+            "packaging/Dockerfile.device-plugin",
+            "packaging/Dockerfile.dra-driver"
+        ],
         "a new recipe: check that this test's reading of it still holds"
     );
     for rel in &files {
@@ -458,6 +462,36 @@ fn device_plugin_image_builds_what_the_packages_ship() {
     assert!(lines
         .iter()
         .any(|l| l == r#"ENTRYPOINT ["/usr/bin/accel-device-plugin"]"#));
+}
+
+/// The DRA driver's image is the binary and nothing else, built with its feature.
+#[test]
+fn dra_driver_image_builds_what_the_packages_ship() {
+    let rel = "packaging/Dockerfile.dra-driver";
+    assert_eq!(
+        assert_image_builds_what_the_packages_ship(rel),
+        ["/accel-dra-driver"]
+    );
+    let lines = logical_lines(&read(rel));
+    let run = lines
+        .iter()
+        .find(|l| l.starts_with("RUN "))
+        .expect("a RUN line");
+    let words = cargo_build_words(run);
+    for w in ["--features", "dra", "--bin", "accel-dra-driver"] {
+        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
+    }
+    let stages: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(stages[1..], ["scratch"]);
+    assert!(lines
+        .iter()
+        .any(|l| l == r#"ENTRYPOINT ["/usr/bin/accel-dra-driver"]"#));
+    assert!(read("packaging/Dockerfile.dra-driver.dockerignore")
+        .lines()
+        .any(|l| l == "target"));
 }
 
 /// `accel-ctk runtime configure --dry-run` output for a config file holding `start`

@@ -48,6 +48,8 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "dra")]
+pub mod apiserver;
 pub mod drm;
 #[cfg(feature = "plugin")]
 pub mod kubelet;

@@ -1,0 +1,123 @@
+//! `accel-dra-driver`: a Dynamic Resource Allocation driver for every vendor profile in the
+//! runtime's config. Built only with the `dra` feature, so the runtime never links its API
+//! client or gRPC stack.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use accel_container_runtime::config::Config;
+use accel_container_runtime::dra::api::{PLUGINS_DIR, PLUGINS_REGISTRY};
+use accel_container_runtime::dra::server::{run, Options};
+use accel_container_runtime::plugin::host_root::HostRoot;
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "accel-dra-driver",
+    version,
+    about = "Kubernetes DRA driver for every accel-container-runtime vendor profile"
+)]
+struct Args {
+    /// This node's name (default: the variable NODE_NAME, which the DaemonSet sets from
+    /// spec.nodeName).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// kubelet's plugin registry directory.
+    #[arg(long, default_value = PLUGINS_REGISTRY)]
+    registry_dir: PathBuf,
+    /// Directory of the plugins' sockets (`<driver>/dra.sock`).
+    #[arg(long, default_value = PLUGINS_DIR)]
+    plugins_dir: PathBuf,
+    /// Directory for the per-claim CDI specs.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Directory for the per-claim records (kept across restarts).
+    #[arg(long, default_value = "/var/lib/accel-dra-driver")]
+    state_dir: PathBuf,
+    /// Where the host's `/` is mounted in this container (`/` on the host).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// `<profile>=<driver name>`, repeatable: a driver name other than the derived one.
+    #[arg(long = "driver-name", value_parser = parse_pair)]
+    driver_names: Vec<(String, String)>,
+    /// Seconds between device and health checks.
+    #[arg(long, default_value_t = 2.0)]
+    poll_seconds: f64,
+    /// Seconds between comparisons of the API server's slices with this node's.
+    #[arg(long, default_value_t = 60.0)]
+    resync_seconds: f64,
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .ok_or_else(|| format!("{s:?} is not <profile>=<driver name>"))
+}
+
+fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--{what} {s} is not a positive number of seconds"))
+}
+
+fn main() -> ExitCode {
+    accel_container_runtime::logging::init_stderr("accel-dra-driver");
+    match main_inner(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main_inner(args: Args) -> anyhow::Result<()> {
+    let config = Config::load(&accel_container_runtime::config::path())?;
+    let host_root = HostRoot::new(args.host_root);
+    let profiles = config
+        .profiles
+        .into_iter()
+        .map(|p| host_root.rebase(p))
+        .collect();
+    let node = match args.node_name {
+        Some(n) => n,
+        None => std::env::var("NODE_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .context("no node name: pass --node-name or set NODE_NAME")?,
+    };
+    let mut opts = Options::new(node);
+    opts.registry_dir = args.registry_dir;
+    opts.plugins_dir = args.plugins_dir;
+    opts.cdi_dir = args.cdi_dir;
+    opts.state_dir = args.state_dir;
+    opts.host_root = host_root;
+    opts.poll = seconds("poll-seconds", args.poll_seconds)?;
+    opts.resync = seconds("resync-seconds", args.resync_seconds)?;
+    opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            let _ = stop_tx.send(true);
+        });
+        run(profiles, client, opts, stop).await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,428 @@
+//! The driver's run loop: per profile with devices on this node, a driver (name, claims,
+//! device table), its DRA socket and then its registration socket in kubelet's plugin
+//! registry, and every poll its devices discovered again, their health checked by the device
+//! plugin's rule and the pool republished when anything changed (unhealthy devices tainted).
+//! kubelet's DRA health service is not served: taints are what acts on health (KEP-4680),
+//! and kubelets before 1.36 do not call it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::plugin::host_root::HostRoot;
+use crate::profile::Profile;
+
+use super::api::*;
+use super::claims::{ClaimRef, Claims};
+use super::grpc::{DraPlugin, DraServer, DraServerV1beta1, RegistrationServer};
+use super::publish::Publisher;
+use super::slices::{self, Pool};
+use super::table::{self, DraDevice};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error("cannot listen on {}: {source}", path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Name(String),
+    #[error("cannot open the claim records in {}: {source}", path.display())]
+    State {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name: the pool's name and the slices' `nodeName`.
+    pub node: String,
+    /// kubelet's plugin registry (`<driver>-reg.sock` goes there).
+    pub registry_dir: PathBuf,
+    /// The plugins' directory (`<driver>/dra.sock`).
+    pub plugins_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    /// Per-claim records, `<driver>/<uid>.json` under it.
+    pub state_dir: PathBuf,
+    pub library_dir: PathBuf,
+    pub host_root: HostRoot,
+    /// Devices and health are looked at this often.
+    pub poll: Duration,
+    /// The API server's slices are compared with ours this often.
+    pub resync: Duration,
+    /// Driver names by profile name, where not derived from the profile.
+    pub driver_names: BTreeMap<String, String>,
+}
+
+impl Options {
+    pub fn new(node: String) -> Options {
+        Options {
+            node,
+            registry_dir: PLUGINS_REGISTRY.into(),
+            plugins_dir: PLUGINS_DIR.into(),
+            cdi_dir: "/var/run/cdi".into(),
+            state_dir: "/var/lib/accel-dra-driver".into(),
+            library_dir: crate::spec::MULTIARCH_LIBRARY_DIR.into(),
+            host_root: HostRoot::default(),
+            poll: Duration::from_secs(2),
+            resync: Duration::from_secs(60),
+            driver_names: BTreeMap::new(),
+        }
+    }
+}
+
+/// One profile's driver, as the gRPC services see it.
+pub struct Driver {
+    pub profile: Profile,
+    pub name: String,
+    pub claims: Claims,
+    pub table: RwLock<Vec<DraDevice>>,
+    pub endpoint: PathBuf,
+    client: Client,
+}
+
+impl Driver {
+    pub fn new(
+        profile: Profile,
+        name: String,
+        client: Client,
+        opts: &Options,
+    ) -> Result<Driver, DraError> {
+        let state = opts.state_dir.join(&name);
+        let claims = Claims::open(
+            name.clone(),
+            opts.node.clone(),
+            opts.cdi_dir.clone(),
+            state.clone(),
+            opts.library_dir.clone(),
+            opts.host_root.clone(),
+        )
+        .map_err(|source| DraError::State {
+            path: state,
+            source,
+        })?;
+        Ok(Driver {
+            endpoint: opts.plugins_dir.join(&name).join("dra.sock"),
+            profile,
+            name,
+            claims,
+            table: RwLock::new(Vec::new()),
+            client,
+        })
+    }
+
+    pub fn table(&self) -> Vec<DraDevice> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    async fn prepare_one(self: &Arc<Self>, c: Claim) -> NodePrepareResourceResponse {
+        let r = ClaimRef {
+            namespace: c.namespace,
+            name: c.name,
+            uid: c.uid,
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &r.namespace);
+        let result = match api.get(&r.name).await {
+            Err(e) => Err(format!("{r}: cannot read it from the API server: {e}")),
+            Ok(claim) => {
+                let me = Arc::clone(self);
+                let r2 = r.clone();
+                tokio::task::spawn_blocking(move || {
+                    me.claims.prepare(&me.profile, &me.table(), &r2, &claim)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("{r}: prepare failed: {e}")))
+            }
+        };
+        match result {
+            Ok(devices) => {
+                log::info!("{}: {r} prepared: {} device(s)", self.name, devices.len());
+                NodePrepareResourceResponse {
+                    devices: devices
+                        .into_iter()
+                        .map(|d| Device {
+                            request_names: d.request_names,
+                            pool_name: d.pool,
+                            device_name: d.device,
+                            cdi_device_ids: d.cdi_device_ids,
+                            share_id: d.share_id.unwrap_or_default(),
+                        })
+                        .collect(),
+                    error: String::new(),
+                }
+            }
+            Err(error) => {
+                log::warn!("{}: {error}", self.name);
+                NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                }
+            }
+        }
+    }
+}
+
+impl DraPlugin for Driver {
+    async fn prepare(
+        self: Arc<Self>,
+        req: NodePrepareResourcesRequest,
+    ) -> NodePrepareResourcesResponse {
+        let mut set = tokio::task::JoinSet::new();
+        for c in req.claims {
+            let me = Arc::clone(&self);
+            set.spawn(async move {
+                let uid = c.uid.clone();
+                (uid, me.prepare_one(c).await)
+            });
+        }
+        let mut claims = std::collections::HashMap::new();
+        while let Some(done) = set.join_next().await {
+            if let Ok((uid, resp)) = done {
+                claims.insert(uid, resp);
+            }
+        }
+        NodePrepareResourcesResponse { claims }
+    }
+
+    async fn unprepare(
+        self: Arc<Self>,
+        req: NodeUnprepareResourcesRequest,
+    ) -> NodeUnprepareResourcesResponse {
+        let me = Arc::clone(&self);
+        let claims = tokio::task::spawn_blocking(move || {
+            req.claims
+                .into_iter()
+                .map(|c| {
+                    let error = me.claims.unprepare(&c.uid).err().unwrap_or_default();
+                    if error.is_empty() {
+                        log::info!(
+                            "{}: claim {}/{} ({}) unprepared",
+                            me.name,
+                            c.namespace,
+                            c.name,
+                            c.uid
+                        );
+                    } else {
+                        log::warn!("{}: {error}", me.name);
+                    }
+                    (c.uid, NodeUnprepareResourceResponse { error })
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
+        NodeUnprepareResourcesResponse { claims }
+    }
+
+    fn info(&self) -> PluginInfo {
+        PluginInfo {
+            r#type: DRA_PLUGIN_TYPE.into(),
+            name: self.name.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn registration_status(&self, s: RegistrationStatus) {
+        if s.plugin_registered {
+            log::info!("{}: registered with kubelet", self.name);
+        } else {
+            log::warn!(
+                "{}: kubelet refused the registration: {}",
+                self.name,
+                s.error
+            );
+        }
+    }
+}
+
+/// Binds a socket only root can connect to at `path` (bound under a temporary name, made
+/// 0600, renamed into place), replacing whatever is there.
+fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener)
+}
+
+/// Serves `routes` on `path` until `stop` turns true.
+fn serve(
+    routes: tonic::service::Routes,
+    path: &Path,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DraError> {
+    let listener = bind_private(path).map_err(|source| DraError::Listen {
+        path: path.into(),
+        source,
+    })?;
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |conn| conn.map(crate::plugin::authority::Rewrite::new),
+    );
+    let path = path.to_path_buf();
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(incoming, stopped)
+            .await
+        {
+            log::warn!("{}: server ended: {e}", path.display());
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+    Ok(())
+}
+
+/// A running driver and its publisher.
+struct Running {
+    driver: Arc<Driver>,
+    publisher: Publisher,
+    resync: bool,
+}
+
+/// Starts `profile`'s driver: claim records loaded, DRA socket served, then the registration
+/// socket (kubelet dials the DRA socket as soon as it sees the registration).
+pub fn start(
+    profile: Profile,
+    client: Client,
+    opts: &Options,
+    stop: &watch::Receiver<bool>,
+) -> Result<Arc<Driver>, DraError> {
+    let name = super::names::driver_name(
+        &profile,
+        opts.driver_names.get(&profile.name).map(String::as_str),
+    )
+    .map_err(DraError::Name)?;
+    let driver = Arc::new(Driver::new(profile, name, client, opts)?);
+    let dra = DraServer(Arc::clone(&driver));
+    let routes = tonic::service::Routes::new(dra.clone()).add_service(DraServerV1beta1(dra));
+    serve(routes, &driver.endpoint, stop.clone())?;
+    let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
+    let routes = tonic::service::Routes::new(RegistrationServer(Arc::clone(&driver)));
+    serve(routes, &reg, stop.clone())?;
+    log::info!(
+        "{}: serving {} and {}; {} claim(s) prepared before",
+        driver.name,
+        driver.endpoint.display(),
+        reg.display(),
+        driver.claims.prepared().len()
+    );
+    Ok(driver)
+}
+
+/// Looks at `driver`'s devices now and publishes them when they changed (or, with `resync`,
+/// when the API server's copy differs).
+async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
+    let p = &run.driver.profile;
+    let version = crate::discovery::driver_version(p);
+    let pool = Pool {
+        driver: &run.driver.name,
+        node: &opts.node,
+        vendor: &p.name,
+        driver_version: version.as_deref(),
+        model: None,
+    };
+    let devices: Vec<_> = table
+        .iter()
+        .map(|d| slices::device(&pool, d, table::healthy(p, d)))
+        .collect();
+    *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
+    match run.publisher.publish(&pool, &devices, run.resync).await {
+        Ok(written) => {
+            run.resync = false;
+            if written {
+                log::info!(
+                    "{}: published {} device(s), pool generation {}",
+                    run.driver.name,
+                    devices.len(),
+                    run.publisher.generation()
+                );
+            }
+        }
+        Err(e) => {
+            run.resync = true;
+            log::warn!(
+                "{}: cannot publish the ResourceSlices: {e}",
+                run.driver.name
+            );
+        }
+    }
+}
+
+/// Runs every profile's driver until `stop` turns true. Profiles without devices now are
+/// looked at again each poll and start when their devices appear.
+pub async fn run(
+    profiles: Vec<Profile>,
+    client: Client,
+    opts: Options,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DraError> {
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut last_resync = Instant::now();
+    loop {
+        let resync = last_resync.elapsed() >= opts.resync;
+        if resync {
+            last_resync = Instant::now();
+        }
+        for p in &profiles {
+            let table = match table::discover(p) {
+                Ok(t) => t,
+                Err(e) => {
+                    log::warn!("{}: {e}", p.name);
+                    continue;
+                }
+            };
+            if !running.contains_key(&p.name) {
+                if table.is_empty() {
+                    continue;
+                }
+                let driver = start(p.clone(), client.clone(), &opts, &stop)?;
+                let publisher = Publisher::new(client.clone(), &driver.name, &opts.node);
+                running.insert(
+                    p.name.clone(),
+                    Running {
+                        driver,
+                        publisher,
+                        resync: true,
+                    },
+                );
+            }
+            let Some(run) = running.get_mut(&p.name) else {
+                continue;
+            };
+            run.resync |= resync;
+            refresh(run, &opts, table).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(opts.poll) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    // The servers see `stop` too and remove their sockets; give them a moment.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(())
+}

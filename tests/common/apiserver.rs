@@ -1,0 +1,343 @@
+//! A stand-in Kubernetes API server for the DRA driver's tests: plain HTTP/1.1 on a loopback
+//! port, speaking the JSON of `resource.k8s.io/v1` for what the driver uses (ResourceSlice
+//! list with field selectors, create, update with resourceVersion checks, delete; ResourceClaim
+//! get) and checking slices the way the real one does for the rules the driver must keep
+//! (driver and device names, devices per slice, attribute names, pool fields). Every request
+//! is recorded, so a test asserts what the driver published and in which order.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub body: Option<Value>,
+}
+
+#[derive(Default)]
+struct State {
+    slices: BTreeMap<String, Value>,
+    /// `<namespace>/<name>` → claim.
+    claims: BTreeMap<String, Value>,
+    requests: Vec<Request>,
+    version: u64,
+}
+
+#[derive(Clone)]
+pub struct ApiServer {
+    pub url: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl ApiServer {
+    pub fn start() -> ApiServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state: Arc<Mutex<State>> = Arc::default();
+        let s = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || serve(conn, &s));
+            }
+        });
+        ApiServer { url, state }
+    }
+
+    /// A kube client for this server.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url.parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    pub fn slices(&self) -> Vec<Value> {
+        self.state
+            .lock()
+            .unwrap()
+            .slices
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The slices of `driver`, by name.
+    pub fn slices_of(&self, driver: &str) -> Vec<Value> {
+        self.slices()
+            .into_iter()
+            .filter(|s| s["spec"]["driver"] == driver)
+            .collect()
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// Deletes every slice, as kubelet does at its start.
+    pub fn wipe(&self) {
+        self.state.lock().unwrap().slices.clear();
+    }
+
+    /// A claim allocated `devices` (request, device) of `driver` in pool `pool`, as the
+    /// scheduler leaves it.
+    pub fn put_claim(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        driver: &str,
+        pool: &str,
+        devices: &[(&str, &str)],
+    ) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(
+                |(req, dev)| json!({"request": req, "driver": driver, "pool": pool, "device": dev}),
+            )
+            .collect();
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": "1"},
+            "spec": {"devices": {"requests": [{"name": "gcus", "exactly": {"deviceClassName": driver, "count": devices.len()}}]}},
+            "status": {"allocation": {"devices": {"results": results}},
+                       "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b4c7f3e-0000-4000-8000-000000000001"}]}
+        });
+        self.state
+            .lock()
+            .unwrap()
+            .claims
+            .insert(format!("{ns}/{name}"), claim);
+    }
+}
+
+fn status(code: u16, reason: &str, msg: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "message": msg, "reason": reason, "code": code}),
+    )
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn label_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// What the real API server's validation of a v1 ResourceSlice refuses, among the rules the
+/// driver could break.
+fn invalid(slice: &Value) -> Option<String> {
+    let spec = &slice["spec"];
+    let driver = spec["driver"].as_str()?;
+    if driver.len() > 63 || !driver.split('.').all(label_ok) {
+        return Some(format!("spec.driver {driver:?}"));
+    }
+    if spec["nodeName"].as_str().is_none() {
+        return Some("spec.nodeName missing".into());
+    }
+    let pool = &spec["pool"];
+    if pool["name"].as_str().is_none()
+        || pool["generation"].as_i64().is_none()
+        || pool["resourceSliceCount"].as_i64().unwrap_or(0) < 1
+    {
+        return Some(format!("spec.pool {pool}"));
+    }
+    let devices = spec["devices"].as_array().cloned().unwrap_or_default();
+    let tainted = devices.iter().any(|d| d.get("taints").is_some());
+    if devices.len() > if tainted { 64 } else { 128 } {
+        return Some(format!("{} devices", devices.len()));
+    }
+    for d in &devices {
+        let name = d["name"].as_str().unwrap_or_default();
+        if !label_ok(name) {
+            return Some(format!("device name {name:?}"));
+        }
+        let attrs = d["attributes"].as_object().cloned().unwrap_or_default();
+        if attrs.len() > 32 {
+            return Some(format!("{name}: {} attributes", attrs.len()));
+        }
+        for (k, v) in attrs {
+            let id = k.rsplit('/').next().unwrap();
+            let c_ident = id.len() <= 32
+                && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
+                && !id.as_bytes()[0].is_ascii_digit();
+            let one = v.as_object().is_some_and(|o| {
+                o.len() == 1
+                    && ["int", "bool", "string", "version"]
+                        .contains(&o.keys().next().unwrap().as_str())
+            });
+            if !c_ident || !one || v["string"].as_str().is_some_and(|s| s.len() > 64) {
+                return Some(format!("{name}: attribute {k}: {v}"));
+            }
+        }
+        for t in d["taints"].as_array().cloned().unwrap_or_default() {
+            if !["NoSchedule", "NoExecute", "None"].contains(&t["effect"].as_str().unwrap_or("")) {
+                return Some(format!("{name}: taint {t}"));
+            }
+        }
+    }
+    None
+}
+
+fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) -> (u16, Value) {
+    let mut st = st.lock().unwrap();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    st.requests.push(Request {
+        method: method.into(),
+        path: target.into(),
+        body: body.clone(),
+    });
+    let rest = path.strip_prefix(SLICES);
+    match (method, rest) {
+        ("GET", Some("")) => {
+            let mut fields: Vec<(String, String)> = Vec::new();
+            for kv in query.split('&') {
+                if let Some(v) = kv.strip_prefix("fieldSelector=") {
+                    for sel in decode(v).split(',') {
+                        let (k, v) = sel.split_once('=').unwrap();
+                        fields.push((k.into(), v.into()));
+                    }
+                }
+            }
+            let items: Vec<Value> = st
+                .slices
+                .values()
+                .filter(|s| {
+                    fields.iter().all(|(k, v)| match k.as_str() {
+                        "spec.nodeName" => s["spec"]["nodeName"] == v.as_str(),
+                        "spec.driver" => s["spec"]["driver"] == v.as_str(),
+                        _ => false,
+                    })
+                })
+                .cloned()
+                .collect();
+            (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                       "metadata": {"resourceVersion": st.version.to_string()}, "items": items}),
+            )
+        }
+        ("POST", Some("")) => {
+            let mut s = body.unwrap();
+            if let Some(e) = invalid(&s) {
+                return status(422, "Invalid", &e);
+            }
+            let name = s["metadata"]["name"].as_str().unwrap().to_string();
+            if st.slices.contains_key(&name) {
+                return status(409, "AlreadyExists", &name);
+            }
+            st.version += 1;
+            s["metadata"]["resourceVersion"] = st.version.to_string().into();
+            s["metadata"]["uid"] = format!("slice-uid-{}", st.version).into();
+            st.slices.insert(name, s.clone());
+            (201, s)
+        }
+        ("PUT", Some(n)) if n.starts_with('/') => {
+            let name = &n[1..];
+            let mut s = body.unwrap();
+            let Some(old) = st.slices.get(name) else {
+                return status(404, "NotFound", name);
+            };
+            if old["metadata"]["resourceVersion"] != s["metadata"]["resourceVersion"] {
+                return status(409, "Conflict", "the object has been modified");
+            }
+            if let Some(e) = invalid(&s) {
+                return status(422, "Invalid", &e);
+            }
+            st.version += 1;
+            s["metadata"]["resourceVersion"] = st.version.to_string().into();
+            st.slices.insert(name.to_string(), s.clone());
+            (200, s)
+        }
+        ("DELETE", Some(n)) if n.starts_with('/') => match st.slices.remove(&n[1..]) {
+            Some(s) => (200, s),
+            None => status(404, "NotFound", &n[1..]),
+        },
+        ("GET", None) => {
+            let parts: Vec<&str> = path.split('/').collect();
+            // /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>
+            if parts.len() == 8 && parts[4] == "namespaces" && parts[6] == "resourceclaims" {
+                let key = format!("{}/{}", parts[5], parts[7]);
+                return match st.claims.get(&key) {
+                    Some(c) => (200, c.clone()),
+                    None => status(404, "NotFound", &key),
+                };
+            }
+            status(404, "NotFound", path)
+        }
+        _ => status(405, "MethodNotAllowed", target),
+    }
+}
+
+fn serve(conn: TcpStream, st: &Mutex<State>) {
+    let _ = conn.set_nodelay(true);
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut it = line.split_whitespace();
+        let (method, target) = (
+            it.next().unwrap_or("").to_string(),
+            it.next().unwrap_or("").to_string(),
+        );
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).unwrap();
+        let body = (len > 0).then(|| serde_json::from_slice(&body).unwrap());
+        let (code, value) = handle(st, &method, &target, body);
+        let text = serde_json::to_vec(&value).unwrap();
+        let head = format!(
+            "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            text.len()
+        );
+        // One write: a head and a body in two would wait on the client's delayed ACK.
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&text);
+        if w.write_all(&out).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! accel-dra-driver against a stand-in API server (tests/common/apiserver.rs: the JSON of
+//! resource.k8s.io/v1) and a stand-in kubelet (plugin registration, then the DRA gRPC over
+//! the unix sockets, as kubelet calls them), on the seed's simulated 8-GCU Enflame host; the
+//! prepared CDI spec then gives a container its devices through our runtime and real runc.
+//!
+//! `cargo test --features dra --test dra` (root: the simulated nodes are made with mknod).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use accel_container_runtime::config::Config;
+use accel_container_runtime::dra::api::*;
+use accel_container_runtime::dra::grpc;
+use accel_container_runtime::dra::server::{self, Options};
+use accel_container_runtime::plugin::grpc::connect;
+use common::apiserver::ApiServer;
+use common::kubelet::{config, enflame_host, rt};
+use common::{assert_enflame_1_3, Bundle, Probe, Report, Runc};
+use serde_json::Value;
+use tokio::sync::watch;
+
+const DRIVER: &str = "gcu.enflame.com";
+const NODE: &str = "node-a";
+
+/// A driver run: its dirs, and a way to stop it.
+struct Driver {
+    dir: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), server::DraError>>,
+}
+
+fn options(dir: &Path, poll: Duration) -> Options {
+    let mut o = Options::new(NODE.into());
+    o.registry_dir = dir.join("plugins_registry");
+    o.plugins_dir = dir.join("plugins");
+    o.cdi_dir = dir.join("cdi");
+    o.state_dir = dir.join("state");
+    o.poll = poll;
+    o.resync = Duration::from_millis(200);
+    o
+}
+
+impl Driver {
+    fn start(cfg: &Config, api: &ApiServer, dir: tempfile::TempDir, poll: Duration) -> Driver {
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server::run(
+            cfg.profiles.clone(),
+            api.client(),
+            options(dir.path(), poll),
+            rx,
+        ));
+        Driver { dir, stop, task }
+    }
+
+    fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    fn reg_socket(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("plugins_registry/{DRIVER}-reg.sock"))
+    }
+
+    /// Stops it; panics unless it ends without an error. Its dirs are handed back.
+    async fn stop(self) -> tempfile::TempDir {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap().unwrap();
+        self.dir
+    }
+}
+
+/// What kubelet does on seeing `<driver>-reg.sock`: GetInfo, NotifyRegistrationStatus, then
+/// a channel to the DRA endpoint it was given.
+async fn register(reg: &Path) -> (PluginInfo, tonic::transport::Channel) {
+    let start = Instant::now();
+    while !reg.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no {}",
+            reg.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ch = connect(reg, "localhost").await.unwrap();
+    let info = grpc::get_info(&ch).await.unwrap();
+    grpc::notify(
+        &ch,
+        RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    let dra = connect(Path::new(&info.endpoint), "localhost")
+        .await
+        .unwrap();
+    (info, dra)
+}
+
+async fn wait_slices(api: &ApiServer, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let s = api.slices_of(DRIVER);
+        if ok(&s) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: slices now {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn claim(ns: &str, name: &str, uid: &str) -> Claim {
+    Claim {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+async fn prepare(
+    ch: &tonic::transport::Channel,
+    path: &'static str,
+    claims: Vec<Claim>,
+) -> NodePrepareResourcesResponse {
+    grpc::prepare(ch, path, NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+}
+
+async fn unprepare(
+    ch: &tonic::transport::Channel,
+    claims: Vec<Claim>,
+) -> NodeUnprepareResourcesResponse {
+    grpc::unprepare(ch, UNPREPARE_V1, NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+}
+
+const UID_A: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2a";
+
+/// The seed's 8 GCUs published with their attributes; the pool's generation follows devices
+/// turning unhealthy (tainted) and back, and a slice wiped by kubelet is published again.
+#[test]
+fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let mut drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(50),
+        );
+        let _ = &mut drv;
+        let s = wait_slices(&api, "first publish", |s| !s.is_empty()).await;
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0]["spec"]["nodeName"], NODE);
+        assert_eq!(s[0]["spec"]["pool"]["name"], NODE);
+        assert_eq!(s[0]["spec"]["pool"]["generation"], 1);
+        assert_eq!(s[0]["spec"]["pool"]["resourceSliceCount"], 1);
+        // No NVIDIA GPU on this host: no gpu.nvidia.com slice.
+        assert!(api.slices().iter().all(|x| x["spec"]["driver"] == DRIVER));
+        let d = devices(&s);
+        let names: Vec<&str> = d.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["gcu-0", "gcu-1", "gcu-2", "gcu-3", "gcu-4", "gcu-5", "gcu-6", "gcu-7"]
+        );
+        let switches = [
+            "0000:01:00.0",
+            "0000:01:00.0",
+            "",
+            "",
+            "0000:81:00.0",
+            "0000:81:00.0",
+            "",
+            "",
+        ];
+        for (i, dev) in d.iter().enumerate() {
+            let a = &dev["attributes"];
+            assert_eq!(a["vendor"]["string"], "enflame", "{dev}");
+            assert_eq!(a["index"]["int"], i, "{dev}");
+            assert_eq!(a["driverVersion"]["string"], "1.2.3.4", "{dev}");
+            assert_eq!(
+                a["resource.kubernetes.io/pciBusID"]["string"],
+                format!("0000:{:02x}:00.0", 0x10 + i),
+                "{dev}"
+            );
+            let (root, numa) = if i < 4 {
+                ("pci0000:00", 0)
+            } else {
+                ("pci0000:80", 1)
+            };
+            assert_eq!(
+                a["resource.kubernetes.io/pcieRoot"]["string"], root,
+                "{dev}"
+            );
+            assert_eq!(a["numaNode"]["int"], numa, "{dev}");
+            assert_eq!(a["resource.kubernetes.io/numaNode"]["int"], numa, "{dev}");
+            match switches[i] {
+                "" => assert!(a.get("pcieSwitch").is_none(), "{dev}"),
+                sw => assert_eq!(a["pcieSwitch"]["string"], sw, "{dev}"),
+            }
+            assert!(dev.get("taints").is_none(), "{dev}");
+        }
+
+        // The driver unloaded (its version file gone): every device tainted, a new generation.
+        let version = sim.path().join("sys/module/enflame/version");
+        std::fs::rename(&version, version.with_extension("away")).unwrap();
+        let s = wait_slices(&api, "tainted", |s| {
+            devices(s)
+                .iter()
+                .all(|d| d["taints"][0]["key"] == format!("{DRIVER}/unhealthy"))
+        })
+        .await;
+        assert_eq!(s[0]["spec"]["pool"]["generation"], 2);
+        assert_eq!(devices(&s)[0]["taints"][0]["effect"], "NoSchedule");
+        std::fs::rename(version.with_extension("away"), &version).unwrap();
+        let s = wait_slices(&api, "healthy again", |s| {
+            devices(s).iter().all(|d| d.get("taints").is_none())
+        })
+        .await;
+        assert_eq!(s[0]["spec"]["pool"]["generation"], 3);
+
+        // A device gone: the pool shrinks, at a new generation.
+        let gcu5 = sim.path().join("dev/gcu5");
+        std::fs::remove_file(&gcu5).unwrap();
+        let s = wait_slices(&api, "gcu5 gone", |s| devices(s).len() == 7).await;
+        assert_eq!(s[0]["spec"]["pool"]["generation"], 4);
+        common::mknod(&gcu5, sim.enflame_major().unwrap(), 5, 0o666);
+        let s = wait_slices(&api, "gcu5 back", |s| devices(s).len() == 8).await;
+        let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
+
+        // kubelet deletes the node's slices when it starts: the resync publishes them again,
+        // at a generation above the last.
+        api.wipe();
+        let s = wait_slices(&api, "republished", |s| devices(s).len() == 8).await;
+        assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
+
+        // Every write was a create or an update of the one slice; nothing else was touched.
+        for r in api.requests() {
+            assert!(
+                r.path
+                    .starts_with("/apis/resource.k8s.io/v1/resourceslices"),
+                "{} {}",
+                r.method,
+                r.path
+            );
+        }
+        drv.stop().await;
+    });
+}
+
+/// Registration as kubelet does it; a claim of GCU 1 and 3 prepared over v1 (again: the same
+/// answer, over v1beta1 too), its CDI spec giving a container exactly gcu1, gcu3 and gcuctl
+/// through our runtime and real runc; after a driver restart the claim is unprepared from its
+/// record.
+#[test]
+fn a_claim_is_prepared_run_and_unprepared_across_a_restart() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.put_claim(
+        "default",
+        "two",
+        UID_A,
+        DRIVER,
+        NODE,
+        &[("gcus", "gcu-3"), ("gcus", "gcu-1")],
+    );
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(100),
+        );
+        wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let (info, ch) = register(&drv.reg_socket()).await;
+        assert_eq!(info.r#type, "DRAPlugin");
+        assert_eq!(info.name, DRIVER);
+        assert_eq!(
+            info.supported_versions,
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        );
+        assert_eq!(
+            PathBuf::from(&info.endpoint),
+            drv.dir.path().join(format!("plugins/{DRIVER}/dra.sock"))
+        );
+
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "two", UID_A)]).await;
+        let got = &r.claims[UID_A];
+        assert_eq!(got.error, "");
+        let ids: Vec<&str> = got
+            .devices
+            .iter()
+            .flat_map(|d| d.cdi_device_ids.iter().map(String::as_str))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                format!("k8s.{DRIVER}/claim={UID_A}-gcu-3"),
+                format!("k8s.{DRIVER}/claim={UID_A}-gcu-1")
+            ]
+        );
+        assert_eq!(got.devices[0].request_names, ["gcus"]);
+        assert_eq!(got.devices[0].pool_name, NODE);
+        let spec = drv
+            .cdi_dir()
+            .join(format!("k8s.{DRIVER}-claim_{UID_A}.json"));
+        let ino = std::fs::metadata(&spec).unwrap();
+        // Idempotent: the same answer, the spec untouched; v1beta1 answers the same.
+        let again = prepare(&ch, PREPARE_V1, vec![claim("default", "two", UID_A)]).await;
+        assert_eq!(again.claims[UID_A], *got);
+        let beta = prepare(&ch, PREPARE_V1BETA1, vec![claim("default", "two", UID_A)]).await;
+        assert_eq!(beta.claims[UID_A], *got);
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&spec).unwrap().ino(), ino.ino());
+
+        // The container kubelet starts with these CDI IDs: exactly its devices.
+        // containerd and CRI-O resolve CDIDevices themselves; our runtime, given them as an
+        // annotation, lets a profile reach the claim kind it is told of (cdi-extra-kinds).
+        let runc = Runc::with_config(&sim, &format!("cdi-spec-dirs = [{:?}]", drv.cdi_dir()));
+        let text = std::fs::read_to_string(runc.config_path())
+            .unwrap()
+            .replace(
+                "[profiles.enflame]\n",
+                &format!("[profiles.enflame]\ncdi-extra-kinds = [\"k8s.{DRIVER}/claim\"]\n"),
+            );
+        std::fs::write(runc.config_path(), text).unwrap();
+        let mut b = Bundle::busybox();
+        b.edit(|s| {
+            s["annotations"] = serde_json::json!({"cdi.k8s.io/dra-claim": ids.join(",")});
+        });
+        let probe = Probe::new()
+            .ls("/dev")
+            .open("/dev/gcu1")
+            .open("/dev/gcu3")
+            .open("/dev/gcuctl")
+            .open("/dev/gcu0");
+        b.sh(&probe.script());
+        let id = runc.id("dra");
+        let out = runc.run(&b, &id);
+        out.ok();
+        assert_enflame_1_3(&Report::parse(&out.stdout), "dra: ");
+
+        // Restart: the claim prepared before is unprepared after it.
+        let dir = drv.stop().await;
+        assert!(spec.exists());
+        let drv = Driver::start(&cfg, &api, dir, Duration::from_millis(100));
+        let (_, ch) = register(&drv.reg_socket()).await;
+        let u = unprepare(&ch, vec![claim("default", "two", UID_A)]).await;
+        assert_eq!(u.claims[UID_A].error, "");
+        assert!(!spec.exists(), "spec left after unprepare");
+        assert!(!drv
+            .dir
+            .path()
+            .join(format!("state/{DRIVER}/{UID_A}.json"))
+            .exists());
+        // Unknown (already unprepared) claims are success.
+        let u = unprepare(&ch, vec![claim("default", "two", UID_A)]).await;
+        assert_eq!(u.claims[UID_A].error, "");
+        drv.stop().await;
+    });
+}
+
+/// Concurrent claims: eight claims of one GCU each, prepared in one call and from parallel
+/// calls, each get their own spec; a claim for a device another claim holds is refused.
+#[test]
+fn concurrent_claims_get_their_own_devices() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    let uid = |i: usize| format!("0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1f{i:02}");
+    for i in 0..8 {
+        api.put_claim(
+            "ns",
+            &format!("c{i}"),
+            &uid(i),
+            DRIVER,
+            NODE,
+            &[("gcus", &format!("gcu-{i}"))],
+        );
+    }
+    api.put_claim("ns", "thief", &uid(99), DRIVER, NODE, &[("gcus", "gcu-2")]);
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(100),
+        );
+        wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let (_, ch) = register(&drv.reg_socket()).await;
+        let one = prepare(
+            &ch,
+            PREPARE_V1,
+            (0..4)
+                .map(|i| claim("ns", &format!("c{i}"), &uid(i)))
+                .collect(),
+        )
+        .await;
+        let mut tasks = Vec::new();
+        for i in 4..8 {
+            let ch = ch.clone();
+            let c = claim("ns", &format!("c{i}"), &uid(i));
+            tasks.push(tokio::spawn(async move {
+                prepare(&ch, PREPARE_V1, vec![c]).await
+            }));
+        }
+        let mut all = one.claims;
+        for t in tasks {
+            all.extend(t.await.unwrap().claims);
+        }
+        assert_eq!(all.len(), 8);
+        for i in 0..8 {
+            let r = &all[&uid(i)];
+            assert_eq!(r.error, "", "c{i}");
+            assert_eq!(r.devices[0].device_name, format!("gcu-{i}"));
+            assert!(drv
+                .cdi_dir()
+                .join(format!("k8s.{DRIVER}-claim_{}.json", uid(i)))
+                .exists());
+        }
+        let t = prepare(&ch, PREPARE_V1, vec![claim("ns", "thief", &uid(99))]).await;
+        let e = &t.claims[&uid(99)].error;
+        assert!(
+            e.contains("device gcu-2 is prepared for claim ns/c2"),
+            "{e}"
+        );
+        assert!(!drv
+            .cdi_dir()
+            .join(format!("k8s.{DRIVER}-claim_{}.json", uid(99)))
+            .exists());
+        drv.stop().await;
+    });
+}
+
+/// A node missing when the claim is prepared (the driver saw it at its last look): the
+/// prepare fails with one line naming the node, no spec or record is written, and once the
+/// node is back the retry succeeds (nothing bad was cached: NVIDIA's driver issue #1380).
+#[test]
+fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
+    let (sim, major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.put_claim("default", "six", UID_A, DRIVER, NODE, &[("gcus", "gcu-6")]);
+    rt().block_on(async {
+        // One look at the devices only: the table still lists gcu-6 when its node goes.
+        let drv = Driver::start(&cfg, &api, tempfile::tempdir().unwrap(), Duration::from_secs(3600));
+        wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let (_, ch) = register(&drv.reg_socket()).await;
+        let gcu6 = sim.path().join("dev/gcu6");
+        std::fs::remove_file(&gcu6).unwrap();
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "six", UID_A)]).await;
+        let e = &r.claims[UID_A].error;
+        assert_eq!(
+            *e,
+            format!(
+                "claim default/six ({UID_A}): device gcu-6: {}: does not exist; nothing prepared (kubelet retries)",
+                gcu6.display()
+            )
+        );
+        assert!(r.claims[UID_A].devices.is_empty());
+        assert_eq!(std::fs::read_dir(drv.cdi_dir()).map(|d| d.count()).unwrap_or(0), 0);
+        assert!(!drv.dir.path().join(format!("state/{DRIVER}/{UID_A}.json")).exists());
+
+        // Wrong major: refused the same way.
+        common::mknod(&gcu6, major + 1, 6, 0o666);
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "six", UID_A)]).await;
+        assert!(r.claims[UID_A].error.contains(&format!("has major {}, the driver's is {major}", major + 1)), "{:?}", r.claims[UID_A]);
+        std::fs::remove_file(&gcu6).unwrap();
+
+        common::mknod(&gcu6, major, 6, 0o666);
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "six", UID_A)]).await;
+        assert_eq!(r.claims[UID_A].error, "");
+        let spec = std::fs::read_to_string(drv.cdi_dir().join(format!("k8s.{DRIVER}-claim_{UID_A}.json"))).unwrap();
+        assert!(spec.contains("/dev/gcu6"), "{spec}");
+        drv.stop().await;
+    });
+}
