@@ -267,6 +267,99 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
     });
 }
 
+/// kubelet's health watch (the registration lists the service; kubelet 1.34-1.36 call it
+/// under v1alpha1, 1.37 under v1): every device, healthy, then each check again; the driver
+/// unloaded turns every device unhealthy with why, and back.
+#[test]
+fn kubelet_watches_every_devices_health() {
+    use tokio_stream::StreamExt;
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(50),
+        );
+        let (info, dra) = register(&drv.reg_socket()).await;
+        for v in [
+            "v1alpha1.DRAResourceHealth",
+            "v1beta1.DRAResourceHealth",
+            "v1.DRAResourceHealth",
+        ] {
+            assert!(info.supported_versions.iter().any(|s| s == v), "{info:?}");
+        }
+        let mut alpha = grpc::watch_health(&dra, WATCH_HEALTH_V1ALPHA1)
+            .await
+            .unwrap();
+        let mut v1 = grpc::watch_health(&dra, WATCH_HEALTH_V1).await.unwrap();
+        async fn next_where(
+            s: &mut tonic::codec::Streaming<NodeWatchResourcesResponse>,
+            what: &str,
+            ok: impl Fn(&NodeWatchResourcesResponse) -> bool,
+        ) -> NodeWatchResourcesResponse {
+            let wait = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    let r = s.next().await.expect("stream open").expect("a message");
+                    if ok(&r) {
+                        return r;
+                    }
+                }
+            });
+            wait.await
+                .unwrap_or_else(|_| panic!("{what}: no such update in 20 s"))
+        }
+        let all = |h: HealthStatus| {
+            move |r: &NodeWatchResourcesResponse| {
+                r.devices.len() == 8 && r.devices.iter().all(|d| d.health == h as i32)
+            }
+        };
+        let r = next_where(&mut alpha, "healthy", all(HealthStatus::Healthy)).await;
+        let names: Vec<(&str, &str)> = r
+            .devices
+            .iter()
+            .map(|d| {
+                let id = d.device.as_ref().unwrap();
+                (id.pool_name.as_str(), id.device_name.as_str())
+            })
+            .collect();
+        let want: Vec<String> = (0..8).map(|i| format!("gcu-{i}")).collect();
+        assert_eq!(
+            names,
+            want.iter().map(|n| (NODE, n.as_str())).collect::<Vec<_>>()
+        );
+        assert!(r.devices.iter().all(|d| d.last_updated_time > 1_700_000_000
+            && d.health_check_timeout_seconds >= 30
+            && d.message.is_empty()));
+        // Sent again at each check, not only on a change.
+        let again = next_where(&mut alpha, "again", all(HealthStatus::Healthy)).await;
+        assert_eq!(again.devices.len(), 8);
+        assert_eq!(
+            next_where(&mut v1, "v1", all(HealthStatus::Healthy))
+                .await
+                .devices
+                .len(),
+            8
+        );
+
+        let version = sim.path().join("sys/module/enflame/version");
+        std::fs::rename(&version, version.with_extension("away")).unwrap();
+        let r = next_where(&mut alpha, "unhealthy", all(HealthStatus::Unhealthy)).await;
+        assert!(
+            r.devices.iter().all(|d| d.message.contains("not loaded")),
+            "{r:?}"
+        );
+        next_where(&mut v1, "v1 unhealthy", all(HealthStatus::Unhealthy)).await;
+        std::fs::rename(version.with_extension("away"), &version).unwrap();
+        next_where(&mut alpha, "healthy again", all(HealthStatus::Healthy)).await;
+        drop((alpha, v1, dra));
+        drv.stop().await;
+    });
+}
+
 /// Registration as kubelet does it; a claim of GCU 1 and 3 prepared over v1 (again: the same
 /// answer, over v1beta1 too), its CDI spec giving a container exactly gcu1, gcu3 and gcuctl
 /// through our runtime and real runc; after a driver restart the claim is unprepared from its

@@ -17,6 +17,9 @@ use tonic_prost::ProstCodec;
 use super::api::*;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// The health updates of a `NodeWatchResources` stream.
+pub type HealthStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send>>;
 
 /// What a DRA kubelet plugin answers; implemented by [`super::server::Driver`].
 pub trait DraPlugin: Send + Sync + 'static {
@@ -28,6 +31,8 @@ pub trait DraPlugin: Send + Sync + 'static {
         self: Arc<Self>,
         req: NodeUnprepareResourcesRequest,
     ) -> impl Future<Output = NodeUnprepareResourcesResponse> + Send;
+    /// Every device's health now, then again at each check.
+    fn watch_health(&self) -> HealthStream;
     fn info(&self) -> PluginInfo;
     fn registration_status(&self, status: RegistrationStatus);
 }
@@ -89,6 +94,18 @@ impl<T: DraPlugin> tower::Service<http::Request<Body>> for DraServer<T> {
                 UNPREPARE_V1 | UNPREPARE_V1BETA1 => {
                     unary(req, move |r: NodeUnprepareResourcesRequest| p.unprepare(r)).await
                 }
+                WATCH_HEALTH_V1 | WATCH_HEALTH_V1BETA1 | WATCH_HEALTH_V1ALPHA1 => {
+                    let svc = tower::service_fn(move |_: Request<NodeWatchResourcesRequest>| {
+                        let stream = p.watch_health();
+                        async move { Ok::<_, Status>(Response::new(stream)) }
+                    });
+                    tonic::server::Grpc::new(ProstCodec::<
+                        NodeWatchResourcesResponse,
+                        NodeWatchResourcesRequest,
+                    >::default())
+                    .server_streaming(svc, req)
+                    .await
+                }
                 _ => unimplemented(),
             })
         })
@@ -99,32 +116,45 @@ impl<T> tonic::server::NamedService for DraServer<T> {
     const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin";
 }
 
-/// The same service under its v1beta1 name (kubelet 1.32–1.33); tonic routes by name.
-pub struct DraServerV1beta1<T>(pub DraServer<T>);
+/// The same service under its other names (the v1beta1 plugin service for kubelet 1.32–1.33,
+/// the health service's three packages); tonic routes by name.
+macro_rules! alias {
+    ($ty:ident, $name:literal) => {
+        pub struct $ty<T>(pub DraServer<T>);
 
-impl<T> Clone for DraServerV1beta1<T> {
-    fn clone(&self) -> Self {
-        DraServerV1beta1(self.0.clone())
-    }
+        impl<T> Clone for $ty<T> {
+            fn clone(&self) -> Self {
+                $ty(self.0.clone())
+            }
+        }
+
+        impl<T: DraPlugin> tower::Service<http::Request<Body>> for $ty<T> {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                self.0.poll_ready(cx)
+            }
+
+            fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+                self.0.call(req)
+            }
+        }
+
+        impl<T> tonic::server::NamedService for $ty<T> {
+            const NAME: &'static str = $name;
+        }
+    };
 }
 
-impl<T: DraPlugin> tower::Service<http::Request<Body>> for DraServerV1beta1<T> {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        self.0.call(req)
-    }
-}
-
-impl<T> tonic::server::NamedService for DraServerV1beta1<T> {
-    const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin";
-}
+alias!(
+    DraServerV1beta1,
+    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+);
+alias!(HealthServerV1, "v1.DRAResourceHealth");
+alias!(HealthServerV1beta1, "v1beta1.DRAResourceHealth");
+alias!(HealthServerV1alpha1, "v1alpha1.DRAResourceHealth");
 
 /// `pluginregistration.Registration` on the registry socket.
 pub struct RegistrationServer<T>(pub Arc<T>);
@@ -209,4 +239,22 @@ pub async fn unprepare(
     req: NodeUnprepareResourcesRequest,
 ) -> Result<NodeUnprepareResourcesResponse, Status> {
     call(ch, path, req).await
+}
+
+/// `NodeWatchResources` on service `path` (one of the `WATCH_HEALTH_*`), as kubelet calls it.
+pub async fn watch_health(
+    ch: &Channel,
+    path: &'static str,
+) -> Result<tonic::codec::Streaming<NodeWatchResourcesResponse>, Status> {
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
+    grpc.server_streaming(
+        Request::new(NodeWatchResourcesRequest {}),
+        http::uri::PathAndQuery::from_static(path),
+        ProstCodec::<NodeWatchResourcesRequest, NodeWatchResourcesResponse>::default(),
+    )
+    .await
+    .map(Response::into_inner)
 }

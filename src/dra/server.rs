@@ -2,8 +2,9 @@
 //! device table), its DRA socket and then its registration socket in kubelet's plugin
 //! registry, and every poll its devices discovered again, their health checked by the device
 //! plugin's rule and the pool republished when anything changed (unhealthy devices tainted).
-//! kubelet's DRA health service is not served: taints are what acts on health (KEP-4680),
-//! and kubelets before 1.36 do not call it.
+//! Taints are what act on health (KEP-4680); kubelet's health service (`DRAResourceHealth`,
+//! served on the DRA socket) gets every device's health at each check, which kubelet shows in
+//! the pod's status.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,10 @@ use crate::profile::Profile;
 
 use super::api::*;
 use super::claims::{ClaimRef, Claims};
-use super::grpc::{DraPlugin, DraServer, DraServerV1beta1, RegistrationServer};
+use super::grpc::{
+    DraPlugin, DraServer, DraServerV1beta1, HealthServerV1, HealthServerV1alpha1,
+    HealthServerV1beta1, HealthStream, RegistrationServer,
+};
 use super::publish::Publisher;
 use super::slices::{self, Pool};
 use super::table::{self, DraDevice};
@@ -87,6 +91,10 @@ pub struct Driver {
     pub claims: Claims,
     pub table: RwLock<Vec<DraDevice>>,
     pub endpoint: PathBuf,
+    /// Every device's health at the last check (sent again at each check).
+    health: watch::Sender<NodeWatchResourcesResponse>,
+    /// kubelet's staleness timeout for those updates: a few checks.
+    health_timeout: i64,
     client: Client,
 }
 
@@ -116,8 +124,47 @@ impl Driver {
             name,
             claims,
             table: RwLock::new(Vec::new()),
+            health: watch::Sender::new(NodeWatchResourcesResponse::default()),
+            health_timeout: i64::try_from(opts.poll.as_secs().saturating_mul(3))
+                .unwrap_or(i64::MAX)
+                .max(30),
             client,
         })
+    }
+
+    /// Every device's health now, for kubelet: `healthy` per device of `table`, each
+    /// unhealthy one with why.
+    fn report_health(&self, pool: &str, table: &[DraDevice], healthy: &[bool]) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let devices = table
+            .iter()
+            .zip(healthy)
+            .map(|(d, &ok)| DeviceHealth {
+                device: Some(DeviceIdentifier {
+                    pool_name: pool.to_string(),
+                    device_name: d.name.clone(),
+                }),
+                health: if ok {
+                    HealthStatus::Healthy
+                } else {
+                    HealthStatus::Unhealthy
+                } as i32,
+                last_updated_time: now,
+                health_check_timeout_seconds: self.health_timeout,
+                message: if ok {
+                    String::new()
+                } else {
+                    let why = table::node_problem(&self.profile, d).unwrap_or_else(|| {
+                        "the driver is not loaded (its version file is gone)".into()
+                    });
+                    why.chars().take(1024).collect()
+                },
+            })
+            .collect();
+        self.health
+            .send_replace(NodeWatchResourcesResponse { devices });
     }
 
     pub fn table(&self) -> Vec<DraDevice> {
@@ -223,6 +270,12 @@ impl DraPlugin for Driver {
         NodeUnprepareResourcesResponse { claims }
     }
 
+    fn watch_health(&self) -> HealthStream {
+        log::info!("{}: kubelet watches the devices' health", self.name);
+        let updates = tokio_stream::wrappers::WatchStream::new(self.health.subscribe());
+        Box::pin(tokio_stream::StreamExt::map(updates, Ok))
+    }
+
     fn info(&self) -> PluginInfo {
         PluginInfo {
             r#type: DRA_PLUGIN_TYPE.into(),
@@ -319,7 +372,11 @@ pub fn start(
     .map_err(DraError::Name)?;
     let driver = Arc::new(Driver::new(profile, name, client, opts)?);
     let dra = DraServer(Arc::clone(&driver));
-    let routes = tonic::service::Routes::new(dra.clone()).add_service(DraServerV1beta1(dra));
+    let routes = tonic::service::Routes::new(dra.clone())
+        .add_service(DraServerV1beta1(dra.clone()))
+        .add_service(HealthServerV1(dra.clone()))
+        .add_service(HealthServerV1beta1(dra.clone()))
+        .add_service(HealthServerV1alpha1(dra));
     serve(routes, &driver.endpoint, stop.clone())?;
     let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
     let routes = tonic::service::Routes::new(RegistrationServer(Arc::clone(&driver)));
@@ -346,10 +403,13 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         driver_version: version.as_deref(),
         model: None,
     };
+    let healthy: Vec<bool> = table.iter().map(|d| table::healthy(p, d)).collect();
     let devices: Vec<_> = table
         .iter()
-        .map(|d| slices::device(&pool, d, table::healthy(p, d)))
+        .zip(&healthy)
+        .map(|(d, &ok)| slices::device(&pool, d, ok))
         .collect();
+    run.driver.report_health(&opts.node, &table, &healthy);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     match run.publisher.publish(&pool, &devices, run.resync).await {
         Ok(written) => {
