@@ -46,8 +46,8 @@ if [ "$build" = 1 ]; then
     # The device plugin alone carries the gRPC stack (feature `plugin`); building only its
     # binary with the feature leaves the runtime and accel-ctk above untouched.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
-    # The DRA driver (feature `dra`: the API client too), for its image
-    # (packaging/Dockerfile.dra-driver); not in the packages yet.
+    # The DRA driver (feature `dra`: the API client too), for the packages and its image
+    # (packaging/Dockerfile.dra-driver).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
 fi
 for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver; do
@@ -83,7 +83,9 @@ bad() {
 expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-ctk
 /usr/bin/accel-device-plugin
+/usr/bin/accel-dra-driver
 /lib/systemd/system/accel-device-plugin.service
+/lib/systemd/system/accel-dra-driver.service
 /lib/systemd/system/accel-ctk-checkpoint.service
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh
