@@ -43,10 +43,12 @@ case $flavour in
   sid)
     # crun as the second low-level runtime; podman without its recommends (no networking:
     # every container runs with --network none), conmon and containers-common are its depends.
+    # The CNI plugins for the CRI pods that cannot use the host's network (user namespaces):
+    # only loopback is configured.
     # sid's Release file is valid for a week; a mirror that lags (or a snapshot) would
     # fail apt-get update. What was installed is printed and checked by the test instead.
     suite=sid
-    packages=$packages,crun,podman
+    packages=$packages,crun,podman,containernetworking-plugins
     size=4G
     aptopts=(--aptopt='Acquire::Check-Valid-Until "false"')
     ;;

@@ -317,6 +317,8 @@ fi
 if [ "$flavour" = sid ]; then
   say "== containerd CRI (config version 3: CDI on, NRI on, runtime handler accel, SystemdCgroup)"
   rm -f /etc/cdi/*.yaml
+  # A host-network pod gets a copy of the node's /etc/hosts; minbase has none.
+  [ -e /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > /etc/hosts
   systemctl stop containerd
   mkdir -p /etc/containerd /var/run/cdi
   cat > /etc/containerd/config.toml <<EOF
@@ -326,6 +328,9 @@ version = 3
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
   cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ['/usr/lib/cni']
+  conf_dir = '/etc/cni/net.d'
 [plugins.'io.containerd.cri.v1.runtime'.containerd]
   default_runtime_name = 'runc'
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -340,6 +345,16 @@ version = 3
 [plugins.'io.containerd.nri.v1.nri']
   disable = false
 EOF
+  # Pods in a user namespace cannot share the host's network (kubelet refuses it too): theirs
+  # is a network namespace of their own, on a bridge nothing else is on (no masquerade).
+  mkdir -p /etc/cni/net.d
+  printf '%s\n' '{"cniVersion": "1.0.0", "name": "accel", "plugins": [{"type": "bridge", "bridge": "accel0",' \
+    '"isGateway": false, "ipMasq": false, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.77.0/24"}]]}}]}' \
+    > /etc/cni/net.d/10-accel.conflist
+  # In a user namespace runc cannot mknod: it bind-mounts each device from the host at the
+  # node's container path (/dev/gcu1), not from where the simulated root has it. A real node
+  # has its nodes there; so does this one from here on.
+  for n in gcu0 gcu1 gcuctl; do [ -e "/dev/$n" ] || cp -a "$sim/dev/$n" /dev/; done
   # The volume-mounts strategy's answer is a /dev/null bind the runtime reads as a request.
   sed -i 's|^log-level.*|&\naccept-container-devices-as-mounts = true|' /etc/accel-container-runtime/config.toml
   systemctl start containerd || { bad "containerd did not start"; journalctl -u containerd --no-pager | tail -20; }
