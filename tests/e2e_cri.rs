@@ -349,7 +349,12 @@ fn probe_script(devices: &[&str]) -> String {
         "if busybox grep -q libefml.so.1 /etc/ld.so.cache 2>/dev/null; then echo 'ldcache libefml.so.1'; \
          else echo 'ldcache none'; fi; ",
     );
-    s.push_str("ls /usr/lib/x86_64-linux-gnu/libefml.so.1 >/dev/null 2>&1 && echo 'lib libefml.so.1' || echo 'lib none'; ");
+    // Where the library is: CDI's spec and the runtime choose the directory differently.
+    s.push_str(
+        "l=none; for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /lib64 /lib; do \
+         [ -e $d/libefml.so.1 ] && l=$d && break; done; \
+         [ $l = none ] && echo 'lib none' || echo 'lib libefml.so.1'; echo \"libdir $l\"; ",
+    );
     s.push_str("echo \"uid_map $(cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ';')\"");
     s
 }
@@ -691,9 +696,10 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
                 assert_eq!(seen["lib"], "libefml.so.1", "{}: {seen:?}", r.case.name());
             }
             ldcache.push(format!(
-                "{}: lib {}, cache {}",
+                "{}: lib {} in {}, cache {}",
                 r.case.name(),
                 seen["lib"],
+                seen["libdir"],
                 seen["ldcache"]
             ));
             // The runtime rewrites the loader cache. containerd's CDI injection (no hook: the

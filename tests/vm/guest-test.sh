@@ -395,7 +395,8 @@ if [ -s "$share/e2e" ]; then
   # shared read-write at the same absolute path: its target/tmp caches the compiled libraries).
   repo=$(cat "$share/repo-path")
   mkdir -p "$repo"
-  mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 repo "$repo" || bad "cannot mount the repository"
+  # The CRI test (sid) mounted it already.
+  mountpoint -q "$repo" || mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 repo "$repo" || bad "cannot mount the repository"
   for low in $(cat "$share/runtimes"); do
     while read -r bin; do
       name=$(basename "$bin")
