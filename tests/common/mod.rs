@@ -609,6 +609,16 @@ fn install_busybox(rootfs: &Path) {
 // The shim, driven like runc
 // ---------------------------------------------------------------------------------------------
 
+/// The low-level runtime the shim execs in these tests: `runc` unless
+/// `ACCEL_E2E_LOW_LEVEL_RUNTIME` names another on PATH (the sid guest of tests/vm runs the
+/// same test binary a second time with `crun`).
+pub fn low_level_runtime() -> String {
+    match std::env::var("ACCEL_E2E_LOW_LEVEL_RUNTIME") {
+        Ok(name) if !name.is_empty() => name,
+        _ => "runc".to_string(),
+    }
+}
+
 /// A runc state dir, the shim's config and log, and the containers to delete on drop.
 #[derive(Debug)]
 pub struct Runc {
@@ -640,10 +650,11 @@ impl Runc {
         .unwrap();
         let root = sim.path().display();
         let text = format!(
-            "low-level-runtime = \"runc\"\nlog-file = {log:?}\nlog-level = \"debug\"\nprofiles-dir = {profiles:?}\nhost-dev-dir = {dev:?}\n{extra}\n\
+            "low-level-runtime = {low:?}\nlog-file = {log:?}\nlog-level = \"debug\"\nprofiles-dir = {profiles:?}\nhost-dev-dir = {dev:?}\n{extra}\n\
              [profiles.nvidia]\ndriver-root = \"{root}\"\n\
              [profiles.enflame]\ndriver-root = \"{root}\"\n\
              [profiles.ascend]\ndriver-root = \"{root}\"\n",
+            low = low_level_runtime(),
             log = dir.path().join("shim.log"),
             // The /dev/char links of the simulated nodes go here, never to the host's /dev.
             dev = dir.path().join("dev"),
@@ -711,10 +722,11 @@ impl Runc {
         Out::from(child.wait_with_output().unwrap())
     }
 
-    /// The real runc with the same `--root` (to check what exists without the shim).
+    /// The real low-level runtime (runc, or [`low_level_runtime`]) with the same `--root`
+    /// (to check what exists without the shim).
     pub fn runc<S: AsRef<OsStr>>(&self, args: &[S]) -> Out {
         output(
-            Command::new("runc")
+            Command::new(low_level_runtime())
                 .arg("--root")
                 .arg(self.state_dir())
                 .args(args),
@@ -1044,10 +1056,10 @@ impl Runc {
     pub fn with_low_level_runtime(sim: &SimRoot, runtime: &Path) -> Runc {
         let r = Runc::new(sim);
         let text = std::fs::read_to_string(r.config_path()).unwrap();
-        let line = "low-level-runtime = \"runc\"\n";
-        assert!(text.starts_with(line), "config layout changed: {text}");
+        let line = format!("low-level-runtime = {:?}\n", low_level_runtime());
+        assert!(text.starts_with(&line), "config layout changed: {text}");
         let text = text.replacen(
-            line,
+            &line,
             &format!("low-level-runtime = {:?}\n", runtime.display().to_string()),
             1,
         );

@@ -46,7 +46,12 @@ ln -sf /etc/systemd/system/accel-vm-test.service \
 
 # The test starts docker and containerd itself, after writing their configuration (systemd
 # cgroup driver, the runtime under test); nothing else is needed at boot.
-chroot "$root" systemctl disable docker.service docker.socket containerd.service 2>/dev/null
+# Each flavour has its own set of these (sid's guest has no docker).
+for unit in docker.service docker.socket containerd.service podman.socket podman-restart.service; do
+  if [ -e "$root/usr/lib/systemd/system/$unit" ] || [ -e "$root/lib/systemd/system/$unit" ]; then
+    chroot "$root" systemctl disable "$unit" 2>/dev/null
+  fi
+done
 for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service \
   fstrim.timer systemd-timesyncd.service getty@tty1.service; do
   ln -sf /dev/null "$root/etc/systemd/system/$unit"

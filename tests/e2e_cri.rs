@@ -1,0 +1,772 @@
+//! The device plugin and the runtime through containerd 2's CRI, driven as kubelet drives it
+//! (issue 24): for each Allocate strategy, the answer of the real plugin code (the library's
+//! `Plugin::allocate`, its CDI spec written where containerd reads CDI specs) becomes a
+//! CreateContainer request exactly as kubelet builds one (envs, mounts, devices,
+//! annotations, CDI devices), in a pod sandbox run with our runtime as the runtime handler
+//! and without (plain runc). Each container must open exactly its devices (ENXIO: allowed,
+//! no driver behind the simulated node; absent otherwise), before and after an
+//! UpdateContainerResources as the CPU manager sends it and a `systemctl daemon-reload`.
+//! A last pod runs with a user namespace (`hostUsers: false`).
+//!
+//! Runs only where a containerd 2 CRI socket is configured for it: the sid guest of
+//! tests/vm (guest-test.sh writes the containerd config, imports the image and makes the
+//! simulated device root the node's config points at). Without `ACCEL_E2E_CRI_SOCKET` it
+//! fails, never skips.
+//!
+//! The CRI messages are written here as prost structs, only the fields used (the `k8s-cri`
+//! crate generates them at build time and needs `protoc`, which the build machines lack);
+//! field numbers from cri-api's `runtime/v1/api.proto`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use accel_container_runtime::config::Config;
+use accel_container_runtime::plugin::allocate::Strategy;
+use accel_container_runtime::plugin::api::{
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+};
+use accel_container_runtime::plugin::grpc;
+use accel_container_runtime::plugin::server::{self, Options};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+
+mod cri {
+    //! runtime.v1 messages (cri-api), the fields this test sends or reads.
+    use std::collections::HashMap;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct VersionRequest {
+        #[prost(string, tag = "1")]
+        pub version: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct VersionResponse {
+        #[prost(string, tag = "2")]
+        pub runtime_name: String,
+        #[prost(string, tag = "3")]
+        pub runtime_version: String,
+        #[prost(string, tag = "4")]
+        pub runtime_api_version: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodSandboxMetadata {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub uid: String,
+        #[prost(string, tag = "3")]
+        pub namespace: String,
+        #[prost(uint32, tag = "4")]
+        pub attempt: u32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct IdMapping {
+        #[prost(uint32, tag = "1")]
+        pub host_id: u32,
+        #[prost(uint32, tag = "2")]
+        pub container_id: u32,
+        #[prost(uint32, tag = "3")]
+        pub length: u32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UserNamespace {
+        /// NamespaceMode: POD = 0, CONTAINER = 1, NODE = 2, TARGET = 3.
+        #[prost(int32, tag = "1")]
+        pub mode: i32,
+        #[prost(message, repeated, tag = "2")]
+        pub uids: Vec<IdMapping>,
+        #[prost(message, repeated, tag = "3")]
+        pub gids: Vec<IdMapping>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct NamespaceOption {
+        #[prost(int32, tag = "1")]
+        pub network: i32,
+        #[prost(int32, tag = "2")]
+        pub pid: i32,
+        #[prost(int32, tag = "3")]
+        pub ipc: i32,
+        #[prost(message, optional, tag = "5")]
+        pub userns_options: Option<UserNamespace>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LinuxSandboxSecurityContext {
+        #[prost(message, optional, tag = "1")]
+        pub namespace_options: Option<NamespaceOption>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LinuxPodSandboxConfig {
+        #[prost(string, tag = "1")]
+        pub cgroup_parent: String,
+        #[prost(message, optional, tag = "2")]
+        pub security_context: Option<LinuxSandboxSecurityContext>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodSandboxConfig {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<PodSandboxMetadata>,
+        #[prost(string, tag = "2")]
+        pub hostname: String,
+        #[prost(string, tag = "3")]
+        pub log_directory: String,
+        #[prost(message, optional, tag = "8")]
+        pub linux: Option<LinuxPodSandboxConfig>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RunPodSandboxRequest {
+        #[prost(message, optional, tag = "1")]
+        pub config: Option<PodSandboxConfig>,
+        #[prost(string, tag = "2")]
+        pub runtime_handler: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RunPodSandboxResponse {
+        #[prost(string, tag = "1")]
+        pub pod_sandbox_id: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodSandboxIdRequest {
+        #[prost(string, tag = "1")]
+        pub pod_sandbox_id: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerMetadata {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(uint32, tag = "2")]
+        pub attempt: u32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ImageSpec {
+        #[prost(string, tag = "1")]
+        pub image: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct KeyValue {
+        #[prost(string, tag = "1")]
+        pub key: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mount {
+        #[prost(string, tag = "1")]
+        pub container_path: String,
+        #[prost(string, tag = "2")]
+        pub host_path: String,
+        #[prost(bool, tag = "3")]
+        pub readonly: bool,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Device {
+        #[prost(string, tag = "1")]
+        pub container_path: String,
+        #[prost(string, tag = "2")]
+        pub host_path: String,
+        #[prost(string, tag = "3")]
+        pub permissions: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct CdiDevice {
+        #[prost(string, tag = "1")]
+        pub name: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LinuxContainerResources {
+        #[prost(int64, tag = "1")]
+        pub cpu_period: i64,
+        #[prost(int64, tag = "2")]
+        pub cpu_quota: i64,
+        #[prost(int64, tag = "3")]
+        pub cpu_shares: i64,
+        #[prost(int64, tag = "4")]
+        pub memory_limit_in_bytes: i64,
+        #[prost(int64, tag = "5")]
+        pub oom_score_adj: i64,
+        #[prost(string, tag = "6")]
+        pub cpuset_cpus: String,
+        #[prost(string, tag = "7")]
+        pub cpuset_mems: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LinuxContainerSecurityContext {
+        #[prost(message, optional, tag = "3")]
+        pub namespace_options: Option<NamespaceOption>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LinuxContainerConfig {
+        #[prost(message, optional, tag = "1")]
+        pub resources: Option<LinuxContainerResources>,
+        #[prost(message, optional, tag = "2")]
+        pub security_context: Option<LinuxContainerSecurityContext>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerConfig {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ContainerMetadata>,
+        #[prost(message, optional, tag = "2")]
+        pub image: Option<ImageSpec>,
+        #[prost(string, repeated, tag = "3")]
+        pub command: Vec<String>,
+        #[prost(message, repeated, tag = "6")]
+        pub envs: Vec<KeyValue>,
+        #[prost(message, repeated, tag = "7")]
+        pub mounts: Vec<Mount>,
+        #[prost(message, repeated, tag = "8")]
+        pub devices: Vec<Device>,
+        #[prost(map = "string, string", tag = "10")]
+        pub annotations: HashMap<String, String>,
+        #[prost(string, tag = "11")]
+        pub log_path: String,
+        #[prost(message, optional, tag = "15")]
+        pub linux: Option<LinuxContainerConfig>,
+        #[prost(message, repeated, tag = "17")]
+        pub cdi_devices: Vec<CdiDevice>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct CreateContainerRequest {
+        #[prost(string, tag = "1")]
+        pub pod_sandbox_id: String,
+        #[prost(message, optional, tag = "2")]
+        pub config: Option<ContainerConfig>,
+        #[prost(message, optional, tag = "3")]
+        pub sandbox_config: Option<PodSandboxConfig>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerIdMessage {
+        #[prost(string, tag = "1")]
+        pub container_id: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ExecSyncRequest {
+        #[prost(string, tag = "1")]
+        pub container_id: String,
+        #[prost(string, repeated, tag = "2")]
+        pub cmd: Vec<String>,
+        #[prost(int64, tag = "3")]
+        pub timeout: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ExecSyncResponse {
+        #[prost(bytes = "vec", tag = "1")]
+        pub stdout: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub stderr: Vec<u8>,
+        #[prost(int32, tag = "3")]
+        pub exit_code: i32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UpdateContainerResourcesRequest {
+        #[prost(string, tag = "1")]
+        pub container_id: String,
+        #[prost(message, optional, tag = "2")]
+        pub linux: Option<LinuxContainerResources>,
+    }
+    /// The empty responses (StartContainer, UpdateContainerResources, Stop/RemovePodSandbox).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Empty {}
+
+    pub const POD: i32 = 0;
+    pub const CONTAINER: i32 = 1;
+    pub const NODE: i32 = 2;
+}
+
+const SERVICE: &str = "/runtime.v1.RuntimeService/";
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: this test runs in the sid guest of tests/vm (guest-test.sh sets it)")
+    })
+}
+
+async fn call<Req, Resp>(ch: &Channel, method: &str, req: Req) -> Result<Resp, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("not ready: {e}")))?;
+    let path = PathAndQuery::try_from(format!("{SERVICE}{method}")).unwrap();
+    grpc.unary(
+        tonic::Request::new(req),
+        path,
+        tonic_prost::ProstCodec::<Req, Resp>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// One pod of the table: the strategy whose answer its container gets, the runtime handler
+/// ("" is containerd's default, plain runc), and whether it runs in a user namespace.
+#[derive(Debug, Clone)]
+struct Case {
+    strategy: Strategy,
+    handler: &'static str,
+    userns: bool,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!(
+            "{}-{}{}",
+            self.strategy.as_str(),
+            if self.handler.is_empty() {
+                "runc"
+            } else {
+                self.handler
+            },
+            if self.userns { "-userns" } else { "" }
+        )
+    }
+
+    /// Whether the container gets the devices: envvar and volume-mounts need our runtime
+    /// (containerd passes a variable and a /dev/null bind; only the runtime reads them),
+    /// the others are resolved by containerd itself (device specs, CDI).
+    fn expects_devices(&self) -> bool {
+        !self.handler.is_empty()
+            || !matches!(self.strategy, Strategy::Envvar | Strategy::VolumeMounts)
+    }
+}
+
+/// What the probe saw for each device: ENXIO (allowed, no driver), EPERM (denied),
+/// ENOENT (absent).
+fn probe_script(devices: &[&str]) -> String {
+    let mut s = String::new();
+    for d in devices {
+        s.push_str(&format!(
+            "o=$(dd if={d} of=/dev/null count=0 2>&1); case \"$o\" in \
+             *'No such device or address'*) echo '{d} ENXIO';; \
+             *'Operation not permitted'*) echo '{d} EPERM';; \
+             *'No such file'*) echo '{d} ENOENT';; \
+             *) echo \"{d} OTHER $o\";; esac; "
+        ));
+    }
+    // The loader cache: does it name the vendor's library (what `ldconfig -p` would list)?
+    s.push_str(
+        "if busybox grep -q libefml.so.1 /etc/ld.so.cache 2>/dev/null; then echo 'ldcache libefml.so.1'; \
+         else echo 'ldcache none'; fi; ",
+    );
+    // Where the library is: CDI's spec and the runtime choose the directory differently.
+    s.push_str(
+        "l=none; for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /lib64 /lib; do \
+         [ -e $d/libefml.so.1 ] && l=$d && break; done; \
+         [ $l = none ] && echo 'lib none' || echo 'lib libefml.so.1'; echo \"libdir $l\"; ",
+    );
+    s.push_str("echo \"uid_map $(cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ';')\"");
+    s
+}
+
+/// The container config kubelet builds from one Allocate answer (its devicemanager's
+/// runContainerOptions: envs, mounts, devices, annotations, CDI devices).
+fn container_config(
+    case: &Case,
+    image: &str,
+    answer: &ContainerAllocateResponse,
+    log_dir: &Path,
+) -> cri::ContainerConfig {
+    let mut envs: Vec<cri::KeyValue> = answer
+        .envs
+        .iter()
+        .map(|(k, v)| cri::KeyValue {
+            key: k.clone(),
+            value: v.clone(),
+        })
+        .collect();
+    envs.sort_by(|a, b| a.key.cmp(&b.key));
+    envs.push(cri::KeyValue {
+        key: "PATH".into(),
+        value: "/bin".into(),
+    });
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: case.name(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+        }),
+        command: vec!["sleep".into(), "1000000".into()],
+        envs,
+        mounts: answer
+            .mounts
+            .iter()
+            .map(|m| cri::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.read_only,
+            })
+            .collect(),
+        devices: answer
+            .devices
+            .iter()
+            .map(|d| cri::Device {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
+        annotations: answer.annotations.clone().into_iter().collect(),
+        log_path: log_dir
+            .join(format!("{}.log", case.name()))
+            .display()
+            .to_string(),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(cri::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_shares: 102,
+                oom_score_adj: 1000,
+                ..Default::default()
+            }),
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces(case.userns)),
+            }),
+        }),
+        cdi_devices: answer
+            .cdi_devices
+            .iter()
+            .map(|c| cri::CdiDevice {
+                name: c.name.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Host network (no pod network in the guest), PID and IPC as kubelet's defaults, and with `userns`
+/// what `hostUsers: false` makes kubelet send: mode POD, one mapping of 65536 IDs.
+fn namespaces(userns: bool) -> cri::NamespaceOption {
+    let map = |host_id| cri::IdMapping {
+        host_id,
+        container_id: 0,
+        length: 65536,
+    };
+    cri::NamespaceOption {
+        // kubelet refuses hostNetwork with hostUsers: false; those pods get their own
+        // network namespace (loopback only, from the guest's CNI config).
+        network: if userns { cri::POD } else { cri::NODE },
+        pid: cri::CONTAINER,
+        ipc: cri::POD,
+        userns_options: Some(if userns {
+            cri::UserNamespace {
+                mode: cri::POD,
+                uids: vec![map(65536 * 4)],
+                gids: vec![map(65536 * 4)],
+            }
+        } else {
+            cri::UserNamespace {
+                mode: cri::NODE,
+                ..Default::default()
+            }
+        }),
+    }
+}
+
+fn sandbox_config(case: &Case, log_dir: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: case.name(),
+            uid: format!("uid-{}", case.name()),
+            namespace: "accel-e2e".into(),
+            attempt: 0,
+        }),
+        // runc >= 1.2 refuses a hostname without a UTS namespace of the pod's own, and a
+        // host-network pod shares the node's.
+        hostname: if case.userns {
+            "accel-e2e".into()
+        } else {
+            String::new()
+        },
+        log_directory: log_dir.display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: "kubepods-besteffort.slice".into(),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces(case.userns)),
+            }),
+        }),
+    }
+}
+
+/// The probe's lines as `path -> result`.
+fn parse(out: &str) -> HashMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+struct Running {
+    case: Case,
+    pod: String,
+    container: String,
+}
+
+async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, String> {
+    let out: cri::ExecSyncResponse = call(
+        ch,
+        "ExecSync",
+        cri::ExecSyncRequest {
+            container_id: r.container.clone(),
+            cmd: vec!["sh".into(), "-c".into(), probe_script(devices)],
+            timeout: 60,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: ExecSync: {e}", r.case.name()));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{}: probe: {stdout} {}",
+        r.case.name(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "{} ({}): {}",
+        r.case.name(),
+        r.container,
+        stdout.replace('\n', "; ")
+    );
+    parse(&stdout)
+}
+
+/// GCU-1 was allocated: gcu1 and gcuctl open (ENXIO), gcu0 is not in the container; or,
+/// where the strategy needs our runtime and runs without it, none of them is.
+fn check(r: &Running, seen: &HashMap<String, String>, when: &str) {
+    let name = r.case.name();
+    let (want, ctl) = if r.case.expects_devices() {
+        ("ENXIO", "ENXIO")
+    } else {
+        ("ENOENT", "ENOENT")
+    };
+    assert_eq!(seen["/dev/gcu1"], want, "{name} {when}: /dev/gcu1 {seen:?}");
+    assert_eq!(
+        seen["/dev/gcuctl"], ctl,
+        "{name} {when}: /dev/gcuctl {seen:?}"
+    );
+    assert_eq!(
+        seen["/dev/gcu0"], "ENOENT",
+        "{name} {when}: /dev/gcu0 {seen:?}"
+    );
+}
+
+#[test]
+fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler() {
+    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
+    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let handler: &'static str = env("ACCEL_E2E_CRI_HANDLER").leak();
+    let config = std::env::var("ACCEL_CONTAINER_RUNTIME_CONFIG")
+        .unwrap_or_else(|_| "/etc/accel-container-runtime/config.toml".into());
+    let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
+    let log_dir = tempfile::Builder::new()
+        .prefix("accel-e2e-cri.")
+        .tempdir()
+        .unwrap();
+
+    // The plugin code of accel-device-plugin, on the node's config (the simulated root):
+    // its CDI spec where containerd reads specs, and one answer per strategy.
+    let cfg = Config::load_from(Path::new(&config)).unwrap();
+    let profile = cfg
+        .profiles
+        .into_iter()
+        .find(|p| p.name == "enflame")
+        .expect("an enflame profile in the node's config");
+    let mut opts = Options::new(PathBuf::from("/nonexistent"));
+    opts.cdi_dir = cdi_dir.clone();
+    assert!(
+        server::write_cdi(&profile, &opts).unwrap(),
+        "no CDI spec written"
+    );
+    let answer = |strategy: Strategy| -> ContainerAllocateResponse {
+        server::Plugin::new(profile.clone(), vec![strategy])
+            .unwrap()
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: vec!["GCU-1".into()],
+                }],
+            })
+            .unwrap()
+            .container_responses
+            .remove(0)
+    };
+
+    let mut cases = Vec::new();
+    for h in ["", handler] {
+        for strategy in Strategy::ALL {
+            cases.push(Case {
+                strategy,
+                handler: h,
+                userns: false,
+            });
+        }
+    }
+    // hostUsers: false, through containerd's own CDI and through the runtime.
+    cases.push(Case {
+        strategy: Strategy::CdiCri,
+        handler: "",
+        userns: true,
+    });
+    cases.push(Case {
+        strategy: Strategy::Envvar,
+        handler,
+        userns: true,
+    });
+
+    let devices = ["/dev/gcu1", "/dev/gcuctl", "/dev/gcu0"];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = grpc::connect(&socket, "localhost").await.unwrap();
+        let v: cri::VersionResponse = call(&ch, "Version", cri::VersionRequest::default())
+            .await
+            .unwrap();
+        println!(
+            "CRI: {} {} (API {})",
+            v.runtime_name, v.runtime_version, v.runtime_api_version
+        );
+        assert!(
+            v.runtime_name == "containerd"
+                && v.runtime_version.trim_start_matches('v').starts_with("2."),
+            "this test claims containerd 2.x's CRI, the socket answers {} {}",
+            v.runtime_name,
+            v.runtime_version
+        );
+
+        let mut running = Vec::new();
+        for case in &cases {
+            let a = answer(case.strategy);
+            let sandbox = sandbox_config(case, log_dir.path());
+            let pod: cri::RunPodSandboxResponse = call(
+                &ch,
+                "RunPodSandbox",
+                cri::RunPodSandboxRequest {
+                    config: Some(sandbox.clone()),
+                    runtime_handler: case.handler.into(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: RunPodSandbox: {e}", case.name()));
+            let created: cri::ContainerIdMessage = call(
+                &ch,
+                "CreateContainer",
+                cri::CreateContainerRequest {
+                    pod_sandbox_id: pod.pod_sandbox_id.clone(),
+                    config: Some(container_config(case, &image, &a, log_dir.path())),
+                    sandbox_config: Some(sandbox),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: CreateContainer ({a:?}): {e}", case.name()));
+            let _: cri::Empty = call(
+                &ch,
+                "StartContainer",
+                cri::ContainerIdMessage {
+                    container_id: created.container_id.clone(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: StartContainer: {e}", case.name()));
+            running.push(Running {
+                case: case.clone(),
+                pod: pod.pod_sandbox_id,
+                container: created.container_id,
+            });
+        }
+
+        let mut ldcache = Vec::new();
+        for r in &running {
+            let seen = probe(&ch, r, &devices).await;
+            check(r, &seen, "after start");
+            if r.case.userns {
+                assert!(
+                    !seen["uid_map"].starts_with("0 0 4294967295"),
+                    "{}: not in a user namespace: {seen:?}",
+                    r.case.name()
+                );
+            }
+            // The library: CDI's mounts, or the runtime's. A device-specs answer is nodes
+            // only; what it gets with the runtime is printed, not claimed.
+            let cdi = matches!(r.case.strategy, Strategy::CdiCri | Strategy::CdiAnnotations);
+            let by_runtime = !r.case.handler.is_empty()
+                && matches!(r.case.strategy, Strategy::Envvar | Strategy::VolumeMounts);
+            if cdi || by_runtime {
+                assert_eq!(seen["lib"], "libefml.so.1", "{}: {seen:?}", r.case.name());
+            }
+            ldcache.push(format!(
+                "{}: lib {} in {}, cache {}",
+                r.case.name(),
+                seen["lib"],
+                seen["libdir"],
+                seen["ldcache"]
+            ));
+            // The runtime rewrites the loader cache. containerd's CDI injection (no hook: the
+            // spec has none) mounts the library but leaves the image's cache as it is: what
+            // `ldconfig -p` lists in cdi-cri mode without the runtime handler.
+            if by_runtime {
+                assert_eq!(
+                    seen["ldcache"],
+                    "libefml.so.1",
+                    "{}: {seen:?}",
+                    r.case.name()
+                );
+            }
+            if cdi && r.case.handler.is_empty() {
+                assert_eq!(seen["ldcache"], "none", "{}: {seen:?}", r.case.name());
+            }
+        }
+        println!("libraries and loader cache per pod: {}", ldcache.join("; "));
+
+        // The CPU manager's update: an exclusive CPU for a Guaranteed container.
+        for r in &running {
+            let _: cri::Empty = call(
+                &ch,
+                "UpdateContainerResources",
+                cri::UpdateContainerResourcesRequest {
+                    container_id: r.container.clone(),
+                    linux: Some(cri::LinuxContainerResources {
+                        cpu_period: 100_000,
+                        cpu_quota: 100_000,
+                        cpu_shares: 1024,
+                        cpuset_cpus: "0".into(),
+                        cpuset_mems: "0".into(),
+                        ..Default::default()
+                    }),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: UpdateContainerResources: {e}", r.case.name()));
+        }
+        for r in &running {
+            check(
+                r,
+                &probe(&ch, r, &devices).await,
+                "after UpdateContainerResources",
+            );
+        }
+        let st = Command::new("systemctl")
+            .arg("daemon-reload")
+            .status()
+            .unwrap();
+        assert!(st.success(), "systemctl daemon-reload: {st}");
+        for r in &running {
+            check(r, &probe(&ch, r, &devices).await, "after daemon-reload");
+        }
+
+        for r in &running {
+            for (method, id) in [("StopPodSandbox", &r.pod), ("RemovePodSandbox", &r.pod)] {
+                let _: cri::Empty = call(
+                    &ch,
+                    method,
+                    cri::PodSandboxIdRequest {
+                        pod_sandbox_id: id.clone(),
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{}: {method}: {e}", r.case.name()));
+            }
+        }
+    });
+}
