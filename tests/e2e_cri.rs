@@ -10,8 +10,8 @@
 //!
 //! Runs only where a containerd 2 CRI socket is configured for it: the sid guest of
 //! tests/vm (guest-test.sh writes the containerd config, imports the image and makes the
-//! simulated device root the node's config points at). Without `ACCEL_E2E_CRI_SOCKET` it
-//! fails, never skips.
+//! simulated device root the node's config points at), which runs it with `--ignored`; a
+//! plain `cargo test` lists it as ignored. Run with its variables missing, it fails.
 //!
 //! The CRI messages are written here as prost structs, only the fields used (the `k8s-cri`
 //! crate generates them at build time and needs `protoc`, which the build machines lack);
@@ -552,6 +552,7 @@ fn check(r: &Running, seen: &HashMap<String, String>, when: &str) {
 }
 
 #[test]
+#[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
 fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler() {
     let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
     let image = env("ACCEL_E2E_CRI_IMAGE");
@@ -566,7 +567,7 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
 
     // The plugin code of accel-device-plugin, on the node's config (the simulated root):
     // its CDI spec where containerd reads specs, and one answer per strategy.
-    let cfg = Config::load_from(Path::new(&config)).unwrap();
+    let cfg = Config::load(Path::new(&config)).unwrap();
     let profile = cfg
         .profiles
         .into_iter()
