@@ -321,6 +321,101 @@ pub fn check_containerd(ctx: &Ctx) -> Engine {
     out
 }
 
+/// [`containerd_cdi_nri`] for the node: its config file, and on the node itself (not under
+/// `--root`) the installed containerd's version. Nothing when containerd has no file.
+pub fn check_containerd_cdi(ctx: &Ctx) -> Option<Finding> {
+    let (text, file) = read_engine_file(ctx, Kind::Containerd, "containerd").ok()?;
+    let version = ctx
+        .is_real_root()
+        .then(|| ctx.find_bin("containerd"))
+        .flatten()
+        .and_then(|bin| {
+            std::process::Command::new(bin)
+                .arg("--version")
+                .output()
+                .ok()
+        })
+        .and_then(|out| containerd_version(&String::from_utf8_lossy(&out.stdout)));
+    containerd_cdi_nri(&text, &file, version)
+}
+
+/// `containerd --version`'s `1.7.24` or `v2.1.9` as (major, minor).
+fn containerd_version(line: &str) -> Option<(u32, u32)> {
+    line.split_whitespace().skip(1).find_map(|tok| {
+        let mut it = tok
+            .strip_prefix('v')
+            .unwrap_or(tok)
+            .split(['.', '~', '-', '+']);
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    })
+}
+
+/// CDI and NRI in containerd's CRI, as `config.toml` and the version's defaults make them:
+/// the device plugin's `cdi-cri` and `cdi-annotations` answers and the DRA driver's claims
+/// reach a container only with CDI on (containerd 1.7: off unless `enable_cdi = true`; 2.x:
+/// on unless turned off); NRI is reported for operators who run NRI plugins beside us.
+/// `version` is containerd's (major, minor) when known (not under `--root`).
+pub fn containerd_cdi_nri(text: &str, file: &str, version: Option<(u32, u32)>) -> Option<Finding> {
+    const C: &str = "containerd CDI";
+    let doc: toml::Table = text.parse().ok()?;
+    let schema3 = doc.get("version").and_then(toml::Value::as_integer) == Some(3);
+    let plugins = doc.get("plugins").and_then(toml::Value::as_table);
+    let plugin = |name: &str| {
+        plugins
+            .and_then(|p| p.get(name))
+            .and_then(toml::Value::as_table)
+    };
+    let cri = if schema3 {
+        "io.containerd.cri.v1.runtime"
+    } else {
+        "io.containerd.grpc.v1.cri"
+    };
+    let set_cdi = plugin(cri)
+        .and_then(|t| t.get("enable_cdi"))
+        .and_then(toml::Value::as_bool);
+    let set_nri_off = plugin("io.containerd.nri.v1.nri")
+        .and_then(|t| t.get("disable"))
+        .and_then(toml::Value::as_bool);
+    let shown = match version {
+        Some((a, b)) => format!("containerd {a}.{b}"),
+        None => "containerd (version unknown)".to_string(),
+    };
+    let defaults_on = version.map(|(major, _)| major >= 2);
+    // 1.6's CRI has no CDI at all: a key there is ignored.
+    let pre_cdi = version.is_some_and(|(a, b)| a == 1 && b < 7);
+    let cdi = if pre_cdi {
+        Some(false)
+    } else {
+        set_cdi.or(defaults_on)
+    };
+    let nri = set_nri_off.map(|off| !off).or(defaults_on);
+    let said = |v: Option<bool>, set: bool| match (v, set && !pre_cdi) {
+        (Some(true), true) => "on (set)",
+        (Some(true), false) => "on (default)",
+        (Some(false), true) => "off (set)",
+        (Some(false), false) => "off (default)",
+        (None, _) => "as the version's default",
+    };
+    let message = format!(
+        "{shown}, {file}: CDI {}, NRI {}",
+        said(cdi, set_cdi.is_some()),
+        said(nri, set_nri_off.is_some())
+    );
+    Some(match cdi {
+        Some(false) if pre_cdi => Finding::warn(
+            C,
+            format!("{message}: containerd before 1.7 applies no CDI device; the device plugin's cdi-cri and cdi-annotations answers and DRA claims give containers nothing"),
+            "use the envvar, volume-mounts or device-specs strategy, or containerd >= 1.7",
+        ),
+        Some(false) => Finding::warn(
+            C,
+            format!("{message}: the device plugin's cdi-cri and cdi-annotations answers and DRA claims give containers nothing"),
+            format!("set enable_cdi = true in [plugins.\"{cri}\"] of {file}, then systemctl restart containerd"),
+        ),
+        _ => Finding::info(C, message),
+    })
+}
+
 /// One line for every engine where the runtime is registered but not the default. The
 /// packages and install.sh leave the default alone on purpose (a node's other containers keep
 /// plain runc), so this is information with the command that changes it, not a warning.
@@ -465,6 +560,64 @@ mod tests {
             r#"{"exec-opts":["native.cgroupdriver=systemd"]}"#,
         );
         assert_eq!(d(&sys(CgroupVersion::V1, false)), CgroupDriver::Systemd);
+    }
+
+    /// containerd 2 turns CDI and NRI on unless the file turns them off; 1.7 the other way;
+    /// 1.6 has no CDI whatever the file says.
+    #[test]
+    fn containerd_cdi_and_nri_by_version_and_file() {
+        let f = "/etc/containerd/config.toml";
+        let v3 = "version = 3\n";
+        let off3 = "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\nenable_cdi = false\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = true\n";
+        let on2 = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\nenable_cdi = true\n";
+        let got = |t: &str, v| containerd_cdi_nri(t, f, v).unwrap();
+        let g = got(v3, Some((2, 1)));
+        assert_eq!(g.status, Status::Info, "{g:?}");
+        assert!(
+            g.message.contains("CDI on (default), NRI on (default)"),
+            "{g:?}"
+        );
+        let g = got(off3, Some((2, 1)));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("CDI off (set), NRI off (set)"), "{g:?}");
+        assert!(
+            g.fix
+                .as_deref()
+                .unwrap()
+                .contains("io.containerd.cri.v1.runtime"),
+            "{g:?}"
+        );
+        let g = got("version = 2\n", Some((1, 7)));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(
+            g.message.contains("CDI off (default), NRI off (default)"),
+            "{g:?}"
+        );
+        assert!(
+            g.fix
+                .as_deref()
+                .unwrap()
+                .contains("io.containerd.grpc.v1.cri"),
+            "{g:?}"
+        );
+        assert_eq!(got(on2, Some((1, 7))).status, Status::Info);
+        let g = got(on2, Some((1, 6)));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("before 1.7"), "{g:?}");
+        let g = got(v3, None);
+        assert!(g.message.contains("version unknown"), "{g:?}");
+        assert_eq!(g.status, Status::Info);
+        assert!(containerd_cdi_nri("version = [", f, None).is_none());
+        assert_eq!(
+            containerd_version("containerd github.com/containerd/containerd/v2 v2.1.9 abc"),
+            Some((2, 1))
+        );
+        assert_eq!(
+            containerd_version(
+                "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1"
+            ),
+            Some((1, 6))
+        );
     }
 
     #[test]

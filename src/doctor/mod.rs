@@ -32,8 +32,8 @@ use crate::profile::Profile;
 
 pub use config::{check_config, check_profile_files, load_config};
 pub use engines::{
-    check_containerd, check_default_runtime, check_docker, check_runtime_installed, CgroupDriver,
-    Engine,
+    check_containerd, check_containerd_cdi, check_default_runtime, check_docker,
+    check_runtime_installed, CgroupDriver, Engine,
 };
 pub use kubelet::{check_checkpoint, check_cpu_manager, check_plugin_sockets};
 pub use system::{
@@ -170,6 +170,7 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     let containerd = check_containerd(ctx);
     out.push(docker.finding.clone());
     out.push(containerd.finding.clone());
+    out.extend(check_containerd_cdi(ctx));
     out.extend(check_default_runtime(&[&docker, &containerd]));
     // The links first: how bad an old runc or systemd is depends on whether they exist.
     let links: Vec<Links> = config
