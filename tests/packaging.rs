@@ -1090,9 +1090,16 @@ fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
         stubs.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    for run in ["cold", "warm"] {
+    for (flavour, run) in [
+        ("bookworm", "cold"),
+        ("bookworm", "warm"),
+        ("sid", "cold"),
+        ("sid", "warm"),
+    ] {
+        let run = format!("{flavour} {run}");
         let out = Command::new("bash")
             .arg(repo().join("tests/vm/build-guest.sh"))
+            .arg(flavour)
             .arg(&cache)
             .env("PATH", &path)
             .output()
@@ -1107,6 +1114,11 @@ fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
         assert_eq!(lines.len(), 1, "{run}: stdout is not one line: {stdout:?}");
         let dir = Path::new(lines[0]);
         assert!(dir.starts_with(&cache), "{run}: {stdout:?}");
+        let name = dir.file_name().unwrap().to_string_lossy();
+        assert!(
+            name.starts_with(&format!("guest-{flavour}-")),
+            "{run}: {name}"
+        );
         for f in ["disk.img", "kernel", "initrd.img"] {
             assert!(dir.join(f).is_file(), "{run}: no {f} in {}", dir.display());
         }
