@@ -391,7 +391,13 @@ fn a_claim_is_prepared_run_and_unprepared_across_a_restart() {
         assert_eq!(info.name, DRIVER);
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1beta1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
         assert_eq!(
             PathBuf::from(&info.endpoint),
