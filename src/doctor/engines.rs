@@ -321,7 +321,7 @@ pub fn check_containerd(ctx: &Ctx) -> Engine {
     out
 }
 
-/// [`containerd_cdi_nri`] for the node: its config file, and on the node itself (not under
+/// `containerd_cdi_nri` for the node: its config file, and on the node itself (not under
 /// `--root`) the installed containerd's version. Nothing when containerd has no file.
 pub fn check_containerd_cdi(ctx: &Ctx) -> Option<Finding> {
     let (text, file) = read_engine_file(ctx, Kind::Containerd, "containerd").ok()?;
