@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 use super::api::*;
+use crate::plugin::grpc::{call, unimplemented};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// The health updates of a `NodeWatchResources` stream.
@@ -35,19 +36,6 @@ pub trait DraPlugin: Send + Sync + 'static {
     fn watch_health(&self) -> HealthStream;
     fn info(&self) -> PluginInfo;
     fn registration_status(&self, status: RegistrationStatus);
-}
-
-fn unimplemented() -> http::Response<Body> {
-    let mut r = http::Response::new(Body::default());
-    r.headers_mut().insert(
-        "grpc-status",
-        http::HeaderValue::from(tonic::Code::Unimplemented as i32),
-    );
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    r
 }
 
 async fn unary<Req, Resp, F, Fut>(req: http::Request<Body>, f: F) -> http::Response<Body>
@@ -194,24 +182,6 @@ impl<T: DraPlugin> tower::Service<http::Request<Body>> for RegistrationServer<T>
 
 impl<T> tonic::server::NamedService for RegistrationServer<T> {
     const NAME: &'static str = "pluginregistration.Registration";
-}
-
-async fn call<Req, Resp>(ch: &Channel, path: &'static str, req: Req) -> Result<Resp, Status>
-where
-    Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
-{
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready()
-        .await
-        .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
-    grpc.unary(
-        Request::new(req),
-        http::uri::PathAndQuery::from_static(path),
-        ProstCodec::<Req, Resp>::default(),
-    )
-    .await
-    .map(Response::into_inner)
 }
 
 pub async fn get_info(ch: &Channel) -> Result<PluginInfo, Status> {

@@ -43,7 +43,8 @@ impl<T> Clone for DevicePluginServer<T> {
     }
 }
 
-fn unimplemented() -> http::Response<Body> {
+/// The answer to a method no service here has (the DRA driver's routers use it too).
+pub(crate) fn unimplemented() -> http::Response<Body> {
     let mut r = http::Response::new(Body::default());
     r.headers_mut().insert(
         "grpc-status",
@@ -193,7 +194,12 @@ pub async fn connect(socket: &Path, authority: &str) -> Result<Channel, tonic::t
         .await
 }
 
-async fn call<Req, Resp>(ch: &Channel, path: &'static str, req: Req) -> Result<Resp, Status>
+/// A unary client call of method `path` (the DRA driver's client calls use it too).
+pub(crate) async fn call<Req, Resp>(
+    ch: &Channel,
+    path: &'static str,
+    req: Req,
+) -> Result<Resp, Status>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
