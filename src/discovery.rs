@@ -42,6 +42,24 @@ impl DiscoveryError {
     }
 }
 
+/// Whether a name is a PCI function address, `dddd:bb:dd.f` in lower-case hex (as sysfs names
+/// them): topology walks them, DRM-class discovery finds a function by one.
+pub fn is_bdf(s: &str) -> bool {
+    let b = s.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && (b'0'..=b'7').contains(&b[11])
+}
+
 /// The host path of the profile's node `node` (a container path such as `/dev/nvidia0`),
 /// resolved inside its dev-root by [`crate::inroot`] in [`Scope::Beneath`]: a symlink on the
 /// way that leads out of dev-root (any absolute target, or `..` above it) is refused, as is

@@ -49,22 +49,7 @@ pub struct Located {
     pub pci: Option<PciLocation>,
 }
 
-/// Whether a name is a PCI function address, `dddd:bb:dd.f` in lower-case hex.
-pub fn is_bdf(s: &str) -> bool {
-    let b = s.as_bytes();
-    let hex = |r: std::ops::Range<usize>| {
-        b[r].iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-    };
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && hex(0..4)
-        && hex(5..7)
-        && hex(8..10)
-        && (b'0'..=b'7').contains(&b[11])
-}
+use crate::discovery::is_bdf;
 
 /// NVIDIA writes `00000000:3b:00.0` in some places and `0000:3b:00.0` in sysfs.
 pub fn normalize_bdf(s: &str) -> String {

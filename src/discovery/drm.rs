@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{is_device_node, read_dir_names, Device, DiscoveryError};
+use super::{is_bdf, is_device_node, read_dir_names, Device, DiscoveryError};
 use crate::inroot::{Root, Scope};
 use crate::profile::{DrmOrder, Profile};
 
@@ -55,23 +55,6 @@ fn node_name(name: &str) -> Option<(bool, u32)> {
     Some((render, num.parse().ok()?))
 }
 
-/// A PCI function address `dddd:bb:dd.f`, lower-case hex (as sysfs names them).
-fn is_pci_address(s: &str) -> bool {
-    let b = s.as_bytes();
-    let hex = |r: std::ops::Range<usize>| {
-        b[r].iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-    };
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && hex(0..4)
-        && hex(5..7)
-        && hex(8..10)
-        && (b'0'..=b'7').contains(&b[11])
-}
-
 /// The PCI function a class entry (`sys/class/drm/<name>`) belongs to: its bus address and its
 /// host directory. The entry is resolved by [`crate::inroot`] as if `driver-root` were `/`, so
 /// no link leads out of the root; `None` when it resolves nowhere or passes no PCI function.
@@ -81,11 +64,9 @@ fn function_of(root: &Root, name: &str) -> Option<(String, PathBuf)> {
     // Only the part under the root may name the function: a driver root that itself sits
     // under a directory named like a PCI address does not make one.
     let rel = root.rel_of(&host)?;
-    let up = rel.ancestors().position(|a| {
-        a.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(is_pci_address)
-    })?;
+    let up = rel
+        .ancestors()
+        .position(|a| a.file_name().and_then(|n| n.to_str()).is_some_and(is_bdf))?;
     let dir = host.ancestors().nth(up)?;
     Some((dir.file_name()?.to_str()?.to_string(), dir.to_path_buf()))
 }
@@ -209,7 +190,7 @@ pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, D
 /// characters a node label value allows): the model, as far as sysfs names it. Read through
 /// the function's DRM class entries, so only a function with DRM nodes has one.
 pub fn pci_model(profile: &Profile, bdf: &str) -> Option<String> {
-    if !is_pci_address(bdf) {
+    if !is_bdf(bdf) {
         return None;
     }
     let class = profile.driver_root.join(CLASS_DRM);
