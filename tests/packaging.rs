@@ -432,13 +432,13 @@ fn every_image_builds_what_the_packages_ship() {
     }
 }
 
-/// The plugin's image is the binary and nothing else.
-#[test]
-fn device_plugin_image_builds_what_the_packages_ship() {
-    let rel = "packaging/Dockerfile.device-plugin";
+/// An image that is one binary and nothing else: `bin` built with `feature` in the build stage,
+/// a `scratch` final stage that copies it to /usr/bin and runs it, and a `.dockerignore` that
+/// keeps the host's target/ out of the build context.
+fn assert_single_binary_image(rel: &str, bin: &str, feature: &str) {
     assert_eq!(
         assert_image_builds_what_the_packages_ship(rel),
-        ["/accel-device-plugin"]
+        [format!("/{bin}")]
     );
     let lines = logical_lines(&read(rel));
     let run = lines
@@ -446,7 +446,7 @@ fn device_plugin_image_builds_what_the_packages_ship() {
         .find(|l| l.starts_with("RUN "))
         .expect("a RUN line");
     let words = cargo_build_words(run);
-    for w in ["--features", "plugin", "--bin", "accel-device-plugin"] {
+    for w in ["--features", feature, "--bin", bin] {
         assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
     }
     let stages: Vec<&str> = lines
@@ -457,41 +457,30 @@ fn device_plugin_image_builds_what_the_packages_ship() {
     let copies: Vec<&String> = lines.iter().filter(|l| l.starts_with("COPY ")).collect();
     assert_eq!(
         copies.last().unwrap().as_str(),
-        "COPY --from=build /accel-device-plugin /usr/bin/accel-device-plugin"
+        format!("COPY --from=build /{bin} /usr/bin/{bin}")
     );
     assert!(lines
         .iter()
-        .any(|l| l == r#"ENTRYPOINT ["/usr/bin/accel-device-plugin"]"#));
+        .any(|l| *l == format!(r#"ENTRYPOINT ["/usr/bin/{bin}"]"#)));
+    assert!(read(&format!("{rel}.dockerignore"))
+        .lines()
+        .any(|l| l == "target"));
+}
+
+/// The plugin's image is the binary and nothing else.
+#[test]
+fn device_plugin_image_builds_what_the_packages_ship() {
+    assert_single_binary_image(
+        "packaging/Dockerfile.device-plugin",
+        "accel-device-plugin",
+        "plugin",
+    );
 }
 
 /// The DRA driver's image is the binary and nothing else, built with its feature.
 #[test]
 fn dra_driver_image_builds_what_the_packages_ship() {
-    let rel = "packaging/Dockerfile.dra-driver";
-    assert_eq!(
-        assert_image_builds_what_the_packages_ship(rel),
-        ["/accel-dra-driver"]
-    );
-    let lines = logical_lines(&read(rel));
-    let run = lines
-        .iter()
-        .find(|l| l.starts_with("RUN "))
-        .expect("a RUN line");
-    let words = cargo_build_words(run);
-    for w in ["--features", "dra", "--bin", "accel-dra-driver"] {
-        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
-    }
-    let stages: Vec<&str> = lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("FROM "))
-        .collect();
-    assert_eq!(stages[1..], ["scratch"]);
-    assert!(lines
-        .iter()
-        .any(|l| l == r#"ENTRYPOINT ["/usr/bin/accel-dra-driver"]"#));
-    assert!(read("packaging/Dockerfile.dra-driver.dockerignore")
-        .lines()
-        .any(|l| l == "target"));
+    assert_single_binary_image("packaging/Dockerfile.dra-driver", "accel-dra-driver", "dra");
 }
 
 /// `accel-ctk runtime configure --dry-run` output for a config file holding `start`
