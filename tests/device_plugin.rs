@@ -753,16 +753,7 @@ fn missing_kubelet_dir_is_a_clear_error() {
 fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
     use common::{assert_enflame_1_3, Bundle, Probe, Report, Runc};
     let sim = SimRoot::standard();
-    for (strategy, extra) in [
-        (Strategy::Envvar, ""),
-        (
-            Strategy::VolumeMounts,
-            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
-        ),
-        (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
-        (Strategy::CdiCri, ""),
-        (Strategy::CdiAnnotations, ""),
-    ] {
+    for (strategy, extra) in common::kubelet::STRATEGIES {
         let cdi_dir = tempfile::tempdir().unwrap();
         let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
         let runc = Runc::with_config(&sim, &extra);

@@ -451,16 +451,7 @@ mod plugin {
         let sim = SimRoot::builder().build();
         let host = drm::amd_node(&sim);
         let gpus = host.offered("0x1002", "amdgpu");
-        for (strategy, extra) in [
-            (Strategy::Envvar, ""),
-            (
-                Strategy::VolumeMounts,
-                "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
-            ),
-            (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
-            (Strategy::CdiCri, ""),
-            (Strategy::CdiAnnotations, ""),
-        ] {
+        for (strategy, extra) in common::kubelet::STRATEGIES {
             let cdi_dir = tempfile::tempdir().unwrap();
             let extra = format!("{extra}\ncdi-spec-dirs = [{:?}]", cdi_dir.path());
             let runc = Runc::with_config(&sim, &extra);

@@ -667,16 +667,7 @@ fn assert_sees_1_3(runc: &common::Runc, mut b: common::Bundle, name: &str) {
 #[test]
 fn replicas_through_the_runtime_and_runc_give_their_devices() {
     let sim = SimRoot::standard();
-    for (strategy, extra) in [
-        (Strategy::Envvar, ""),
-        (
-            Strategy::VolumeMounts,
-            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
-        ),
-        (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
-        (Strategy::CdiCri, ""),
-        (Strategy::CdiAnnotations, ""),
-    ] {
+    for (strategy, extra) in common::kubelet::STRATEGIES {
         let cdi_dir = tempfile::tempdir().unwrap();
         let runc = runc_with_replicas(&sim, extra, cdi_dir.path());
         let cfg = Config::load(&runc.config_path()).unwrap();

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
 use accel_container_runtime::plugin::server::{self, Options};
@@ -319,6 +320,21 @@ pub fn rt() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// Every Allocate strategy, with the runtime config that takes its answer as kubelet hands it
+/// over: the volume-mounts answer is device-list mounts, accepted only with
+/// `accept-container-devices-as-mounts`; with it and with device-specs the variable of an
+/// unprivileged container is not taken (`accept-envvar-unprivileged = false`).
+pub const STRATEGIES: [(Strategy, &str); 5] = [
+    (Strategy::Envvar, ""),
+    (
+        Strategy::VolumeMounts,
+        "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true",
+    ),
+    (Strategy::DeviceSpecs, "accept-envvar-unprivileged = false"),
+    (Strategy::CdiCri, ""),
+    (Strategy::CdiAnnotations, ""),
+];
 
 pub fn ids(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
