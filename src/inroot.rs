@@ -62,6 +62,9 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub struct Root {
     fd: OwnedFd,
     path: PathBuf,
+    /// The root's own host path as the kernel names it, read at the first [`Root::rel_of`]
+    /// (a search of the driver's directories asks once per directory).
+    real: std::sync::OnceLock<Option<PathBuf>>,
 }
 
 /// A path found under a root: an `O_PATH` fd of it (no driver's open ran, no FIFO blocked),
@@ -95,6 +98,7 @@ impl Root {
         Ok(Root {
             fd,
             path: path.to_path_buf(),
+            real: std::sync::OnceLock::new(),
         })
     }
 
@@ -140,8 +144,11 @@ impl Root {
     /// The path of `host` (a host path an [`Entry`] of this root gave) relative to the root,
     /// as a container-style path; `None` for a path not under it.
     pub fn rel_of(&self, host: &Path) -> Option<PathBuf> {
-        let root = fd_path(&self.fd).ok()?;
-        host.strip_prefix(&root)
+        let root = self
+            .real
+            .get_or_init(|| fd_path(&self.fd).ok())
+            .as_deref()?;
+        host.strip_prefix(root)
             .ok()
             .map(|rel| Path::new("/").join(rel))
     }
