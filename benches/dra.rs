@@ -145,7 +145,6 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         node: NODE,
         vendor: "enflame",
         driver_version: version.as_deref(),
-        model: None,
     };
     let build = || {
         let t = table::discover(profile).unwrap();

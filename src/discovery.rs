@@ -157,6 +157,9 @@ pub struct Device {
     pub minor: Option<u32>,
     /// Other names it answers to (`GCU-1`).
     pub aliases: Vec<String>,
+    /// The product as the driver names it (NVIDIA's `Model:`), else the PCI `vendor-device`
+    /// id of a DRM-class device; `None` where neither is known.
+    pub model: Option<String>,
 }
 
 impl Device {
@@ -309,12 +312,13 @@ fn nvidia_procfs(
             source,
         })?;
         // `Key: \t value` lines; the first of each key counts.
-        let (mut minor, mut uuid, mut bus_id) = (None, None, None);
+        let (mut minor, mut uuid, mut bus_id, mut model) = (None, None, None, None);
         for (k, v) in text.lines().filter_map(|l| l.split_once(':')) {
             let slot = match k.trim() {
                 "Device Minor" => &mut minor,
                 "GPU UUID" => &mut uuid,
                 "Bus Location" => &mut bus_id,
+                "Model" => &mut model,
                 _ => continue,
             };
             slot.get_or_insert(v.trim());
@@ -332,14 +336,15 @@ fn nvidia_procfs(
             .map(str::to_string);
         let mut bus_id = bus_id.map_or(bus, str::to_string);
         bus_id.make_ascii_lowercase();
-        gpus.push((bus_id, minor, uuid));
+        let model = model.filter(|m| !m.is_empty()).map(str::to_string);
+        gpus.push((bus_id, minor, uuid, model));
     }
     // nvidia-smi numbers GPUs in PCI bus order, which is what users mean by an index.
     gpus.sort();
     Ok(gpus
         .into_iter()
         .enumerate()
-        .map(|(i, (bus, minor, uuid))| Device {
+        .map(|(i, (bus, minor, uuid, model))| Device {
             index: i as u32,
             nodes: vec![PathBuf::from(
                 node_template.replace("{minor}", &minor.to_string()),
@@ -348,6 +353,7 @@ fn nvidia_procfs(
             pci_bus_id: Some(bus),
             minor: Some(minor),
             aliases: Vec::new(),
+            model,
         })
         .collect())
 }
@@ -400,6 +406,7 @@ fn device_nodes(
                 pci_bus_id: None,
                 minor: None,
                 aliases: aliases.iter().map(fill).collect(),
+                model: None,
             }
         })
         .collect())
@@ -458,6 +465,7 @@ mod tests {
         assert_eq!(devs.len(), 2);
         assert_eq!(devs[0].nodes, [PathBuf::from("/dev/nvidia3")]);
         assert_eq!(devs[0].uuid.as_deref(), Some("GPU-aaa"));
+        assert_eq!(devs[0].model.as_deref(), Some("NVIDIA H100"));
         assert_eq!(devs[1].index, 1);
         assert_eq!(devs[1].minor, Some(0));
         assert_eq!(devs[1].plugin_id("{uuid}").as_deref(), Some("GPU-bbb"));
@@ -628,6 +636,7 @@ mod tests {
             pci_bus_id: None,
             minor: None,
             aliases: vec![],
+            model: None,
         };
         assert_eq!(d.plugin_id("GCU-{index}").as_deref(), Some("GCU-2"));
         assert_eq!(d.plugin_id("{uuid}"), None);

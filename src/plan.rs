@@ -262,6 +262,7 @@ mod tests {
             pci_bus_id: None,
             minor: Some(index),
             aliases: vec![],
+            model: None,
         }
     }
 

@@ -291,6 +291,7 @@ mod tests {
                 pci_bus_id: Some(format!("0000:0{i}:00.0")),
                 minor: Some(i as u32),
                 aliases: vec![format!("GCU-{i}")],
+                model: None,
             })
             .collect()
     }

@@ -204,6 +204,7 @@ fn list_shows_order_numa_and_switches() {
         assert_eq!(d["index"], i, "{d}");
         assert_eq!(d["pci_bus_id"], g.bdf.as_str(), "{d}");
         assert_eq!(d["numa_node"], g.numa, "{d}");
+        assert_eq!(d["model"], "1002-74a1", "{d}");
         let switch = if g.bdf.as_str() < "0000:80" {
             "0000:01:00.0"
         } else {

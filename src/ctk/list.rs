@@ -4,7 +4,7 @@
 //! Discovery is the runtime's own (`discovery::discover`), so what this prints is what a
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
-//! pci_root, switch, driver_version, resource, replicas}], "errors":[{vendor, error}]}`;
+//! pci_root, switch, driver_version, resource, replicas, model}], "errors":[{vendor, error}]}`;
 //! absent values are `null`, fields are only ever added. `resource` and `replicas` say how
 //! accel-device-plugin lists the device to kubelet (`replicas` > 1: as `<id>::<k>`).
 
@@ -43,6 +43,8 @@ pub struct Row {
     pub resource: Option<String>,
     /// Times the device is listed (its replicas); 1: whole.
     pub replicas: u32,
+    /// See [`crate::discovery::Device::model`].
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -86,6 +88,7 @@ pub fn collect(config: &Config) -> Listing {
                 index: d.device.index,
                 nodes: d.nodes,
                 uuid: d.device.uuid,
+                model: d.device.model,
                 pci_bus_id: d.device.pci_bus_id,
                 numa_node: d.pci.as_ref().and_then(|p| p.numa_node),
                 pci_root: d.pci.as_ref().and_then(|p| p.root.clone()),
@@ -242,6 +245,7 @@ mod tests {
             driver_version: Some("1.2".into()),
             resource: None,
             replicas: 1,
+            model: None,
         }
     }
 

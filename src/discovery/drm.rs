@@ -181,6 +181,7 @@ pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, D
                 pci_bus_id: Some(bdf.clone()),
                 minor: f.card,
                 aliases: Vec::new(),
+                model: pci_id(&f.dir),
             }
         })
         .collect())
@@ -201,13 +202,18 @@ pub fn pci_model(profile: &Profile, bdf: &str) -> Option<String> {
         if b != bdf {
             return None;
         }
-        let id = |f: &str| {
-            let v = attr(&dir.join(f))?;
-            let hex = v.strip_prefix("0x")?.to_ascii_lowercase();
-            (hex.len() == 4 && hex.bytes().all(|c| c.is_ascii_hexdigit())).then_some(hex)
-        };
-        Some(format!("{}-{}", id("vendor")?, id("device")?))
+        pci_id(&dir)
     })
+}
+
+/// `vendor-device` of the PCI function whose sysfs directory is `dir` (`1002-74a1`).
+fn pci_id(dir: &Path) -> Option<String> {
+    let id = |f: &str| {
+        let v = attr(&dir.join(f))?;
+        let hex = v.strip_prefix("0x")?.to_ascii_lowercase();
+        (hex.len() == 4 && hex.bytes().all(|c| c.is_ascii_hexdigit())).then_some(hex)
+    };
+    Some(format!("{}-{}", id("vendor")?, id("device")?))
 }
 
 #[cfg(test)]

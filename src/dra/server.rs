@@ -401,7 +401,6 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         node: &opts.node,
         vendor: &p.name,
         driver_version: version.as_deref(),
-        model: None,
     };
     let healthy: Vec<bool> = table.iter().map(|d| table::healthy(p, d)).collect();
     let devices: Vec<_> = table

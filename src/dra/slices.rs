@@ -41,7 +41,6 @@ pub struct Pool<'a> {
     /// The profile's name (`vendor` attribute).
     pub vendor: &'a str,
     pub driver_version: Option<&'a str>,
-    pub model: Option<&'a str>,
 }
 
 fn string(s: &str) -> Option<DeviceAttribute> {
@@ -70,7 +69,7 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
     put("index", Some(int(d.index.into())));
     put("uuid", d.uuid.as_deref().and_then(string));
     put("driverVersion", pool.driver_version.and_then(string));
-    put("model", pool.model.and_then(string));
+    put("model", d.model.as_deref().and_then(string));
     if let Some(p) = &d.pci {
         put(&format!("{STANDARD_DOMAIN}/pciBusID"), string(&p.bus_id));
         put(
@@ -143,6 +142,12 @@ mod tests {
             name: format!("gcu-{i}"),
             index: i,
             uuid: None,
+            // A name past the API's 64 characters is left out, not cut.
+            model: match i {
+                0 => Some("NVIDIA H100 80GB HBM3".into()),
+                1 => Some("x".repeat(65)),
+                _ => None,
+            },
             pci: Some(PciLocation {
                 bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
                 numa_node: Some(i / 4),
@@ -168,7 +173,6 @@ mod tests {
             node: "n1",
             vendor: "enflame",
             driver_version: Some("1.2.3.4"),
-            model: None,
         };
         let devices: Vec<Device> = (0..65).map(|i| device(&pool, &dev(i), i != 3)).collect();
         let s = slices(&pool, &devices, 7);
@@ -187,6 +191,10 @@ mod tests {
         );
         assert_eq!(d0["attributes"]["pcieSwitch"]["string"], "0000:01:00.0");
         assert_eq!(d0["attributes"]["index"]["int"], 0);
+        assert_eq!(d0["attributes"]["model"]["string"], "NVIDIA H100 80GB HBM3");
+        for i in [1, 2] {
+            assert!(v["spec"]["devices"][i]["attributes"].get("model").is_none());
+        }
         assert!(v["spec"]["devices"][2]["attributes"]
             .get("pcieSwitch")
             .is_none());

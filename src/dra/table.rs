@@ -20,6 +20,8 @@ pub struct DraDevice {
     pub name: String,
     pub index: u32,
     pub uuid: Option<String>,
+    /// See [`crate::discovery::Device::model`].
+    pub model: Option<String>,
     pub pci: Option<PciLocation>,
     /// The bridge (the switch's upstream port) this device shares with another of the
     /// profile's devices; `None` when it sits alone under its bridges.
@@ -70,6 +72,7 @@ pub fn discover(profile: &Profile) -> Result<Vec<DraDevice>, DiscoveryError> {
                 name,
                 index: d.index,
                 uuid: d.uuid,
+                model: d.model,
                 pci: l.pci,
                 switch,
             }
