@@ -10,7 +10,7 @@
 # kernel compiled to PTX is JIT-compiled and launched in the container.
 # Optional: HYPERFINE=path (adds a whole-process timing on this node, and an strace of one
 # create when strace is on PATH), BASELINE=path of another accel-container-runtime build to
-# time in the same run, REPORT_DIR (logs), CUDATEST and NOOP (prebuilt programs
+# time in the same run, REPORT_DIR (logs), CUDATEST, NOOP and EXEC_FLOOR (prebuilt programs
 # from the sources below, for a node without gcc).
 #
 # What it checks (each line of the summary is PASS or FAIL; the exit status is the count of
@@ -26,6 +26,16 @@
 #   update    `runc update --cpuset-cpus 0` on a running GPU container: the cpuset changes and
 #             CUDA still works after it (the devices are in the spec, so the device cgroup
 #             that runc rebuilds keeps them)
+#   cdi       `accel-ctk cdi generate`'s spec, the first GPU named by a cdi.k8s.io annotation
+# With K8S_TESTS=<the real_gpu test binary> (`cargo test --features dra --test real_gpu
+# --no-run`), also:
+#   k8s-discovery  tests/real_gpu.rs: the device plugin (stand-in kubelet) lists, and the DRA
+#             driver (stand-in API server) publishes, exactly the GPUs nvidia-smi lists
+#   plugin-envvar, plugin-mounts, plugin-cdi  a container given only one strategy's part of
+#             the plugin's Allocate answer for the first GPU, as the engine applies it
+#   dra       a container given only the CDI IDs of the claim the DRA driver prepared
+# Each of cdi, plugin-* and dra passes when nvidia-smi and the CUDA program see exactly the
+# first GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -80,7 +90,8 @@ echo "== accel-ctk doctor"
 "$CTK" doctor
 echo "doctor exit: $?"
 echo "== accel-ctk cdi generate (first lines)"
-"$CTK" cdi generate --vendor nvidia >"$REPORT_DIR/nvidia-cdi.json" 2>&1
+"$CTK" cdi generate --vendor nvidia --format json >"$REPORT_DIR/nvidia-cdi.json" 2>"$REPORT_DIR/cdi-generate.err"
+cat "$REPORT_DIR/cdi-generate.err"
 head -c 1500 "$REPORT_DIR/nvidia-cdi.json"; echo
 
 # The test programs. cudatest uses the CUDA driver API through dlopen, as every CUDA runtime
@@ -294,11 +305,113 @@ if [ $rc = 0 ] && grep -q "CUDA OK" "$work/update.out" && [ "$cpus" = 0 ]; then
   pass "update: CUDA works after runc update --cpuset-cpus 0"
 else fail "update"; fi
 
+# --- CDI and Kubernetes' answers --------------------------------------------------------------
+# Each container below gets its GPU only through what the check names (no variable), and
+# must run nvidia-smi and the CUDA program on exactly the first GPU.
+k8s=$work/k8s
+mkdir -p "$work/cdi" "$k8s/plugin/cdi" "$k8s/dra/cdi"
+kind=""
+if [ -n "${K8S_TESTS:-}" ]; then
+  echo "== tests/real_gpu.rs: the device plugin and the DRA driver on this driver"
+  gpus_csv=$(nvidia-smi --query-gpu=index,uuid,pci.bus_id,driver_version,name --format=csv,noheader)
+  echo "$gpus_csv"
+  # The tests allocate the first GPU nvidia-smi lists.
+  k8s_uuid=$(echo "$gpus_csv" | head -1 | cut -d, -f2 | tr -d ' ')
+  ACCEL_REAL_GPUS="$gpus_csv" ACCEL_REAL_OUT="$k8s" "$K8S_TESTS" --ignored --test-threads 1 \
+    >"$REPORT_DIR/real_gpu-rs.log" 2>&1
+  rc=$?
+  cp -r "$k8s" "$REPORT_DIR/k8s"
+  grep -E '^test |^test result|panicked|ListAndWatch:' "$REPORT_DIR/real_gpu-rs.log"
+  if [ $rc = 0 ] && grep -q '^test result: ok. 2 passed' "$REPORT_DIR/real_gpu-rs.log"; then
+    pass "k8s-discovery: the device plugin lists and the DRA driver publishes exactly nvidia-smi's GPUs (UUID, bus, driver version, model, NUMA)"
+  else fail "k8s-discovery (see real_gpu-rs.log)"; fi
+  [ -s "$k8s/dra/claim.json" ] && kind=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kind"])' "$k8s/dra/claim.json")
+fi
+cp "$REPORT_DIR/nvidia-cdi.json" "$work/cdi/nvidia.json"
+cat >>"$work/config.toml" <<EOF
+accept-container-devices-as-mounts = true
+cdi-spec-dirs = ["$work/cdi", "$k8s/plugin/cdi", "$k8s/dra/cdi"]
+EOF
+[ -z "$kind" ] || printf '[profiles.nvidia]\ncdi-extra-kinds = ["%s"]\n' "$kind" >>"$work/config.toml"
+
+# Edits a bundle as the engine would from one part of an answer: `env`, `annotations`, `mounts`
+# plus `devices` (containerd turns a device spec into a node and a cgroup rule), or `annotate`
+# KEY VALUE.
+edit_bundle() { # name part [key value]
+  python3 - "$work/$1/config.json" "$k8s/plugin/answer.json" "$2" "${3:-}" "${4:-}" <<'EOF'
+import json, os, sys
+path, answer_path, part, key, value = sys.argv[1:6]
+spec = json.load(open(path))
+a = json.load(open(answer_path)) if part != "annotate" else {}
+if part == "env":
+    spec["process"]["env"] += [f"{k}={v}" for k, v in a["envs"].items()]
+elif part == "annotations":
+    spec.setdefault("annotations", {}).update(a["annotations"])
+elif part == "annotate":
+    spec.setdefault("annotations", {})[key] = value
+elif part == "mounts":
+    for m in a["mounts"]:
+        spec["mounts"].append({"destination": m["container_path"], "type": "bind", "source": m["host_path"],
+                               "options": ["rbind", "rprivate"] + (["ro"] if m["read_only"] else [])})
+    for d in a["devices"]:
+        st = os.stat(d["host_path"])
+        spec["linux"].setdefault("devices", []).append({"path": d["container_path"], "type": "c",
+            "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev), "fileMode": 0o666, "uid": 0, "gid": 0})
+        spec["linux"]["resources"]["devices"].append({"allow": True, "type": "c", "major": os.major(st.st_rdev),
+            "minor": os.minor(st.st_rdev), "access": d["permissions"] + "m"})
+json.dump(spec, open(path, "w"), indent=1)
+EOF
+  sha256sum "$work/$1/config.json" | cut -d' ' -f1 >"$work/$1/sha.before"
+}
+probe_args="[\"sh\", \"-c\", $(python3 -c 'import json,sys;print(json.dumps(sys.argv[1]))' "$probe")]"
+one_gpu() { # name what uuid
+  if [ "$(cat "$work/$1.rc")" = 0 ] && grep -q "^CUDA=0" "$work/$1.out" && grep -q "^SMI=0" "$work/$1.out" &&
+    grep -q "devices: 1" "$work/$1.out" && grep -q "$3" "$work/$1.out"; then
+    pass "$1: $2"
+  else fail "$1"; fi
+}
+
+cdi_name=$(python3 -c '
+import json, sys
+names = [d["name"] for d in json.load(open(sys.argv[1]))["devices"]]
+print(sys.argv[2] if sys.argv[2] in names else "0")' "$work/cdi/nvidia.json" "$uuid")
+bundle cdi '[]' "$probe_args"
+edit_bundle cdi annotate cdi.k8s.io/real-gpu "nvidia.com/gpu=$cdi_name"
+run_ctr cdi
+one_gpu cdi "accel-ctk cdi generate's spec, named by a cdi.k8s.io annotation (nvidia.com/gpu=$cdi_name)" "$uuid"
+
+if [ -s "$k8s/plugin/answer.json" ]; then
+  bundle plugin-envvar '[]' "$probe_args"
+  edit_bundle plugin-envvar env
+  run_ctr plugin-envvar
+  one_gpu plugin-envvar "the device plugin's envvar answer" "$k8s_uuid"
+  bundle plugin-mounts '[]' "$probe_args"
+  edit_bundle plugin-mounts mounts
+  run_ctr plugin-mounts
+  one_gpu plugin-mounts "the device plugin's default answer (volume-mounts + device-specs)" "$k8s_uuid"
+  bundle plugin-cdi '[]' "$probe_args"
+  edit_bundle plugin-cdi annotations
+  run_ctr plugin-cdi
+  one_gpu plugin-cdi "the device plugin's cdi-annotations answer and its spec" "$k8s_uuid"
+fi
+if [ -n "$kind" ]; then
+  ids=$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1]))["ids"]))' "$k8s/dra/claim.json")
+  bundle dra '[]' "$probe_args"
+  edit_bundle dra annotate cdi.k8s.io/dra-claim "$ids"
+  run_ctr dra
+  one_gpu dra "the DRA driver's prepared claim spec ($ids)" "$k8s_uuid"
+fi
+
 if [ -n "${HYPERFINE:-}" ]; then
   echo "== timing on this node: the shim with a no-op low-level runtime vs that no-op"
   printf 'int main(void){return 0;}\n' >"$work/noop.c"
   if [ -n "${NOOP:-}" ]; then cp "$NOOP" "$work/noop"
   else gcc -O2 -static -o "$work/noop" "$work/noop.c"; fi
+  # The exec floor (benches/bench.sh's "exec-only C"): a static program that only exec's the
+  # low-level runtime; the create guard is measured against it.
+  printf '#include <unistd.h>\nint main(int c, char **v) { (void)c; execv(v[1], v + 1); return 127; }\n' >"$work/exec-c.c"
+  if [ -n "${EXEC_FLOOR:-}" ]; then cp "$EXEC_FLOOR" "$work/exec-c"
+  else gcc -O2 -static -o "$work/exec-c" "$work/exec-c.c"; fi
   # Engines keep bundles on tmpfs (/run/containerd/...): so does the timing.
   tb=$work/tmpfs
   mkdir -p "$tb" && mount -t tmpfs -o size=64m accel-real-gpu "$tb"
@@ -312,11 +425,13 @@ EOF
   restore="cp $tb/all/config.json.orig $tb/all/config.json"
   cmds=(
     -n noop --prepare true "$work/noop create --bundle $tb/all x"
+    -n "exec floor" --prepare true "$work/exec-c $work/noop create --bundle $tb/all x"
     -n "shim create, none" --prepare true "$SHIM create --bundle $tb/none x"
     -n "shim create, all ($ngpu real GPU)" --prepare "$restore" "$SHIM create --bundle $tb/all x"
     -n "shim state" --prepare true "$SHIM state x"
   )
   [ -z "${BASELINE:-}" ] || cmds+=(
+    -n "baseline create, none" --prepare true "$BASELINE create --bundle $tb/none x"
     -n "baseline create, all ($ngpu real GPU)" --prepare "$restore" "$BASELINE create --bundle $tb/all x"
     -n "baseline state" --prepare true "$BASELINE state x"
   )
