@@ -1,7 +1,8 @@
 //! accel-dra-driver against a stand-in API server (tests/common/apiserver.rs: the JSON of
 //! resource.k8s.io/v1) and a stand-in kubelet (plugin registration, then the DRA gRPC over
 //! the unix sockets, as kubelet calls them), on the seed's simulated 8-GCU Enflame host; the
-//! prepared CDI spec then gives a container its devices through our runtime and real runc.
+//! prepared CDI spec then gives a container its devices through our runtime and real runc
+//! (through containerd 2's own CDI: tests/e2e_cri.rs, in the sid guest of tests/vm).
 //!
 //! `cargo test --features dra --test dra` (root: the simulated nodes are made with mknod).
 

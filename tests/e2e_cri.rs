@@ -8,10 +8,16 @@
 //! UpdateContainerResources as the CPU manager sends it and a `systemctl daemon-reload`.
 //! A last pod runs with a user namespace (`hostUsers: false`).
 //!
+//! And the DRA driver the same way (issue 27): its library code publishing to the stand-in
+//! API server and prepared through the stand-in kubelet's steps (tests/common/dra.rs), the
+//! claims' CDI device IDs in CreateContainer's `CDIDevices` with plain runc: containerd's
+//! own CDI gives each container exactly its claim's devices.
+//!
 //! Runs only where a containerd 2 CRI socket is configured for it: the sid guest of
 //! tests/vm (guest-test.sh writes the containerd config, imports the image and makes the
-//! simulated device root the node's config points at), which runs it with `--ignored`; a
-//! plain `cargo test` lists it as ignored. Run with its variables missing, it fails.
+//! simulated device root the node's config points at), which runs its tests with
+//! `--ignored`; a plain `cargo test --features dra` lists them as ignored. Run with their
+//! variables missing, they fail.
 //!
 //! The CRI messages are written here as prost structs, only the fields used (the `k8s-cri`
 //! crate generates them at build time and needs `protoc`, which the build machines lack);
