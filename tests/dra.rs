@@ -1,153 +1,31 @@
 //! accel-dra-driver against a stand-in API server (tests/common/apiserver.rs: the JSON of
 //! resource.k8s.io/v1) and a stand-in kubelet (plugin registration, then the DRA gRPC over
 //! the unix sockets, as kubelet calls them), on the seed's simulated 8-GCU Enflame host; the
-//! prepared CDI spec then gives a container its devices through our runtime and real runc.
+//! prepared CDI spec then gives a container its devices through our runtime and real runc
+//! (through containerd 2's own CDI: tests/e2e_cri.rs, in the sid guest of tests/vm).
 //!
 //! `cargo test --features dra --test dra` (root: the simulated nodes are made with mknod).
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use accel_container_runtime::config::Config;
 use accel_container_runtime::dra::api::*;
 use accel_container_runtime::dra::grpc;
-use accel_container_runtime::dra::server::{self, Options};
-use accel_container_runtime::plugin::grpc::connect;
 use common::apiserver::ApiServer;
+use common::dra::{
+    cdi_ids, claim, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE,
+};
 use common::kubelet::{config, enflame_host, rt};
 use common::{assert_enflame_1_3, Bundle, Probe, Report, Runc};
 use serde_json::Value;
-use tokio::sync::watch;
-
-const DRIVER: &str = "gcu.enflame.com";
-const NODE: &str = "node-a";
-
-/// A driver run: its dirs, and a way to stop it.
-struct Driver {
-    dir: tempfile::TempDir,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), server::DraError>>,
-}
-
-fn options(dir: &Path, poll: Duration) -> Options {
-    let mut o = Options::new(NODE.into());
-    o.registry_dir = dir.join("plugins_registry");
-    o.plugins_dir = dir.join("plugins");
-    o.cdi_dir = dir.join("cdi");
-    o.state_dir = dir.join("state");
-    o.poll = poll;
-    o.resync = Duration::from_millis(200);
-    o
-}
-
-impl Driver {
-    fn start(cfg: &Config, api: &ApiServer, dir: tempfile::TempDir, poll: Duration) -> Driver {
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server::run(
-            cfg.profiles.clone(),
-            api.client(),
-            options(dir.path(), poll),
-            rx,
-        ));
-        Driver { dir, stop, task }
-    }
-
-    fn cdi_dir(&self) -> PathBuf {
-        self.dir.path().join("cdi")
-    }
-
-    fn reg_socket(&self) -> PathBuf {
-        self.dir
-            .path()
-            .join(format!("plugins_registry/{DRIVER}-reg.sock"))
-    }
-
-    /// Stops it; panics unless it ends without an error. Its dirs are handed back.
-    async fn stop(self) -> tempfile::TempDir {
-        self.stop.send(true).unwrap();
-        self.task.await.unwrap().unwrap();
-        self.dir
-    }
-}
-
-/// What kubelet does on seeing `<driver>-reg.sock`: GetInfo, NotifyRegistrationStatus, then
-/// a channel to the DRA endpoint it was given.
-async fn register(reg: &Path) -> (PluginInfo, tonic::transport::Channel) {
-    let start = Instant::now();
-    while !reg.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no {}",
-            reg.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let ch = connect(reg, "localhost").await.unwrap();
-    let info = grpc::get_info(&ch).await.unwrap();
-    grpc::notify(
-        &ch,
-        RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        },
-    )
-    .await
-    .unwrap();
-    let dra = connect(Path::new(&info.endpoint), "localhost")
-        .await
-        .unwrap();
-    (info, dra)
-}
-
-async fn wait_slices(api: &ApiServer, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let start = Instant::now();
-    loop {
-        let s = api.slices_of(DRIVER);
-        if ok(&s) {
-            return s;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: slices now {s:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn devices(slices: &[Value]) -> Vec<Value> {
     slices
         .iter()
         .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
         .collect()
-}
-
-fn claim(ns: &str, name: &str, uid: &str) -> Claim {
-    Claim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: uid.into(),
-    }
-}
-
-async fn prepare(
-    ch: &tonic::transport::Channel,
-    path: &'static str,
-    claims: Vec<Claim>,
-) -> NodePrepareResourcesResponse {
-    grpc::prepare(ch, path, NodePrepareResourcesRequest { claims })
-        .await
-        .unwrap()
-}
-
-async fn unprepare(
-    ch: &tonic::transport::Channel,
-    claims: Vec<Claim>,
-) -> NodeUnprepareResourcesResponse {
-    grpc::unprepare(ch, UNPREPARE_V1, NodeUnprepareResourcesRequest { claims })
-        .await
-        .unwrap()
 }
 
 const UID_A: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2a";
@@ -407,11 +285,7 @@ fn a_claim_is_prepared_run_and_unprepared_across_a_restart() {
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "two", UID_A)]).await;
         let got = &r.claims[UID_A];
         assert_eq!(got.error, "");
-        let ids: Vec<&str> = got
-            .devices
-            .iter()
-            .flat_map(|d| d.cdi_device_ids.iter().map(String::as_str))
-            .collect();
+        let ids = cdi_ids(got);
         assert_eq!(
             ids,
             [
@@ -421,9 +295,7 @@ fn a_claim_is_prepared_run_and_unprepared_across_a_restart() {
         );
         assert_eq!(got.devices[0].request_names, ["gcus"]);
         assert_eq!(got.devices[0].pool_name, NODE);
-        let spec = drv
-            .cdi_dir()
-            .join(format!("k8s.{DRIVER}-claim_{UID_A}.json"));
+        let spec = drv.spec_path(UID_A);
         let ino = std::fs::metadata(&spec).unwrap();
         // Idempotent: the same answer, the spec untouched; v1beta1 answers the same.
         let again = prepare(&ch, PREPARE_V1, vec![claim("default", "two", UID_A)]).await;
@@ -534,10 +406,7 @@ fn concurrent_claims_get_their_own_devices() {
             let r = &all[&uid(i)];
             assert_eq!(r.error, "", "c{i}");
             assert_eq!(r.devices[0].device_name, format!("gcu-{i}"));
-            assert!(drv
-                .cdi_dir()
-                .join(format!("k8s.{DRIVER}-claim_{}.json", uid(i)))
-                .exists());
+            assert!(drv.spec_path(&uid(i)).exists());
         }
         let t = prepare(&ch, PREPARE_V1, vec![claim("ns", "thief", &uid(99))]).await;
         let e = &t.claims[&uid(99)].error;
@@ -545,10 +414,7 @@ fn concurrent_claims_get_their_own_devices() {
             e.contains("device gcu-2 is prepared for claim ns/c2"),
             "{e}"
         );
-        assert!(!drv
-            .cdi_dir()
-            .join(format!("k8s.{DRIVER}-claim_{}.json", uid(99)))
-            .exists());
+        assert!(!drv.spec_path(&uid(99)).exists());
         drv.stop().await;
     });
 }
@@ -592,7 +458,7 @@ fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
         common::mknod(&gcu6, major, 6, 0o666);
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "six", UID_A)]).await;
         assert_eq!(r.claims[UID_A].error, "");
-        let spec = std::fs::read_to_string(drv.cdi_dir().join(format!("k8s.{DRIVER}-claim_{UID_A}.json"))).unwrap();
+        let spec = std::fs::read_to_string(drv.spec_path(UID_A)).unwrap();
         assert!(spec.contains("/dev/gcu6"), "{spec}");
         drv.stop().await;
     });

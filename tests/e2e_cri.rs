@@ -8,26 +8,41 @@
 //! UpdateContainerResources as the CPU manager sends it and a `systemctl daemon-reload`.
 //! A last pod runs with a user namespace (`hostUsers: false`).
 //!
+//! And the DRA driver the same way (issue 27): its library code publishing to the stand-in
+//! API server and prepared through the stand-in kubelet's steps (tests/common/dra.rs), the
+//! claims' CDI device IDs in CreateContainer's `CDIDevices` with plain runc: containerd's
+//! own CDI gives each container exactly its claim's devices.
+//!
 //! Runs only where a containerd 2 CRI socket is configured for it: the sid guest of
 //! tests/vm (guest-test.sh writes the containerd config, imports the image and makes the
-//! simulated device root the node's config points at), which runs it with `--ignored`; a
-//! plain `cargo test` lists it as ignored. Run with its variables missing, it fails.
+//! simulated device root the node's config points at), which runs its tests with
+//! `--ignored`; a plain `cargo test --features dra` lists them as ignored. Run with their
+//! variables missing, they fail.
 //!
 //! The CRI messages are written here as prost structs, only the fields used (the `k8s-cri`
 //! crate generates them at build time and needs `protoc`, which the build machines lack);
 //! field numbers from cri-api's `runtime/v1/api.proto`.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::dra::api::PREPARE_V1;
 use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
 };
 use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::server::{self, Options};
+use common::apiserver::ApiServer;
+use common::dra::{
+    cdi_ids, claim, options, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE,
+};
+use common::kubelet::rt;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
@@ -362,7 +377,8 @@ fn probe_script(devices: &[&str]) -> String {
 /// The container config kubelet builds from one Allocate answer (its devicemanager's
 /// runContainerOptions: envs, mounts, devices, annotations, CDI devices).
 fn container_config(
-    case: &Case,
+    name: &str,
+    userns: bool,
     image: &str,
     answer: &ContainerAllocateResponse,
     log_dir: &Path,
@@ -382,7 +398,7 @@ fn container_config(
     });
     cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
-            name: case.name(),
+            name: name.into(),
             attempt: 0,
         }),
         image: Some(cri::ImageSpec {
@@ -409,10 +425,7 @@ fn container_config(
             })
             .collect(),
         annotations: answer.annotations.clone().into_iter().collect(),
-        log_path: log_dir
-            .join(format!("{}.log", case.name()))
-            .display()
-            .to_string(),
+        log_path: log_dir.join(format!("{name}.log")).display().to_string(),
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(cri::LinuxContainerResources {
                 cpu_period: 100_000,
@@ -421,7 +434,7 @@ fn container_config(
                 ..Default::default()
             }),
             security_context: Some(cri::LinuxContainerSecurityContext {
-                namespace_options: Some(namespaces(case.userns)),
+                namespace_options: Some(namespaces(userns)),
             }),
         }),
         cdi_devices: answer
@@ -463,17 +476,17 @@ fn namespaces(userns: bool) -> cri::NamespaceOption {
     }
 }
 
-fn sandbox_config(case: &Case, log_dir: &Path) -> cri::PodSandboxConfig {
+fn sandbox_config(name: &str, userns: bool, log_dir: &Path) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
-            name: case.name(),
-            uid: format!("uid-{}", case.name()),
+            name: name.into(),
+            uid: format!("uid-{name}"),
             namespace: "accel-e2e".into(),
             attempt: 0,
         }),
         // runc >= 1.2 refuses a hostname without a UTS namespace of the pod's own, and a
         // host-network pod shares the node's.
-        hostname: if case.userns {
+        hostname: if userns {
             "accel-e2e".into()
         } else {
             String::new()
@@ -482,7 +495,7 @@ fn sandbox_config(case: &Case, log_dir: &Path) -> cri::PodSandboxConfig {
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: "kubepods-besteffort.slice".into(),
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespaces(case.userns)),
+                namespace_options: Some(namespaces(userns)),
             }),
         }),
     }
@@ -496,10 +509,114 @@ fn parse(out: &str) -> HashMap<String, String> {
         .collect()
 }
 
+/// A started pod of one container.
 struct Running {
-    case: Case,
+    name: String,
     pod: String,
     container: String,
+}
+
+/// A channel to the CRI socket, once it answers as containerd 2.x.
+async fn cri_channel(socket: &Path) -> Channel {
+    let ch = grpc::connect(socket, "localhost").await.unwrap();
+    let v: cri::VersionResponse = call(&ch, "Version", cri::VersionRequest::default())
+        .await
+        .unwrap();
+    println!(
+        "CRI: {} {} (API {})",
+        v.runtime_name, v.runtime_version, v.runtime_api_version
+    );
+    assert!(
+        v.runtime_name == "containerd"
+            && v.runtime_version.trim_start_matches('v').starts_with("2."),
+        "this test claims containerd 2.x's CRI, the socket answers {} {}",
+        v.runtime_name,
+        v.runtime_version
+    );
+    ch
+}
+
+/// RunPodSandbox with `handler` ("" is containerd's default, plain runc).
+async fn run_sandbox(
+    ch: &Channel,
+    name: &str,
+    handler: &str,
+    sandbox: &cri::PodSandboxConfig,
+) -> String {
+    let pod: cri::RunPodSandboxResponse = call(
+        ch,
+        "RunPodSandbox",
+        cri::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: handler.into(),
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{name}: RunPodSandbox: {e}"));
+    pod.pod_sandbox_id
+}
+
+async fn create_container(
+    ch: &Channel,
+    pod: &str,
+    sandbox: &cri::PodSandboxConfig,
+    config: &cri::ContainerConfig,
+) -> Result<String, tonic::Status> {
+    let created: cri::ContainerIdMessage = call(
+        ch,
+        "CreateContainer",
+        cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(config.clone()),
+            sandbox_config: Some(sandbox.clone()),
+        },
+    )
+    .await?;
+    Ok(created.container_id)
+}
+
+/// The calls kubelet makes to start a pod of one container: RunPodSandbox, CreateContainer,
+/// StartContainer.
+async fn run_pod(
+    ch: &Channel,
+    name: &str,
+    handler: &str,
+    sandbox: &cri::PodSandboxConfig,
+    config: &cri::ContainerConfig,
+) -> Running {
+    let pod = run_sandbox(ch, name, handler, sandbox).await;
+    let container = create_container(ch, &pod, sandbox, config)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: CreateContainer ({config:?}): {e}"));
+    let _: cri::Empty = call(
+        ch,
+        "StartContainer",
+        cri::ContainerIdMessage {
+            container_id: container.clone(),
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{name}: StartContainer: {e}"));
+    Running {
+        name: name.into(),
+        pod,
+        container,
+    }
+}
+
+/// StopPodSandbox, then RemovePodSandbox (its containers with it), as kubelet ends a pod.
+async fn remove_pod(ch: &Channel, name: &str, pod: &str) {
+    for method in ["StopPodSandbox", "RemovePodSandbox"] {
+        let _: cri::Empty = call(
+            ch,
+            method,
+            cri::PodSandboxIdRequest {
+                pod_sandbox_id: pod.into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {method}: {e}"));
+    }
 }
 
 async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, String> {
@@ -513,18 +630,18 @@ async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, S
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{}: ExecSync: {e}", r.case.name()));
+    .unwrap_or_else(|e| panic!("{}: ExecSync: {e}", r.name));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.exit_code,
         0,
         "{}: probe: {stdout} {}",
-        r.case.name(),
+        r.name,
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
         "{} ({}): {}",
-        r.case.name(),
+        r.name,
         r.container,
         stdout.replace('\n', "; ")
     );
@@ -533,9 +650,9 @@ async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, S
 
 /// GCU-1 was allocated: gcu1 and gcuctl open (ENXIO), gcu0 is not in the container; or,
 /// where the strategy needs our runtime and runs without it, none of them is.
-fn check(r: &Running, seen: &HashMap<String, String>, when: &str) {
-    let name = r.case.name();
-    let (want, ctl) = if r.case.expects_devices() {
+fn check(case: &Case, seen: &HashMap<String, String>, when: &str) {
+    let name = case.name();
+    let (want, ctl) = if case.expects_devices() {
         ("ENXIO", "ENXIO")
     } else {
         ("ENOENT", "ENOENT")
@@ -551,14 +668,19 @@ fn check(r: &Running, seen: &HashMap<String, String>, when: &str) {
     );
 }
 
+/// The node's runtime config (guest-test.sh writes it: every profile on the simulated root).
+fn node_config() -> Config {
+    let path = std::env::var("ACCEL_CONTAINER_RUNTIME_CONFIG")
+        .unwrap_or_else(|_| "/etc/accel-container-runtime/config.toml".into());
+    Config::load(Path::new(&path)).unwrap()
+}
+
 #[test]
 #[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
 fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler() {
     let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
     let image = env("ACCEL_E2E_CRI_IMAGE");
     let handler: &'static str = env("ACCEL_E2E_CRI_HANDLER").leak();
-    let config = std::env::var("ACCEL_CONTAINER_RUNTIME_CONFIG")
-        .unwrap_or_else(|_| "/etc/accel-container-runtime/config.toml".into());
     let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
     let log_dir = tempfile::Builder::new()
         .prefix("accel-e2e-cri.")
@@ -567,8 +689,7 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
 
     // The plugin code of accel-device-plugin, on the node's config (the simulated root):
     // its CDI spec where containerd reads specs, and one answer per strategy.
-    let cfg = Config::load(Path::new(&config)).unwrap();
-    let profile = cfg
+    let profile = node_config()
         .profiles
         .into_iter()
         .find(|p| p.name == "enflame")
@@ -620,108 +741,59 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
         .build()
         .unwrap();
     rt.block_on(async {
-        let ch = grpc::connect(&socket, "localhost").await.unwrap();
-        let v: cri::VersionResponse = call(&ch, "Version", cri::VersionRequest::default())
-            .await
-            .unwrap();
-        println!(
-            "CRI: {} {} (API {})",
-            v.runtime_name, v.runtime_version, v.runtime_api_version
-        );
-        assert!(
-            v.runtime_name == "containerd"
-                && v.runtime_version.trim_start_matches('v').starts_with("2."),
-            "this test claims containerd 2.x's CRI, the socket answers {} {}",
-            v.runtime_name,
-            v.runtime_version
-        );
-
+        let ch = cri_channel(&socket).await;
         let mut running = Vec::new();
         for case in &cases {
-            let a = answer(case.strategy);
-            let sandbox = sandbox_config(case, log_dir.path());
-            let pod: cri::RunPodSandboxResponse = call(
-                &ch,
-                "RunPodSandbox",
-                cri::RunPodSandboxRequest {
-                    config: Some(sandbox.clone()),
-                    runtime_handler: case.handler.into(),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{}: RunPodSandbox: {e}", case.name()));
-            let created: cri::ContainerIdMessage = call(
-                &ch,
-                "CreateContainer",
-                cri::CreateContainerRequest {
-                    pod_sandbox_id: pod.pod_sandbox_id.clone(),
-                    config: Some(container_config(case, &image, &a, log_dir.path())),
-                    sandbox_config: Some(sandbox),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{}: CreateContainer ({a:?}): {e}", case.name()));
-            let _: cri::Empty = call(
-                &ch,
-                "StartContainer",
-                cri::ContainerIdMessage {
-                    container_id: created.container_id.clone(),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{}: StartContainer: {e}", case.name()));
-            running.push(Running {
-                case: case.clone(),
-                pod: pod.pod_sandbox_id,
-                container: created.container_id,
-            });
+            let name = case.name();
+            let sandbox = sandbox_config(&name, case.userns, log_dir.path());
+            let config = container_config(
+                &name,
+                case.userns,
+                &image,
+                &answer(case.strategy),
+                log_dir.path(),
+            );
+            let r = run_pod(&ch, &name, case.handler, &sandbox, &config).await;
+            running.push((case, r));
         }
 
         let mut ldcache = Vec::new();
-        for r in &running {
+        for (case, r) in &running {
             let seen = probe(&ch, r, &devices).await;
-            check(r, &seen, "after start");
-            if r.case.userns {
+            check(case, &seen, "after start");
+            if case.userns {
                 assert!(
                     !seen["uid_map"].starts_with("0 0 4294967295"),
                     "{}: not in a user namespace: {seen:?}",
-                    r.case.name()
+                    r.name
                 );
             }
             // The library: CDI's mounts, or the runtime's. A device-specs answer is nodes
             // only; what it gets with the runtime is printed, not claimed.
-            let cdi = matches!(r.case.strategy, Strategy::CdiCri | Strategy::CdiAnnotations);
-            let by_runtime = !r.case.handler.is_empty()
-                && matches!(r.case.strategy, Strategy::Envvar | Strategy::VolumeMounts);
+            let cdi = matches!(case.strategy, Strategy::CdiCri | Strategy::CdiAnnotations);
+            let by_runtime = !case.handler.is_empty()
+                && matches!(case.strategy, Strategy::Envvar | Strategy::VolumeMounts);
             if cdi || by_runtime {
-                assert_eq!(seen["lib"], "libefml.so.1", "{}: {seen:?}", r.case.name());
+                assert_eq!(seen["lib"], "libefml.so.1", "{}: {seen:?}", r.name);
             }
             ldcache.push(format!(
                 "{}: lib {} in {}, cache {}",
-                r.case.name(),
-                seen["lib"],
-                seen["libdir"],
-                seen["ldcache"]
+                r.name, seen["lib"], seen["libdir"], seen["ldcache"]
             ));
             // The runtime rewrites the loader cache. containerd's CDI injection (no hook: the
             // spec has none) mounts the library but leaves the image's cache as it is: what
             // `ldconfig -p` lists in cdi-cri mode without the runtime handler.
             if by_runtime {
-                assert_eq!(
-                    seen["ldcache"],
-                    "libefml.so.1",
-                    "{}: {seen:?}",
-                    r.case.name()
-                );
+                assert_eq!(seen["ldcache"], "libefml.so.1", "{}: {seen:?}", r.name);
             }
-            if cdi && r.case.handler.is_empty() {
-                assert_eq!(seen["ldcache"], "none", "{}: {seen:?}", r.case.name());
+            if cdi && case.handler.is_empty() {
+                assert_eq!(seen["ldcache"], "none", "{}: {seen:?}", r.name);
             }
         }
         println!("libraries and loader cache per pod: {}", ldcache.join("; "));
 
         // The CPU manager's update: an exclusive CPU for a Guaranteed container.
-        for r in &running {
+        for (_, r) in &running {
             let _: cri::Empty = call(
                 &ch,
                 "UpdateContainerResources",
@@ -738,11 +810,11 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
                 },
             )
             .await
-            .unwrap_or_else(|e| panic!("{}: UpdateContainerResources: {e}", r.case.name()));
+            .unwrap_or_else(|e| panic!("{}: UpdateContainerResources: {e}", r.name));
         }
-        for r in &running {
+        for (case, r) in &running {
             check(
-                r,
+                case,
                 &probe(&ch, r, &devices).await,
                 "after UpdateContainerResources",
             );
@@ -752,22 +824,181 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
             .status()
             .unwrap();
         assert!(st.success(), "systemctl daemon-reload: {st}");
-        for r in &running {
-            check(r, &probe(&ch, r, &devices).await, "after daemon-reload");
+        for (case, r) in &running {
+            check(case, &probe(&ch, r, &devices).await, "after daemon-reload");
         }
 
-        for r in &running {
-            for (method, id) in [("StopPodSandbox", &r.pod), ("RemovePodSandbox", &r.pod)] {
-                let _: cri::Empty = call(
-                    &ch,
-                    method,
-                    cri::PodSandboxIdRequest {
-                        pod_sandbox_id: id.clone(),
-                    },
-                )
-                .await
-                .unwrap_or_else(|e| panic!("{}: {method}: {e}", r.case.name()));
-            }
+        for (_, r) in &running {
+            remove_pod(&ch, &r.name, &r.pod).await;
         }
+    });
+}
+
+/// The namespace of the claims and pods of the DRA test.
+const NS: &str = "accel-e2e";
+const UID_A: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2a";
+const UID_B: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2b";
+/// Every GCU node of the guest's simulated root, and the control node they share.
+const GCU_NODES: [&str; 5] = [
+    "/dev/gcu0",
+    "/dev/gcu1",
+    "/dev/gcu2",
+    "/dev/gcu3",
+    "/dev/gcuctl",
+];
+
+/// What kubelet puts in a container's runContainerOptions for its DRA claims: the CDI device
+/// IDs of NodePrepareResources' answer, nothing else (CRI's `CDIDevices`).
+fn claim_answer(ids: &[String]) -> ContainerAllocateResponse {
+    ContainerAllocateResponse {
+        cdi_devices: ids
+            .iter()
+            .map(|id| accel_container_runtime::plugin::api::CdiDevice { name: id.clone() })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// DRA as kubelet runs it, into containerd 2's own CDI (issue 27): the driver's library code
+/// publishing the node's GCUs to the stand-in API server, registered as kubelet registers it,
+/// prepares two claims (GCU 3 and 1; GCU 2) allocated to this node, each spec written into
+/// containerd's CDI dir; a pod per claim, plain runc (no runtime handler), its container
+/// created with the claim's CDI device IDs in `CDIDevices`, opens exactly the claim's nodes
+/// and the control node, and has the driver library; a pod given no IDs gets no node. After
+/// the pods are gone NodeUnprepareResources removes both specs, and containerd refuses the
+/// first claim's IDs.
+#[test]
+#[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
+fn dra_claims_reach_containers_through_containerds_own_cdi() {
+    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
+    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
+    let log_dir = tempfile::Builder::new()
+        .prefix("accel-e2e-cri-dra.")
+        .tempdir()
+        .unwrap();
+    let cfg = node_config();
+    let api = ApiServer::start();
+    let allocated: [(&str, &str, &[&str]); 2] = [
+        ("claim-a", UID_A, &["gcu-3", "gcu-1"]),
+        ("claim-b", UID_B, &["gcu-2"]),
+    ];
+    for (name, uid, devices) in allocated {
+        let results: Vec<(&str, &str)> = devices.iter().map(|d| ("gcus", *d)).collect();
+        api.put_claim(NS, name, uid, DRIVER, NODE, &results);
+    }
+    let claims: Vec<_> = allocated
+        .iter()
+        .map(|(name, uid, _)| claim(NS, name, uid))
+        .collect();
+
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), Duration::from_millis(200));
+        opts.cdi_dir = cdi_dir.clone();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let slices = wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let published: Vec<&str> = slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(published, ["gcu-0", "gcu-1", "gcu-2", "gcu-3"]);
+        let (_, dra) = register(&drv.reg_socket()).await;
+        let r = prepare(&dra, PREPARE_V1, claims.clone()).await;
+        let mut ids = Vec::new();
+        for (name, uid, devices) in allocated {
+            let got = &r.claims[uid];
+            assert_eq!(got.error, "", "{name}");
+            let want: Vec<String> = devices
+                .iter()
+                .map(|d| format!("k8s.{DRIVER}/claim={uid}-{d}"))
+                .collect();
+            assert_eq!(cdi_ids(got), want, "{name}");
+            assert!(
+                drv.spec_path(uid).exists(),
+                "{name}: no {}",
+                drv.spec_path(uid).display()
+            );
+            ids.push(want);
+        }
+
+        let ch = cri_channel(&socket).await;
+        // (pod, CDIDevices, the nodes that must open): the last is claim A's pod had kubelet
+        // passed none of its IDs, the control that shows the nodes come from CDIDevices.
+        let pods: [(&str, &[String], &[&str]); 3] = [
+            (
+                "dra-claim-a",
+                &ids[0],
+                &["/dev/gcu1", "/dev/gcu3", "/dev/gcuctl"],
+            ),
+            ("dra-claim-b", &ids[1], &["/dev/gcu2", "/dev/gcuctl"]),
+            ("dra-no-cdi-devices", &[], &[]),
+        ];
+        let mut running = Vec::new();
+        for (name, cdi, open) in pods {
+            let sandbox = sandbox_config(name, false, log_dir.path());
+            let config = container_config(name, false, &image, &claim_answer(cdi), log_dir.path());
+            running.push((run_pod(&ch, name, "", &sandbox, &config).await, open));
+        }
+        for (r, open) in &running {
+            let seen = probe(&ch, r, &GCU_NODES).await;
+            for node in GCU_NODES {
+                let want = if open.contains(&node) { "ENXIO" } else { "ENOENT" };
+                assert_eq!(seen[node], want, "{}: {node}: {seen:?}", r.name);
+            }
+            // The claim's spec has the driver library too (the image has none).
+            let lib = if open.is_empty() { "none" } else { "libefml.so.1" };
+            assert_eq!(seen["lib"], lib, "{}: {seen:?}", r.name);
+        }
+        for (r, _) in &running {
+            remove_pod(&ch, &r.name, &r.pod).await;
+        }
+
+        // kubelet unprepares once the pods' containers are gone: the specs go.
+        let u = unprepare(&dra, claims.clone()).await;
+        for (name, uid, _) in allocated {
+            assert_eq!(u.claims[uid].error, "", "{name}");
+            assert!(
+                !drv.spec_path(uid).exists(),
+                "{name}: {} left after unprepare",
+                drv.spec_path(uid).display()
+            );
+        }
+        // And containerd no longer resolves the IDs. Its CDI cache follows the spec dirs
+        // through a file watch: a create just after the removal may still see the old spec.
+        let name = "dra-claim-a-unprepared";
+        let sandbox = sandbox_config(name, false, log_dir.path());
+        let config = container_config(name, false, &image, &claim_answer(&ids[0]), log_dir.path());
+        let pod = run_sandbox(&ch, name, "", &sandbox).await;
+        let start = Instant::now();
+        let refused = loop {
+            match create_container(&ch, &pod, &sandbox, &config).await {
+                Err(e) => break e,
+                Ok(id) => {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(10),
+                        "{name}: containerd still creates a container with {:?} 10 s after unprepare",
+                        ids[0]
+                    );
+                    let _: cri::Empty = call(
+                        &ch,
+                        "RemoveContainer",
+                        cri::ContainerIdMessage { container_id: id },
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: RemoveContainer: {e}"));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        println!("{name}: CreateContainer refused: {}", refused.message());
+        assert!(
+            refused.message().contains("unresolvable CDI devices")
+                && refused.message().contains(&ids[0][0]),
+            "{name}: {refused}"
+        );
+        remove_pod(&ch, name, &pod).await;
+        drv.stop().await;
     });
 }

@@ -50,6 +50,8 @@
 
 #[cfg(feature = "dra")]
 pub mod apiserver;
+#[cfg(feature = "dra")]
+pub mod dra;
 pub mod drm;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
