@@ -18,10 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::*;
-use accel_container_runtime::dra::grpc as dra_grpc;
+use accel_container_runtime::dra::api::PREPARE_V1;
 use accel_container_runtime::dra::names;
-use accel_container_runtime::dra::server as dra_server;
 use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
@@ -29,11 +27,11 @@ use accel_container_runtime::plugin::api::{
 use accel_container_runtime::plugin::grpc::{self, connect};
 use accel_container_runtime::plugin::server as plugin_server;
 use common::apiserver::ApiServer;
+use common::dra;
 use common::kubelet::{rt, Kubelet};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-const NODE: &str = "gpu-node";
 const CLAIM_UID: &str = "6a1f3c2e-5b4d-4e7f-9a0b-1c2d3e4f5a6b";
 const GONE_UID: &str = "6a1f3c2e-5b4d-4e7f-9a0b-1c2d3e4f5a6c";
 
@@ -220,13 +218,10 @@ fn the_dra_driver_publishes_and_prepares_the_real_gpus() {
     let driver = names::driver_name(&profile, None).unwrap();
     let api = ApiServer::start();
     rt().block_on(async {
-        let mut opts = dra_server::Options::new(NODE.into());
-        opts.registry_dir = scratch.path().join("registry");
-        opts.plugins_dir = scratch.path().join("plugins");
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = dra::options(dir.path(), Duration::from_secs(1));
         opts.cdi_dir = out.join("cdi");
-        opts.state_dir = scratch.path().join("state");
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(dra_server::run(cfg.profiles, api.client(), opts, rx));
+        let drv = dra::Driver::start_with(&cfg, &api, dir, opts);
 
         let start = Instant::now();
         let slices = loop {
@@ -269,81 +264,34 @@ fn the_dra_driver_publishes_and_prepares_the_real_gpus() {
         }
         // The claims the scheduler would have left: the first GPU nvidia-smi lists.
         for uid in [CLAIM_UID, GONE_UID] {
-            api.put_claim("default", uid, uid, &driver, NODE, &[("gpus", &first)]);
+            api.put_claim("default", uid, uid, &driver, dra::NODE, &[("gpus", &first)]);
         }
 
-        let reg = scratch.path().join(format!("registry/{driver}-reg.sock"));
-        while !reg.exists() {
-            assert!(start.elapsed() < Duration::from_secs(20), "no {reg:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let ch = connect(&reg, "localhost").await.unwrap();
-        let info = dra_grpc::get_info(&ch).await.unwrap();
-        dra_grpc::notify(
-            &ch,
-            RegistrationStatus {
-                plugin_registered: true,
-                error: String::new(),
-            },
-        )
-        .await
-        .unwrap();
-        let dra = connect(Path::new(&info.endpoint), "localhost")
-            .await
-            .unwrap();
-        let claim = |uid: &str| Claim {
-            namespace: "default".into(),
-            name: uid.into(),
-            uid: uid.into(),
-        };
+        let reg = drv
+            .dir
+            .path()
+            .join(format!("plugins_registry/{driver}-reg.sock"));
+        let (_, ch) = dra::register(&reg).await;
+        let claim = |uid: &str| dra::claim("default", uid, uid);
         // One GPU may be all the node has: the claim prepared and unprepared first frees it
         // for the claim left to the script (a device is prepared for one claim at a time).
-        let r = dra_grpc::prepare(
-            &dra,
-            PREPARE_V1,
-            NodePrepareResourcesRequest {
-                claims: vec![claim(GONE_UID)],
-            },
-        )
-        .await
-        .unwrap();
+        let r = dra::prepare(&ch, PREPARE_V1, vec![claim(GONE_UID)]).await;
         assert_eq!(r.claims[GONE_UID].error, "");
         let gone = out.join(format!("cdi/k8s.{driver}-claim_{GONE_UID}.json"));
         assert!(gone.exists());
-        let u = dra_grpc::unprepare(
-            &dra,
-            UNPREPARE_V1,
-            NodeUnprepareResourcesRequest {
-                claims: vec![claim(GONE_UID)],
-            },
-        )
-        .await
-        .unwrap();
+        let u = dra::unprepare(&ch, vec![claim(GONE_UID)]).await;
         assert_eq!(u.claims[GONE_UID].error, "");
         assert!(!gone.exists(), "{gone:?} left after unprepare");
 
-        let r = dra_grpc::prepare(
-            &dra,
-            PREPARE_V1,
-            NodePrepareResourcesRequest {
-                claims: vec![claim(CLAIM_UID)],
-            },
-        )
-        .await
-        .unwrap();
+        let r = dra::prepare(&ch, PREPARE_V1, vec![claim(CLAIM_UID)]).await;
         assert_eq!(r.claims[CLAIM_UID].error, "");
-        let ids: Vec<String> = r.claims[CLAIM_UID]
-            .devices
-            .iter()
-            .flat_map(|d| d.cdi_device_ids.clone())
-            .collect();
+        let ids = dra::cdi_ids(&r.claims[CLAIM_UID]);
         assert_eq!(ids, [names::claim_cdi_id(&driver, CLAIM_UID, &first)]);
         std::fs::write(
             out.join("claim.json"),
             json!({"driver": driver, "kind": names::claim_kind(&driver), "ids": ids}).to_string(),
         )
         .unwrap();
-        stop.send(true).unwrap();
-        task.await.unwrap().unwrap();
+        drv.stop().await;
     });
 }
