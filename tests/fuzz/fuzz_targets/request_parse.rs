@@ -17,6 +17,7 @@ fn devices() -> Vec<Device> {
             pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x10 + i)),
             minor: Some(i),
             aliases: vec![format!("GCU-{i}")],
+            model: None,
         })
         .collect()
 }
