@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 use super::api::*;
-use crate::plugin::grpc::{call, unimplemented};
+use crate::plugin::grpc::{call, stream, unimplemented};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// The health updates of a `NodeWatchResources` stream.
@@ -216,15 +216,5 @@ pub async fn watch_health(
     ch: &Channel,
     path: &'static str,
 ) -> Result<tonic::codec::Streaming<NodeWatchResourcesResponse>, Status> {
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready()
-        .await
-        .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
-    grpc.server_streaming(
-        Request::new(NodeWatchResourcesRequest {}),
-        http::uri::PathAndQuery::from_static(path),
-        ProstCodec::<NodeWatchResourcesRequest, NodeWatchResourcesResponse>::default(),
-    )
-    .await
-    .map(Response::into_inner)
+    stream(ch, path, NodeWatchResourcesRequest {}).await
 }

@@ -194,12 +194,9 @@ pub async fn connect(socket: &Path, authority: &str) -> Result<Channel, tonic::t
         .await
 }
 
-/// A unary client call of method `path` (the DRA driver's client calls use it too).
-pub(crate) async fn call<Req, Resp>(
-    ch: &Channel,
-    path: &'static str,
-    req: Req,
-) -> Result<Resp, Status>
+/// A unary client call of method `path` (the DRA driver's client calls and the CRI test's use
+/// it too).
+pub async fn call<Req, Resp>(ch: &Channel, path: &'static str, req: Req) -> Result<Resp, Status>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
@@ -236,18 +233,31 @@ pub async fn allocate(ch: &Channel, req: AllocateRequest) -> Result<AllocateResp
     call(ch, ALLOCATE, req).await
 }
 
-pub async fn list_and_watch(ch: &Channel) -> Result<Streaming<ListAndWatchResponse>, Status> {
+/// A server-streaming client call of method `path` (the DRA driver's health watch uses it too).
+pub(crate) async fn stream<Req, Resp>(
+    ch: &Channel,
+    path: &'static str,
+    req: Req,
+) -> Result<Streaming<Resp>, Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
     let mut grpc = tonic::client::Grpc::new(ch.clone());
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
     grpc.server_streaming(
-        Request::new(Empty {}),
-        http::uri::PathAndQuery::from_static(LIST_AND_WATCH),
-        ProstCodec::<Empty, ListAndWatchResponse>::default(),
+        Request::new(req),
+        http::uri::PathAndQuery::from_static(path),
+        ProstCodec::<Req, Resp>::default(),
     )
     .await
     .map(Response::into_inner)
+}
+
+pub async fn list_and_watch(ch: &Channel) -> Result<Streaming<ListAndWatchResponse>, Status> {
+    stream(ch, LIST_AND_WATCH, Empty {}).await
 }
 
 /// PodResources `List`: every pod's containers and the devices kubelet gave each.
