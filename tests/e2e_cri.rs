@@ -43,7 +43,6 @@ use common::dra::{
     cdi_ids, claim, options, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE,
 };
 use common::kubelet::rt;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
 mod cri {
@@ -287,31 +286,17 @@ mod cri {
     pub const NODE: i32 = 2;
 }
 
-const SERVICE: &str = "/runtime.v1.RuntimeService/";
+/// The path of a `runtime.v1.RuntimeService` method.
+macro_rules! cri_method {
+    ($name:literal) => {
+        concat!("/runtime.v1.RuntimeService/", $name)
+    };
+}
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: this test runs in the sid guest of tests/vm (guest-test.sh sets it)")
     })
-}
-
-async fn call<Req, Resp>(ch: &Channel, method: &str, req: Req) -> Result<Resp, tonic::Status>
-where
-    Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
-{
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("not ready: {e}")))?;
-    let path = PathAndQuery::try_from(format!("{SERVICE}{method}")).unwrap();
-    grpc.unary(
-        tonic::Request::new(req),
-        path,
-        tonic_prost::ProstCodec::<Req, Resp>::default(),
-    )
-    .await
-    .map(tonic::Response::into_inner)
 }
 
 /// One pod of the table: the strategy whose answer its container gets, the runtime handler
@@ -519,9 +504,10 @@ struct Running {
 /// A channel to the CRI socket, once it answers as containerd 2.x.
 async fn cri_channel(socket: &Path) -> Channel {
     let ch = grpc::connect(socket, "localhost").await.unwrap();
-    let v: cri::VersionResponse = call(&ch, "Version", cri::VersionRequest::default())
-        .await
-        .unwrap();
+    let v: cri::VersionResponse =
+        grpc::call(&ch, cri_method!("Version"), cri::VersionRequest::default())
+            .await
+            .unwrap();
     println!(
         "CRI: {} {} (API {})",
         v.runtime_name, v.runtime_version, v.runtime_api_version
@@ -543,9 +529,9 @@ async fn run_sandbox(
     handler: &str,
     sandbox: &cri::PodSandboxConfig,
 ) -> String {
-    let pod: cri::RunPodSandboxResponse = call(
+    let pod: cri::RunPodSandboxResponse = grpc::call(
         ch,
-        "RunPodSandbox",
+        cri_method!("RunPodSandbox"),
         cri::RunPodSandboxRequest {
             config: Some(sandbox.clone()),
             runtime_handler: handler.into(),
@@ -562,9 +548,9 @@ async fn create_container(
     sandbox: &cri::PodSandboxConfig,
     config: &cri::ContainerConfig,
 ) -> Result<String, tonic::Status> {
-    let created: cri::ContainerIdMessage = call(
+    let created: cri::ContainerIdMessage = grpc::call(
         ch,
-        "CreateContainer",
+        cri_method!("CreateContainer"),
         cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(config.clone()),
@@ -588,9 +574,9 @@ async fn run_pod(
     let container = create_container(ch, &pod, sandbox, config)
         .await
         .unwrap_or_else(|e| panic!("{name}: CreateContainer ({config:?}): {e}"));
-    let _: cri::Empty = call(
+    let _: cri::Empty = grpc::call(
         ch,
-        "StartContainer",
+        cri_method!("StartContainer"),
         cri::ContainerIdMessage {
             container_id: container.clone(),
         },
@@ -606,8 +592,11 @@ async fn run_pod(
 
 /// StopPodSandbox, then RemovePodSandbox (its containers with it), as kubelet ends a pod.
 async fn remove_pod(ch: &Channel, name: &str, pod: &str) {
-    for method in ["StopPodSandbox", "RemovePodSandbox"] {
-        let _: cri::Empty = call(
+    for method in [
+        cri_method!("StopPodSandbox"),
+        cri_method!("RemovePodSandbox"),
+    ] {
+        let _: cri::Empty = grpc::call(
             ch,
             method,
             cri::PodSandboxIdRequest {
@@ -620,9 +609,9 @@ async fn remove_pod(ch: &Channel, name: &str, pod: &str) {
 }
 
 async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, String> {
-    let out: cri::ExecSyncResponse = call(
+    let out: cri::ExecSyncResponse = grpc::call(
         ch,
-        "ExecSync",
+        cri_method!("ExecSync"),
         cri::ExecSyncRequest {
             container_id: r.container.clone(),
             cmd: vec!["sh".into(), "-c".into(), probe_script(devices)],
@@ -794,9 +783,9 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
 
         // The CPU manager's update: an exclusive CPU for a Guaranteed container.
         for (_, r) in &running {
-            let _: cri::Empty = call(
+            let _: cri::Empty = grpc::call(
                 &ch,
-                "UpdateContainerResources",
+                cri_method!("UpdateContainerResources"),
                 cri::UpdateContainerResourcesRequest {
                     container_id: r.container.clone(),
                     linux: Some(cri::LinuxContainerResources {
@@ -981,9 +970,9 @@ fn dra_claims_reach_containers_through_containerds_own_cdi() {
                         "{name}: containerd still creates a container with {:?} 10 s after unprepare",
                         ids[0]
                     );
-                    let _: cri::Empty = call(
+                    let _: cri::Empty = grpc::call(
                         &ch,
-                        "RemoveContainer",
+                        cri_method!("RemoveContainer"),
                         cri::ContainerIdMessage { container_id: id },
                     )
                     .await
