@@ -12,15 +12,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::kubelet::inventory::NodeDevice;
+use accel_container_runtime::kubelet::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use accel_container_runtime::kubelet::proto::deviceplugin::*;
+use accel_container_runtime::kubelet::socket;
 use accel_container_runtime::plugin::allocate::{allocate, Strategy};
-use accel_container_runtime::plugin::api::*;
 use accel_container_runtime::plugin::devices::PluginDevice;
-use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::preferred::{choose, Place};
-use accel_container_runtime::plugin::server::{self, Plugin, Served};
+use accel_container_runtime::plugin::service::{Plugin, Served};
 use accel_container_runtime::profile::{Profile, ReplicaPolicy};
 use accel_container_runtime::topology::Node;
 use criterion::{BenchmarkId, Criterion};
+
+/// The stand-in kubelet's calls, as the tests make them.
+#[path = "../tests/common/grpc.rs"]
+#[allow(dead_code, unused_imports)]
+mod grpc;
 
 /// `n` devices, 4 per PCIe switch, 2 switches per root port, half on each NUMA node.
 fn places(n: usize) -> Vec<Place> {
@@ -45,16 +52,19 @@ fn table(n: usize) -> Vec<PluginDevice> {
         .into_iter()
         .enumerate()
         .map(|(i, place)| PluginDevice {
-            index: i as u32,
             id: format!("GCU-{i}"),
-            name: i.to_string(),
-            nodes: vec![Node {
-                path: PathBuf::from(format!("/dev/gcu{i}")),
-                major: Some(240),
-                minor: Some(i as u64),
-            }],
-            host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
-            place,
+            dev: NodeDevice {
+                index: i as u32,
+                name: i.to_string(),
+                nodes: vec![Node {
+                    path: PathBuf::from(format!("/dev/gcu{i}")),
+                    major: Some(240),
+                    minor: Some(i as u64),
+                }],
+                host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
+                place,
+                ..NodeDevice::default()
+            },
         })
         .collect()
 }
@@ -168,21 +178,19 @@ fn grpc_round_trip(c: &mut Criterion) {
     // The shipped server (every connection through the :authority rewrite), and beside it
     // the same service on a plain tonic server: the difference is what the rewrite costs.
     let plain_sock = dir.path().join("plain.sock");
-    let (ch, plain) = rt.block_on(async {
-        let l = tokio::net::UnixListener::bind(&sock).unwrap();
-        tokio::spawn(server::serve_listener(
-            Arc::clone(&plugin),
-            l,
-            std::future::pending(),
-        ));
+    let (_serving, ch, plain) = rt.block_on(async {
+        let routes =
+            tonic::service::Routes::new(DevicePluginServer::new(Served(Arc::clone(&plugin))));
+        let serving = socket::serve(routes, &sock).unwrap();
         let l = tokio::net::UnixListener::bind(&plain_sock).unwrap();
-        let svc = grpc::DevicePluginServer(Arc::new(Served(plugin)));
+        let svc = DevicePluginServer::new(Served(plugin));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)),
         );
         (
+            serving,
             grpc::connect(&sock, "localhost").await.unwrap(),
             grpc::connect(&plain_sock, "localhost").await.unwrap(),
         )
@@ -236,7 +244,7 @@ fn stand_in_kubelet(
         .block_on(async { tokio::net::UnixListener::bind(dir.join(KUBELET_SOCKET)) })
         .unwrap();
     let dir = dir.to_path_buf();
-    let svc = grpc::RegistrationServer(move |r: RegisterRequest| {
+    let svc = grpc::registration_server(move |r: RegisterRequest| {
         let (dir, seen) = (dir.clone(), seen.clone());
         tokio::spawn(async move {
             let ch = grpc::connect(&dir.join(&r.endpoint), "localhost")

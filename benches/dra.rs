@@ -10,21 +10,27 @@
 #[path = "../tests/common/apiserver.rs"]
 #[allow(dead_code)]
 mod apiserver;
+/// The stand-in kubelet's calls, as the tests make them.
+#[path = "../tests/common/grpc.rs"]
+#[allow(dead_code, unused_imports)]
+mod grpc;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::*;
 use accel_container_runtime::dra::claims::{ClaimRef, Claims};
 use accel_container_runtime::dra::publish::Publisher;
 use accel_container_runtime::dra::slices::{self, Pool};
-use accel_container_runtime::dra::{grpc, table};
-use accel_container_runtime::plugin::host_root::HostRoot;
+use accel_container_runtime::dra::table;
+use accel_container_runtime::kubelet::host_root::HostRoot;
+use accel_container_runtime::kubelet::inventory;
+use accel_container_runtime::kubelet::proto::dra::*;
 use accel_container_runtime::profile::Profile;
 use apiserver::ApiServer;
 use criterion::Criterion;
+use grpc::{connect, PREPARE_V1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 const DRIVER: &str = "gcu.enflame.com";
@@ -150,7 +156,7 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         let t = table::discover(profile).unwrap();
         let devices: Vec<_> = t
             .iter()
-            .map(|d| slices::device(&pool, d, table::healthy(profile, d)))
+            .map(|d| slices::device(&pool, d, inventory::healthy(profile, &d.dev)))
             .collect();
         let s = slices::slices(&pool, &devices, 1);
         (t, devices, serde_json::to_vec(&s).unwrap())
@@ -280,14 +286,11 @@ fn rss_with_64_devices(r: &Path, cfg: &Path) {
         .sum();
     assert_eq!(n, 64);
     let took = rt.block_on(async {
-        let ch = accel_container_runtime::plugin::grpc::connect(&reg, "localhost")
+        let ch = connect(&reg, "localhost").await.unwrap();
+        let info = grpc::get_info(&ch).await.unwrap();
+        let ch = connect(Path::new(&info.endpoint), "localhost")
             .await
             .unwrap();
-        let info = grpc::get_info(&ch).await.unwrap();
-        let ch =
-            accel_container_runtime::plugin::grpc::connect(Path::new(&info.endpoint), "localhost")
-                .await
-                .unwrap();
         let req = || NodePrepareResourcesRequest {
             claims: vec![Claim {
                 namespace: "default".into(),

@@ -13,9 +13,10 @@
 //! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
-//! `create` command's straight line) → `ctk` (accel-ctk's subcommands), `plugin`
-//! (accel-device-plugin; its gRPC half only with the `plugin` feature), `dra`
-//! (accel-dra-driver, only with the `dra` feature; on `plugin`) → binaries.
+//! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
+//! device table, kubelet's protocols compiled from `.proto` files, sockets; its gRPC half only
+//! with the `plugin` feature) → `ctk` (accel-ctk's subcommands), `plugin`
+//! (accel-device-plugin), `dra` (accel-dra-driver, only with the `dra` feature) → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -37,6 +38,7 @@ pub mod exec;
 pub mod facts;
 pub mod inroot;
 pub mod keys;
+pub mod kubelet;
 pub mod ldcache;
 pub mod libraries;
 pub mod loader;

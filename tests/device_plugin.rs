@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::kubelet::host_root::HostRoot;
+use accel_container_runtime::kubelet::proto::deviceplugin::*;
 use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::api::*;
-use accel_container_runtime::plugin::grpc;
-use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{self, Options};
+use accel_container_runtime::plugin::service;
+use common::grpc::{self, ALLOCATE, GET_OPTIONS};
 use common::kubelet::{
     apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
 };
@@ -767,7 +768,7 @@ fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
         let mut opts = Options::new(PathBuf::from("/nonexistent"));
         opts.cdi_dir = cdi_dir.path().to_path_buf();
         server::write_cdi(&profile, &opts).unwrap();
-        let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+        let plugin = service::Plugin::new(profile, vec![strategy]).unwrap();
         let answer = plugin
             .allocate(AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {

@@ -11,12 +11,13 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use accel_container_runtime::dra::api::*;
-use accel_container_runtime::dra::grpc;
+use accel_container_runtime::kubelet::proto::health::{HealthStatus, NodeWatchResourcesResponse};
 use common::apiserver::ApiServer;
 use common::dra::{
     cdi_ids, claim, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE,
 };
+use common::grpc;
+use common::grpc::{PREPARE_V1, PREPARE_V1BETA1, WATCH_HEALTH_V1, WATCH_HEALTH_V1ALPHA1};
 use common::kubelet::{config, enflame_host, rt};
 use common::{assert_enflame_1_3, Bundle, Probe, Report, Runc};
 use serde_json::Value;

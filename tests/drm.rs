@@ -284,10 +284,11 @@ fn cdi_generate_for_amd_passes_the_schema() {
 mod plugin {
     use super::*;
     use accel_container_runtime::config::Config;
+    use accel_container_runtime::kubelet::proto::deviceplugin::*;
     use accel_container_runtime::plugin::allocate::Strategy;
-    use accel_container_runtime::plugin::api::*;
-    use accel_container_runtime::plugin::grpc;
     use accel_container_runtime::plugin::server::{self, Options};
+    use accel_container_runtime::plugin::service;
+    use common::grpc;
     use common::kubelet::{apply_answer, ids, rt, Kubelet};
     use std::path::PathBuf;
     use std::time::Duration;
@@ -461,7 +462,7 @@ mod plugin {
             let mut opts = Options::new(PathBuf::from("/nonexistent"));
             opts.cdi_dir = cdi_dir.path().to_path_buf();
             server::write_cdi(&profile, &opts).unwrap();
-            let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+            let plugin = service::Plugin::new(profile, vec![strategy]).unwrap();
             let answer = plugin
                 .allocate(AllocateRequest {
                     container_requests: vec![ContainerAllocateRequest {

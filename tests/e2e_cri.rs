@@ -19,9 +19,8 @@
 //! `--ignored`; a plain `cargo test --features dra` lists them as ignored. Run with their
 //! variables missing, they fail.
 //!
-//! The CRI messages are written here as prost structs, only the fields used (the `k8s-cri`
-//! crate generates them at build time and needs `protoc`, which the build machines lack);
-//! field numbers from cri-api's `runtime/v1/api.proto`.
+//! The CRI messages and client are the library's, compiled from its `cri.proto` (the fields
+//! this test sends or reads; src/kubelet/wire.rs pins their numbers to cri-api's).
 
 mod common;
 
@@ -31,267 +30,23 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::PREPARE_V1;
-use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::api::{
-    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+use accel_container_runtime::kubelet::proto::cri::{
+    self, runtime_service_client::RuntimeServiceClient,
 };
-use accel_container_runtime::plugin::grpc;
+use accel_container_runtime::kubelet::proto::deviceplugin::{
+    AllocateRequest, CdiDevice, ContainerAllocateRequest, ContainerAllocateResponse,
+};
+use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::server::{self, Options};
+use accel_container_runtime::plugin::service;
 use common::apiserver::ApiServer;
 use common::dra::{
     cdi_ids, claim, options, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE,
 };
+use common::grpc;
+use common::grpc::PREPARE_V1;
 use common::kubelet::rt;
 use tonic::transport::Channel;
-
-mod cri {
-    //! runtime.v1 messages (cri-api), the fields this test sends or reads.
-    use std::collections::HashMap;
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct VersionRequest {
-        #[prost(string, tag = "1")]
-        pub version: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct VersionResponse {
-        #[prost(string, tag = "2")]
-        pub runtime_name: String,
-        #[prost(string, tag = "3")]
-        pub runtime_version: String,
-        #[prost(string, tag = "4")]
-        pub runtime_api_version: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PodSandboxMetadata {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub uid: String,
-        #[prost(string, tag = "3")]
-        pub namespace: String,
-        #[prost(uint32, tag = "4")]
-        pub attempt: u32,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct IdMapping {
-        #[prost(uint32, tag = "1")]
-        pub host_id: u32,
-        #[prost(uint32, tag = "2")]
-        pub container_id: u32,
-        #[prost(uint32, tag = "3")]
-        pub length: u32,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct UserNamespace {
-        /// NamespaceMode: POD = 0, CONTAINER = 1, NODE = 2, TARGET = 3.
-        #[prost(int32, tag = "1")]
-        pub mode: i32,
-        #[prost(message, repeated, tag = "2")]
-        pub uids: Vec<IdMapping>,
-        #[prost(message, repeated, tag = "3")]
-        pub gids: Vec<IdMapping>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct NamespaceOption {
-        #[prost(int32, tag = "1")]
-        pub network: i32,
-        #[prost(int32, tag = "2")]
-        pub pid: i32,
-        #[prost(int32, tag = "3")]
-        pub ipc: i32,
-        #[prost(message, optional, tag = "5")]
-        pub userns_options: Option<UserNamespace>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LinuxSandboxSecurityContext {
-        #[prost(message, optional, tag = "1")]
-        pub namespace_options: Option<NamespaceOption>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LinuxPodSandboxConfig {
-        #[prost(string, tag = "1")]
-        pub cgroup_parent: String,
-        #[prost(message, optional, tag = "2")]
-        pub security_context: Option<LinuxSandboxSecurityContext>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PodSandboxConfig {
-        #[prost(message, optional, tag = "1")]
-        pub metadata: Option<PodSandboxMetadata>,
-        #[prost(string, tag = "2")]
-        pub hostname: String,
-        #[prost(string, tag = "3")]
-        pub log_directory: String,
-        #[prost(message, optional, tag = "8")]
-        pub linux: Option<LinuxPodSandboxConfig>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RunPodSandboxRequest {
-        #[prost(message, optional, tag = "1")]
-        pub config: Option<PodSandboxConfig>,
-        #[prost(string, tag = "2")]
-        pub runtime_handler: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RunPodSandboxResponse {
-        #[prost(string, tag = "1")]
-        pub pod_sandbox_id: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PodSandboxIdRequest {
-        #[prost(string, tag = "1")]
-        pub pod_sandbox_id: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerMetadata {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(uint32, tag = "2")]
-        pub attempt: u32,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ImageSpec {
-        #[prost(string, tag = "1")]
-        pub image: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct KeyValue {
-        #[prost(string, tag = "1")]
-        pub key: String,
-        #[prost(string, tag = "2")]
-        pub value: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Mount {
-        #[prost(string, tag = "1")]
-        pub container_path: String,
-        #[prost(string, tag = "2")]
-        pub host_path: String,
-        #[prost(bool, tag = "3")]
-        pub readonly: bool,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Device {
-        #[prost(string, tag = "1")]
-        pub container_path: String,
-        #[prost(string, tag = "2")]
-        pub host_path: String,
-        #[prost(string, tag = "3")]
-        pub permissions: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CdiDevice {
-        #[prost(string, tag = "1")]
-        pub name: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LinuxContainerResources {
-        #[prost(int64, tag = "1")]
-        pub cpu_period: i64,
-        #[prost(int64, tag = "2")]
-        pub cpu_quota: i64,
-        #[prost(int64, tag = "3")]
-        pub cpu_shares: i64,
-        #[prost(int64, tag = "4")]
-        pub memory_limit_in_bytes: i64,
-        #[prost(int64, tag = "5")]
-        pub oom_score_adj: i64,
-        #[prost(string, tag = "6")]
-        pub cpuset_cpus: String,
-        #[prost(string, tag = "7")]
-        pub cpuset_mems: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LinuxContainerSecurityContext {
-        #[prost(message, optional, tag = "3")]
-        pub namespace_options: Option<NamespaceOption>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LinuxContainerConfig {
-        #[prost(message, optional, tag = "1")]
-        pub resources: Option<LinuxContainerResources>,
-        #[prost(message, optional, tag = "2")]
-        pub security_context: Option<LinuxContainerSecurityContext>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerConfig {
-        #[prost(message, optional, tag = "1")]
-        pub metadata: Option<ContainerMetadata>,
-        #[prost(message, optional, tag = "2")]
-        pub image: Option<ImageSpec>,
-        #[prost(string, repeated, tag = "3")]
-        pub command: Vec<String>,
-        #[prost(message, repeated, tag = "6")]
-        pub envs: Vec<KeyValue>,
-        #[prost(message, repeated, tag = "7")]
-        pub mounts: Vec<Mount>,
-        #[prost(message, repeated, tag = "8")]
-        pub devices: Vec<Device>,
-        #[prost(map = "string, string", tag = "10")]
-        pub annotations: HashMap<String, String>,
-        #[prost(string, tag = "11")]
-        pub log_path: String,
-        #[prost(message, optional, tag = "15")]
-        pub linux: Option<LinuxContainerConfig>,
-        #[prost(message, repeated, tag = "17")]
-        pub cdi_devices: Vec<CdiDevice>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CreateContainerRequest {
-        #[prost(string, tag = "1")]
-        pub pod_sandbox_id: String,
-        #[prost(message, optional, tag = "2")]
-        pub config: Option<ContainerConfig>,
-        #[prost(message, optional, tag = "3")]
-        pub sandbox_config: Option<PodSandboxConfig>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ContainerIdMessage {
-        #[prost(string, tag = "1")]
-        pub container_id: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ExecSyncRequest {
-        #[prost(string, tag = "1")]
-        pub container_id: String,
-        #[prost(string, repeated, tag = "2")]
-        pub cmd: Vec<String>,
-        #[prost(int64, tag = "3")]
-        pub timeout: i64,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ExecSyncResponse {
-        #[prost(bytes = "vec", tag = "1")]
-        pub stdout: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub stderr: Vec<u8>,
-        #[prost(int32, tag = "3")]
-        pub exit_code: i32,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct UpdateContainerResourcesRequest {
-        #[prost(string, tag = "1")]
-        pub container_id: String,
-        #[prost(message, optional, tag = "2")]
-        pub linux: Option<LinuxContainerResources>,
-    }
-    /// The empty responses (StartContainer, UpdateContainerResources, Stop/RemovePodSandbox).
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Empty {}
-
-    pub const POD: i32 = 0;
-    pub const CONTAINER: i32 = 1;
-    pub const NODE: i32 = 2;
-}
-
-/// The path of a `runtime.v1.RuntimeService` method.
-macro_rules! cri_method {
-    ($name:literal) => {
-        concat!("/runtime.v1.RuntimeService/", $name)
-    };
-}
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -435,6 +190,9 @@ fn container_config(
 /// Host network (no pod network in the guest), PID and IPC as kubelet's defaults, and with `userns`
 /// what `hostUsers: false` makes kubelet send: mode POD, one mapping of 65536 IDs.
 fn namespaces(userns: bool) -> cri::NamespaceOption {
+    const POD: i32 = cri::NamespaceMode::Pod as i32;
+    const CONTAINER: i32 = cri::NamespaceMode::Container as i32;
+    const NODE: i32 = cri::NamespaceMode::Node as i32;
     let map = |host_id| cri::IdMapping {
         host_id,
         container_id: 0,
@@ -443,18 +201,18 @@ fn namespaces(userns: bool) -> cri::NamespaceOption {
     cri::NamespaceOption {
         // kubelet refuses hostNetwork with hostUsers: false; those pods get their own
         // network namespace (loopback only, from the guest's CNI config).
-        network: if userns { cri::POD } else { cri::NODE },
-        pid: cri::CONTAINER,
-        ipc: cri::POD,
+        network: if userns { POD } else { NODE },
+        pid: CONTAINER,
+        ipc: POD,
         userns_options: Some(if userns {
             cri::UserNamespace {
-                mode: cri::POD,
+                mode: POD,
                 uids: vec![map(65536 * 4)],
                 gids: vec![map(65536 * 4)],
             }
         } else {
             cri::UserNamespace {
-                mode: cri::NODE,
+                mode: NODE,
                 ..Default::default()
             }
         }),
@@ -501,13 +259,18 @@ struct Running {
     container: String,
 }
 
+fn cri_client(ch: &Channel) -> RuntimeServiceClient<Channel> {
+    RuntimeServiceClient::new(ch.clone())
+}
+
 /// A channel to the CRI socket, once it answers as containerd 2.x.
 async fn cri_channel(socket: &Path) -> Channel {
     let ch = grpc::connect(socket, "localhost").await.unwrap();
-    let v: cri::VersionResponse =
-        grpc::call(&ch, cri_method!("Version"), cri::VersionRequest::default())
-            .await
-            .unwrap();
+    let v = cri_client(&ch)
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     println!(
         "CRI: {} {} (API {})",
         v.runtime_name, v.runtime_version, v.runtime_api_version
@@ -529,17 +292,14 @@ async fn run_sandbox(
     handler: &str,
     sandbox: &cri::PodSandboxConfig,
 ) -> String {
-    let pod: cri::RunPodSandboxResponse = grpc::call(
-        ch,
-        cri_method!("RunPodSandbox"),
-        cri::RunPodSandboxRequest {
+    let pod = cri_client(ch)
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
             config: Some(sandbox.clone()),
             runtime_handler: handler.into(),
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{name}: RunPodSandbox: {e}"));
-    pod.pod_sandbox_id
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{name}: RunPodSandbox: {e}"));
+    pod.into_inner().pod_sandbox_id
 }
 
 async fn create_container(
@@ -548,17 +308,14 @@ async fn create_container(
     sandbox: &cri::PodSandboxConfig,
     config: &cri::ContainerConfig,
 ) -> Result<String, tonic::Status> {
-    let created: cri::ContainerIdMessage = grpc::call(
-        ch,
-        cri_method!("CreateContainer"),
-        cri::CreateContainerRequest {
+    let created = cri_client(ch)
+        .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(config.clone()),
             sandbox_config: Some(sandbox.clone()),
-        },
-    )
-    .await?;
-    Ok(created.container_id)
+        })
+        .await?;
+    Ok(created.into_inner().container_id)
 }
 
 /// The calls kubelet makes to start a pod of one container: RunPodSandbox, CreateContainer,
@@ -574,15 +331,12 @@ async fn run_pod(
     let container = create_container(ch, &pod, sandbox, config)
         .await
         .unwrap_or_else(|e| panic!("{name}: CreateContainer ({config:?}): {e}"));
-    let _: cri::Empty = grpc::call(
-        ch,
-        cri_method!("StartContainer"),
-        cri::ContainerIdMessage {
+    cri_client(ch)
+        .start_container(cri::ContainerIdMessage {
             container_id: container.clone(),
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{name}: StartContainer: {e}"));
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{name}: StartContainer: {e}"));
     Running {
         name: name.into(),
         pod,
@@ -592,34 +346,29 @@ async fn run_pod(
 
 /// StopPodSandbox, then RemovePodSandbox (its containers with it), as kubelet ends a pod.
 async fn remove_pod(ch: &Channel, name: &str, pod: &str) {
-    for method in [
-        cri_method!("StopPodSandbox"),
-        cri_method!("RemovePodSandbox"),
-    ] {
-        let _: cri::Empty = grpc::call(
-            ch,
-            method,
-            cri::PodSandboxIdRequest {
-                pod_sandbox_id: pod.into(),
-            },
-        )
+    let req = || cri::PodSandboxIdRequest {
+        pod_sandbox_id: pod.into(),
+    };
+    cri_client(ch)
+        .stop_pod_sandbox(req())
         .await
-        .unwrap_or_else(|e| panic!("{name}: {method}: {e}"));
-    }
+        .unwrap_or_else(|e| panic!("{name}: StopPodSandbox: {e}"));
+    cri_client(ch)
+        .remove_pod_sandbox(req())
+        .await
+        .unwrap_or_else(|e| panic!("{name}: RemovePodSandbox: {e}"));
 }
 
 async fn probe(ch: &Channel, r: &Running, devices: &[&str]) -> HashMap<String, String> {
-    let out: cri::ExecSyncResponse = grpc::call(
-        ch,
-        cri_method!("ExecSync"),
-        cri::ExecSyncRequest {
+    let out = cri_client(ch)
+        .exec_sync(cri::ExecSyncRequest {
             container_id: r.container.clone(),
             cmd: vec!["sh".into(), "-c".into(), probe_script(devices)],
             timeout: 60,
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{}: ExecSync: {e}", r.name));
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: ExecSync: {e}", r.name))
+        .into_inner();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.exit_code,
@@ -690,7 +439,7 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
         "no CDI spec written"
     );
     let answer = |strategy: Strategy| -> ContainerAllocateResponse {
-        server::Plugin::new(profile.clone(), vec![strategy])
+        service::Plugin::new(profile.clone(), vec![strategy])
             .unwrap()
             .allocate(AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {
@@ -783,10 +532,8 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
 
         // The CPU manager's update: an exclusive CPU for a Guaranteed container.
         for (_, r) in &running {
-            let _: cri::Empty = grpc::call(
-                &ch,
-                cri_method!("UpdateContainerResources"),
-                cri::UpdateContainerResourcesRequest {
+            cri_client(&ch)
+                .update_container_resources(cri::UpdateContainerResourcesRequest {
                     container_id: r.container.clone(),
                     linux: Some(cri::LinuxContainerResources {
                         cpu_period: 100_000,
@@ -796,10 +543,9 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
                         cpuset_mems: "0".into(),
                         ..Default::default()
                     }),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{}: UpdateContainerResources: {e}", r.name));
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{}: UpdateContainerResources: {e}", r.name));
         }
         for (case, r) in &running {
             check(
@@ -842,7 +588,7 @@ fn claim_answer(ids: &[String]) -> ContainerAllocateResponse {
     ContainerAllocateResponse {
         cdi_devices: ids
             .iter()
-            .map(|id| accel_container_runtime::plugin::api::CdiDevice { name: id.clone() })
+            .map(|id| CdiDevice { name: id.clone() })
             .collect(),
         ..Default::default()
     }
@@ -970,13 +716,10 @@ fn dra_claims_reach_containers_through_containerds_own_cdi() {
                         "{name}: containerd still creates a container with {:?} 10 s after unprepare",
                         ids[0]
                     );
-                    let _: cri::Empty = grpc::call(
-                        &ch,
-                        cri_method!("RemoveContainer"),
-                        cri::ContainerIdMessage { container_id: id },
-                    )
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: RemoveContainer: {e}"));
+                    cri_client(&ch)
+                        .remove_container(cri::ContainerIdMessage { container_id: id })
+                        .await
+                        .unwrap_or_else(|e| panic!("{name}: RemoveContainer: {e}"));
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }

@@ -34,8 +34,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use accel_container_runtime::plugin::api::{AllocateRequest, ContainerAllocateRequest};
-use accel_container_runtime::plugin::grpc;
+use accel_container_runtime::kubelet::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest,
+};
+use common::grpc;
 use common::kubelet::{enflame_sysfs, Kubelet};
 use common::{busybox_rootfs, require_root, sh_ok, unique, Bundle, SimRoot};
 use serde_json::{json, Value};
@@ -950,7 +952,8 @@ fn checkpoint_daemonset_installs_the_unit_and_idles() {
 #[cfg(feature = "dra")]
 #[test]
 fn dra_driver_daemonset_starts_and_registers() {
-    use accel_container_runtime::dra::{api::*, grpc as dra};
+    use accel_container_runtime::kubelet::proto::dra::*;
+    use common::grpc::{self as dra, PREPARE_V1, UNPREPARE_V1};
     require_root();
     let sim = SimRoot::builder().enflame(8).build();
     enflame_sysfs(sim.path(), sim.enflame_major().unwrap());

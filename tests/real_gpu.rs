@@ -18,16 +18,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::PREPARE_V1;
 use accel_container_runtime::dra::names;
-use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::api::{
+use accel_container_runtime::kubelet::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
 };
-use accel_container_runtime::plugin::grpc::{self, connect};
+use accel_container_runtime::plugin::allocate::Strategy;
 use accel_container_runtime::plugin::server as plugin_server;
 use common::apiserver::ApiServer;
 use common::dra;
+use common::grpc::PREPARE_V1;
+use common::grpc::{self, connect};
 use common::kubelet::{rt, Kubelet};
 use serde_json::{json, Value};
 use tokio::sync::watch;

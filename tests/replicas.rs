@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::kubelet::proto::deviceplugin::*;
 use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::api::*;
-use accel_container_runtime::plugin::grpc;
 use accel_container_runtime::plugin::server::{self, Options};
+use accel_container_runtime::plugin::service;
+use common::grpc;
 use common::kubelet::{
     apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
 };
@@ -252,7 +253,7 @@ fn thirty_two_concurrent_allocates_of_replicas_each_get_exactly_their_devices() 
 }
 
 /// A plugin (no socket) for the seed's host with `keys` in the enflame profile.
-fn direct(sim: &SimRoot, keys: &str) -> (server::Plugin, tempfile::TempDir) {
+fn direct(sim: &SimRoot, keys: &str) -> (service::Plugin, tempfile::TempDir) {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(sim, scratch.path(), keys);
     let profile = cfg
@@ -261,12 +262,12 @@ fn direct(sim: &SimRoot, keys: &str) -> (server::Plugin, tempfile::TempDir) {
         .find(|p| p.name == "enflame")
         .unwrap();
     (
-        server::Plugin::new(profile, vec![Strategy::Envvar]).unwrap(),
+        service::Plugin::new(profile, vec![Strategy::Envvar]).unwrap(),
         scratch,
     )
 }
 
-fn prefer_direct(p: &server::Plugin, avail: &[String], n: i32) -> Result<Vec<String>, String> {
+fn prefer_direct(p: &service::Plugin, avail: &[String], n: i32) -> Result<Vec<String>, String> {
     p.preferred(PreferredAllocationRequest {
         container_requests: vec![ContainerPreferredAllocationRequest {
             available_device_ids: shuffled(avail, seed()),
@@ -280,7 +281,7 @@ fn prefer_direct(p: &server::Plugin, avail: &[String], n: i32) -> Result<Vec<Str
 
 /// `count` pods of `n` replicas one after another, each taken from what the earlier ones left
 /// free (as kubelet does).
-fn pods(p: &server::Plugin, count: usize, n: i32) -> Vec<Vec<String>> {
+fn pods(p: &service::Plugin, count: usize, n: i32) -> Vec<Vec<String>> {
     let mut free = replicas(0..8, 4);
     (0..count)
         .map(|_| {
@@ -506,6 +507,9 @@ fn ctk_pods_names_who_holds_each_replica() {
     let keys = "replicas = 4\nshared-resource-name = \"enflame.com/shared-gcu\"\nshared-devices = [2, 3, 6, 7]";
     config(&sim, scratch.path(), keys);
     let sock = scratch.path().join("pod-resources.sock");
+    use accel_container_runtime::kubelet::proto::podresources::{
+        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    };
     let pod = |name: &str, container: &str, resource: &str, ids: &[&str]| PodResources {
         name: name.into(),
         namespace: "ml".into(),
@@ -516,6 +520,7 @@ fn ctk_pods_names_who_holds_each_replica() {
                 device_ids: ids.iter().map(|s| s.to_string()).collect(),
                 topology: None,
             }],
+            dynamic_resources: vec![],
         }],
     };
     let answer = ListPodResourcesResponse {
@@ -537,7 +542,7 @@ fn ctk_pods_names_who_holds_each_replica() {
         .unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(grpc::PodResourcesServer(move || answer.clone()))
+            .add_service(grpc::pod_resources_server(move || answer.clone()))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
     let run = |json: bool| {
@@ -679,7 +684,7 @@ fn replicas_through_the_runtime_and_runc_give_their_devices() {
         let mut opts = Options::new(PathBuf::from("/nonexistent"));
         opts.cdi_dir = cdi_dir.path().to_path_buf();
         server::write_cdi(&profile, &opts).unwrap();
-        let plugin = server::Plugin::new(profile, vec![strategy]).unwrap();
+        let plugin = service::Plugin::new(profile, vec![strategy]).unwrap();
         let answer = plugin
             .allocate(AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use accel_container_runtime::config::Config;
+use accel_container_runtime::kubelet::daemon;
+use accel_container_runtime::kubelet::proto::deviceplugin::DEVICE_PLUGIN_PATH;
 use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::host_root::HostRoot;
 use accel_container_runtime::plugin::server::{run, Options};
 use clap::Parser;
 
@@ -19,7 +20,7 @@ use clap::Parser;
 )]
 struct Args {
     /// kubelet's device-plugin directory (kubelet.sock and the plugin sockets).
-    #[arg(long, default_value = accel_container_runtime::plugin::api::DEVICE_PLUGIN_PATH)]
+    #[arg(long, default_value = DEVICE_PLUGIN_PATH)]
     kubelet_dir: PathBuf,
     /// How Allocate hands devices over, comma-separated: envvar, volume-mounts, cdi-cri,
     /// cdi-annotations, device-specs. The default never relies on a variable an image can
@@ -53,15 +54,8 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 fn main() -> ExitCode {
-    accel_container_runtime::logging::init_stderr("accel-device-plugin");
     let args = Args::parse();
-    match main_inner(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            log::error!("{e:#}");
-            ExitCode::from(1)
-        }
-    }
+    daemon::main("accel-device-plugin", || main_inner(args))
 }
 
 fn main_inner(args: Args) -> anyhow::Result<()> {
@@ -77,13 +71,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     let mut opts = Options::new(args.kubelet_dir);
     opts.strategies = args.strategy;
     opts.cdi_dir = args.cdi_dir;
-    if !args.host_root.is_absolute() || !args.host_root.is_dir() {
-        anyhow::bail!(
-            "--host-root {:?} is not an absolute path to a directory (mount the host's / there)",
-            args.host_root
-        );
-    }
-    opts.host_root = HostRoot::new(args.host_root);
+    opts.host_root = daemon::host_root(args.host_root)?;
     if let Some(path) = args.nfd_labels {
         let mut seen = config.clone();
         seen.profiles = seen
@@ -113,18 +101,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-            tokio::select! {
-                _ = term.recv() => log::info!("SIGTERM: removing sockets, exiting"),
-                _ = int.recv() => log::info!("SIGINT: removing sockets, exiting"),
-            }
-            let _ = tx.send(true);
-        });
-        run(config.profiles, opts, rx).await
-    })?;
-    Ok(())
+        let stop = daemon::stop_on_signals()?;
+        anyhow::Ok(run(config.profiles, opts, stop).await?)
+    })
 }

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::{PLUGINS_DIR, PLUGINS_REGISTRY};
 use accel_container_runtime::dra::server::{run, Options};
-use accel_container_runtime::plugin::host_root::HostRoot;
+use accel_container_runtime::kubelet::daemon;
+use accel_container_runtime::kubelet::proto::registration::{PLUGINS_DIR, PLUGINS_REGISTRY};
 use anyhow::Context;
 use clap::Parser;
 
@@ -65,19 +65,13 @@ fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
 }
 
 fn main() -> ExitCode {
-    accel_container_runtime::logging::init_stderr("accel-dra-driver");
-    match main_inner(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            log::error!("{e:#}");
-            ExitCode::from(1)
-        }
-    }
+    let args = Args::parse();
+    daemon::main("accel-dra-driver", || main_inner(args))
 }
 
 fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = Config::load(&accel_container_runtime::config::path())?;
-    let host_root = HostRoot::new(args.host_root);
+    let host_root = daemon::host_root(args.host_root)?;
     let profiles = config
         .profiles
         .into_iter()
@@ -107,16 +101,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
-        let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            let _ = stop_tx.send(true);
-        });
+        let stop = daemon::stop_on_signals()?;
         run(profiles, client, opts, stop).await?;
         Ok(())
     })

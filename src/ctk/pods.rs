@@ -3,7 +3,7 @@
 //! this: the device plugin's Allocate is a pure function of the IDs and keeps no record, so
 //! this is also how usage of shared devices (replicas, `<id>::<k>`) is attributed to pods.
 //!
-//! Built with the cargo feature `plugin` (the gRPC client is the plugin's). The JSON form:
+//! Built with the cargo feature `plugin` (kubelet's protocols, [`crate::kubelet`]). The JSON form:
 //! `{"holders":[{resource, device, id, namespace, pod, container}]}`, `device` being the
 //! device ID of a replica `id`; fields are only ever added.
 
@@ -14,8 +14,10 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::plugin::api::{ListPodResourcesResponse, POD_RESOURCES_SOCKET};
-use crate::plugin::grpc;
+use crate::kubelet::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use crate::kubelet::proto::podresources::{
+    ListPodResourcesRequest, ListPodResourcesResponse, SOCKET,
+};
 use crate::request::split_replica;
 
 #[derive(Debug, clap::Args)]
@@ -24,7 +26,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// kubelet's PodResources socket (in a pod: mount its directory, not the socket).
-    #[arg(long, default_value = POD_RESOURCES_SOCKET)]
+    #[arg(long, default_value = SOCKET)]
     pub socket: PathBuf,
 }
 
@@ -99,11 +101,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("starting the gRPC client")?;
     let resp = rt
         .block_on(async {
-            let ch = grpc::connect(&args.socket, "localhost")
+            let ch = crate::kubelet::client::connect(&args.socket, "localhost")
                 .await
                 .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-            grpc::list_pod_resources(&ch)
+            PodResourcesListerClient::new(ch)
+                .list(ListPodResourcesRequest {})
                 .await
+                .map(tonic::Response::into_inner)
                 .map_err(|s| anyhow::anyhow!("List: {}", s.message()))
         })
         .with_context(|| {
@@ -130,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::api::{ContainerDevices, ContainerResources, PodResources};
+    use crate::kubelet::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
 
     #[test]
     fn replicas_are_attributed_to_their_pods_and_devices() {
@@ -144,6 +148,7 @@ mod tests {
                     device_ids: ids.iter().map(|s| s.to_string()).collect(),
                     topology: None,
                 }],
+                dynamic_resources: vec![],
             }],
         };
         let resp = ListPodResourcesResponse {

@@ -18,11 +18,12 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
 use crate::cdi::model::{Device as CdiDevice, Spec};
-use crate::plugin::host_root::HostRoot;
+use crate::kubelet::host_root::HostRoot;
+use crate::kubelet::inventory::{char_problem, node_problem};
 use crate::profile::Profile;
 
 use super::names;
-use super::table::{char_problem, node_problem, DraDevice};
+use super::table::DraDevice;
 
 /// The claim kubelet names: its namespace, name and UID.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,7 +181,7 @@ impl Claims {
                     res.device, self.driver
                 )
             })?;
-            if let Some(p) = node_problem(profile, dev) {
+            if let Some(p) = node_problem(profile, &dev.dev) {
                 return Err(format!(
                     "{r}: device {}: {p}; nothing prepared (kubelet retries)",
                     res.device
@@ -294,7 +295,7 @@ impl Claims {
         .map_err(|e| format!("{r}: {e}"))?;
         let mut devices = Vec::new();
         for d in chosen {
-            let index = d.index.to_string();
+            let index = d.dev.index.to_string();
             let g = full
                 .devices
                 .iter()

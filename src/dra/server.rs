@@ -14,19 +14,47 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tonic::{Request, Response, Status};
 
-use crate::plugin::host_root::HostRoot;
+use crate::kubelet::host_root::HostRoot;
+use crate::kubelet::inventory;
+use crate::kubelet::proto::dra::{
+    self, Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
+    NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
+    NodeUnprepareResourcesResponse,
+};
+use crate::kubelet::proto::health::{
+    self, DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest,
+    NodeWatchResourcesResponse,
+};
+use crate::kubelet::proto::registration::registration_server::{Registration, RegistrationServer};
+use crate::kubelet::proto::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, DRA_PLUGIN_TYPE,
+    PLUGINS_DIR, PLUGINS_REGISTRY,
+};
+use crate::kubelet::socket::{self, Serving};
 use crate::profile::Profile;
 
-use super::api::*;
 use super::claims::{ClaimRef, Claims};
-use super::grpc::{
-    DraPlugin, DraServer, DraServerV1beta1, HealthServerV1, HealthServerV1alpha1,
-    HealthServerV1beta1, HealthStream, RegistrationServer,
-};
 use super::publish::Publisher;
 use super::slices::{self, Pool};
 use super::table::{self, DraDevice};
+
+/// The services this plugin serves, newest first: kubelet 1.34+ takes the first DRAPlugin it
+/// knows, 1.32–1.33 take v1beta1; a kubelet with the health gate watches the first
+/// DRAResourceHealth it knows. Unknown entries are skipped by every kubelet.
+pub const SUPPORTED_VERSIONS: [&str; 5] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1beta1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+];
+
+/// The health updates of a `NodeWatchResources` stream.
+pub type HealthStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send>,
+>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
@@ -156,7 +184,7 @@ impl Driver {
                 message: if ok {
                     String::new()
                 } else {
-                    let why = table::node_problem(&self.profile, d).unwrap_or_else(|| {
+                    let why = inventory::node_problem(&self.profile, &d.dev).unwrap_or_else(|| {
                         "the driver is not loaded (its version file is gone)".into()
                     });
                     why.chars().take(1024).collect()
@@ -201,7 +229,7 @@ impl Driver {
                             pool_name: d.pool,
                             device_name: d.device,
                             cdi_device_ids: d.cdi_device_ids,
-                            share_id: d.share_id.unwrap_or_default(),
+                            share_id: d.share_id,
                         })
                         .collect(),
                     error: String::new(),
@@ -218,8 +246,9 @@ impl Driver {
     }
 }
 
-impl DraPlugin for Driver {
-    async fn prepare(
+impl Driver {
+    /// NodePrepareResources: every claim prepared on its own task, each answered.
+    pub async fn prepare(
         self: Arc<Self>,
         req: NodePrepareResourcesRequest,
     ) -> NodePrepareResourcesResponse {
@@ -240,7 +269,8 @@ impl DraPlugin for Driver {
         NodePrepareResourcesResponse { claims }
     }
 
-    async fn unprepare(
+    /// NodeUnprepareResources: an unknown claim is unprepared already.
+    pub async fn unprepare(
         self: Arc<Self>,
         req: NodeUnprepareResourcesRequest,
     ) -> NodeUnprepareResourcesResponse {
@@ -270,13 +300,14 @@ impl DraPlugin for Driver {
         NodeUnprepareResourcesResponse { claims }
     }
 
-    fn watch_health(&self) -> HealthStream {
+    /// Every device's health now, then again at each check.
+    pub fn watch_health(&self) -> HealthStream {
         log::info!("{}: kubelet watches the devices' health", self.name);
         let updates = tokio_stream::wrappers::WatchStream::new(self.health.subscribe());
         Box::pin(tokio_stream::StreamExt::map(updates, Ok))
     }
 
-    fn info(&self) -> PluginInfo {
+    pub fn info(&self) -> PluginInfo {
         PluginInfo {
             r#type: DRA_PLUGIN_TYPE.into(),
             name: self.name.clone(),
@@ -285,7 +316,7 @@ impl DraPlugin for Driver {
         }
     }
 
-    fn registration_status(&self, s: RegistrationStatus) {
+    pub fn registration_status(&self, s: RegistrationStatus) {
         if s.plugin_registered {
             log::info!("{}: registered with kubelet", self.name);
         } else {
@@ -298,89 +329,129 @@ impl DraPlugin for Driver {
     }
 }
 
-/// Binds a socket only root can connect to at `path` (bound under a temporary name, made
-/// 0600, renamed into place), replacing whatever is there.
-fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    listener.set_nonblocking(true)?;
-    tokio::net::UnixListener::from_std(listener)
-}
+/// The gRPC face of a driver: tonic's generated services over it.
+#[derive(Clone)]
+pub struct Served(pub Arc<Driver>);
 
-/// Serves `routes` on `path` until `stop` turns true.
-fn serve(
-    routes: tonic::service::Routes,
-    path: &Path,
-    mut stop: watch::Receiver<bool>,
-) -> Result<(), DraError> {
-    let listener = bind_private(path).map_err(|source| DraError::Listen {
-        path: path.into(),
-        source,
-    })?;
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::UnixListenerStream::new(listener),
-        |conn| conn.map(crate::plugin::authority::Rewrite::new),
-    );
-    let path = path.to_path_buf();
-    tokio::spawn(async move {
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, stopped)
-            .await
-        {
-            log::warn!("{}: server ended: {e}", path.display());
+/// The DRA plugin service under one of its packages (the same messages).
+macro_rules! dra_service {
+    ($service:path) => {
+        #[tonic::async_trait]
+        impl $service for Served {
+            async fn node_prepare_resources(
+                &self,
+                req: Request<NodePrepareResourcesRequest>,
+            ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+                Ok(Response::new(
+                    Arc::clone(&self.0).prepare(req.into_inner()).await,
+                ))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                req: Request<NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+                Ok(Response::new(
+                    Arc::clone(&self.0).unprepare(req.into_inner()).await,
+                ))
+            }
         }
-        let _ = std::fs::remove_file(&path);
-    });
-    Ok(())
+    };
 }
 
-/// A running driver and its publisher.
+dra_service!(dra::v1::dra_plugin_server::DraPlugin);
+dra_service!(dra::v1beta1::dra_plugin_server::DraPlugin);
+
+/// The health service under one of its packages (the same messages).
+macro_rules! health_service {
+    ($service:path) => {
+        #[tonic::async_trait]
+        impl $service for Served {
+            type NodeWatchResourcesStream = HealthStream;
+
+            async fn node_watch_resources(
+                &self,
+                _: Request<NodeWatchResourcesRequest>,
+            ) -> Result<Response<HealthStream>, Status> {
+                Ok(Response::new(self.0.watch_health()))
+            }
+        }
+    };
+}
+
+health_service!(health::v1::dra_resource_health_server::DraResourceHealth);
+health_service!(health::v1beta1::dra_resource_health_server::DraResourceHealth);
+health_service!(health::v1alpha1::dra_resource_health_server::DraResourceHealth);
+
+#[tonic::async_trait]
+impl Registration for Served {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(self.0.info()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        self.0.registration_status(req.into_inner());
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// A running driver, its sockets and its publisher.
 struct Running {
     driver: Arc<Driver>,
+    /// The DRA socket and the registration socket: removed when dropped.
+    _serving: [Serving; 2],
     publisher: Publisher,
     resync: bool,
 }
 
 /// Starts `profile`'s driver: claim records loaded, DRA socket served, then the registration
-/// socket (kubelet dials the DRA socket as soon as it sees the registration).
+/// socket (kubelet dials the DRA socket as soon as it sees the registration). The sockets
+/// are served until the handles returned are dropped.
 pub fn start(
     profile: Profile,
     client: Client,
     opts: &Options,
-    stop: &watch::Receiver<bool>,
-) -> Result<Arc<Driver>, DraError> {
+) -> Result<(Arc<Driver>, [Serving; 2]), DraError> {
     let name = super::names::driver_name(
         &profile,
         opts.driver_names.get(&profile.name).map(String::as_str),
     )
     .map_err(DraError::Name)?;
     let driver = Arc::new(Driver::new(profile, name, client, opts)?);
-    let dra = DraServer(Arc::clone(&driver));
-    let routes = tonic::service::Routes::new(dra.clone())
-        .add_service(DraServerV1beta1(dra.clone()))
-        .add_service(HealthServerV1(dra.clone()))
-        .add_service(HealthServerV1beta1(dra.clone()))
-        .add_service(HealthServerV1alpha1(dra));
-    serve(routes, &driver.endpoint, stop.clone())?;
+    let served = Served(Arc::clone(&driver));
+    fn listen(path: &Path) -> impl FnOnce(std::io::Error) -> DraError + '_ {
+        move |source| DraError::Listen {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+    let routes = tonic::service::Routes::new(dra::v1::dra_plugin_server::DraPluginServer::new(
+        served.clone(),
+    ))
+    .add_service(dra::v1beta1::dra_plugin_server::DraPluginServer::new(
+        served.clone(),
+    ))
+    .add_service(
+        health::v1::dra_resource_health_server::DraResourceHealthServer::new(served.clone()),
+    )
+    .add_service(
+        health::v1beta1::dra_resource_health_server::DraResourceHealthServer::new(served.clone()),
+    )
+    .add_service(
+        health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(served.clone()),
+    );
     let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
-    let routes = tonic::service::Routes::new(RegistrationServer(Arc::clone(&driver)));
-    serve(routes, &reg, stop.clone())?;
+    for path in [&driver.endpoint, &reg] {
+        if let Some(dir) = path.parent() {
+            socket::make_dirs(dir).map_err(listen(path))?;
+        }
+    }
+    let dra = socket::serve(routes, &driver.endpoint).map_err(listen(&driver.endpoint))?;
+    let routes = tonic::service::Routes::new(RegistrationServer::new(served));
+    let registration = socket::serve(routes, &reg).map_err(listen(&reg))?;
     log::info!(
         "{}: serving {} and {}; {} claim(s) prepared before",
         driver.name,
@@ -388,7 +459,7 @@ pub fn start(
         reg.display(),
         driver.claims.prepared().len()
     );
-    Ok(driver)
+    Ok((driver, [dra, registration]))
 }
 
 /// Looks at `driver`'s devices now and publishes them when they changed (or, with `resync`,
@@ -402,7 +473,10 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         vendor: &p.name,
         driver_version: version.as_deref(),
     };
-    let healthy: Vec<bool> = table.iter().map(|d| table::healthy(p, d)).collect();
+    let healthy: Vec<bool> = table
+        .iter()
+        .map(|d| inventory::healthy(p, &d.dev))
+        .collect();
     let devices: Vec<_> = table
         .iter()
         .zip(&healthy)
@@ -459,12 +533,13 @@ pub async fn run(
                 if table.is_empty() {
                     continue;
                 }
-                let driver = start(p.clone(), client.clone(), &opts, &stop)?;
+                let (driver, serving) = start(p.clone(), client.clone(), &opts)?;
                 let publisher = Publisher::new(client.clone(), &driver.name, &opts.node);
                 running.insert(
                     p.name.clone(),
                     Running {
                         driver,
+                        _serving: serving,
                         publisher,
                         resync: true,
                     },
@@ -481,7 +556,8 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    // The servers see `stop` too and remove their sockets; give them a moment.
+    // The servers stop and their sockets go with the handles.
+    drop(running);
     tokio::time::sleep(Duration::from_millis(50)).await;
     Ok(())
 }

@@ -66,11 +66,11 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
         }
     };
     put("vendor", string(pool.vendor));
-    put("index", Some(int(d.index.into())));
-    put("uuid", d.uuid.as_deref().and_then(string));
+    put("index", Some(int(d.dev.index.into())));
+    put("uuid", d.dev.uuid.as_deref().and_then(string));
     put("driverVersion", pool.driver_version.and_then(string));
-    put("model", d.model.as_deref().and_then(string));
-    if let Some(p) = &d.pci {
+    put("model", d.dev.model.as_deref().and_then(string));
+    if let Some(p) = &d.dev.pci {
         put(&format!("{STANDARD_DOMAIN}/pciBusID"), string(&p.bus_id));
         put(
             &format!("{STANDARD_DOMAIN}/pcieRoot"),
@@ -81,7 +81,7 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
             put(&format!("{STANDARD_DOMAIN}/numaNode"), Some(int(n.into())));
         }
     }
-    put("pcieSwitch", d.switch.as_deref().and_then(string));
+    put("pcieSwitch", d.dev.switch.as_deref().and_then(string));
     Device {
         name: d.name.clone(),
         attributes: Some(a),
@@ -134,34 +134,34 @@ pub fn slices(pool: &Pool, devices: &[Device], generation: i64) -> Vec<ResourceS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::devices::PluginDevice;
+    use crate::kubelet::inventory::NodeDevice;
     use crate::topology::PciLocation;
 
     fn dev(i: u32) -> DraDevice {
         DraDevice {
             name: format!("gcu-{i}"),
-            index: i,
-            uuid: None,
-            // A name past the API's 64 characters is left out, not cut.
-            model: match i {
-                0 => Some("NVIDIA H100 80GB HBM3".into()),
-                1 => Some("x".repeat(65)),
-                _ => None,
-            },
-            pci: Some(PciLocation {
-                bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
-                numa_node: Some(i / 4),
-                root: Some("pci0000:00".into()),
-                bridges: vec![],
-            }),
-            switch: (i < 2).then(|| "0000:01:00.0".to_string()),
-            dev: PluginDevice {
+            dev: NodeDevice {
                 index: i,
-                id: format!("gcu-{i}"),
                 name: i.to_string(),
+                uuid: None,
+                pci_bus_id: None,
+                minor: None,
+                // A name past the API's 64 characters is left out, not cut.
+                model: match i {
+                    0 => Some("NVIDIA H100 80GB HBM3".into()),
+                    1 => Some("x".repeat(65)),
+                    _ => None,
+                },
+                pci: Some(PciLocation {
+                    bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
+                    numa_node: Some(i / 4),
+                    root: Some("pci0000:00".into()),
+                    bridges: vec![],
+                }),
+                switch: (i < 2).then(|| "0000:01:00.0".to_string()),
+                place: Default::default(),
                 nodes: vec![],
                 host_nodes: vec![],
-                place: Default::default(),
             },
         }
     }

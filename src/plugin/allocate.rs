@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kubelet::host_root::HostRoot;
 use crate::profile::Profile;
 
 use super::devices::PluginDevice;
@@ -77,6 +78,19 @@ pub struct Answer {
     pub cdi_devices: Vec<String>,
 }
 
+impl Answer {
+    /// The answer with the host's paths, as kubelet and the runtime read them on the host.
+    pub fn to_host(mut self, root: &HostRoot) -> Answer {
+        for d in &mut self.devices {
+            d.host_path = root.to_host(&d.host_path);
+        }
+        for m in &mut self.mounts {
+            m.host_path = root.to_host(&m.host_path);
+        }
+        self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocateError {
     #[error("unknown device ID {0:?} for {1}")]
@@ -107,7 +121,7 @@ pub fn allocate(
         }
     }
     let chosen: Vec<&PluginDevice> = table.iter().filter(|d| ids.contains(&d.id)).collect();
-    let names: Vec<&str> = chosen.iter().map(|d| d.name.as_str()).collect();
+    let names: Vec<&str> = chosen.iter().map(|d| d.dev.name.as_str()).collect();
     let missing = |strategy: Strategy, what| AllocateError::Missing {
         vendor: profile.name.clone(),
         strategy: strategy.as_str(),
@@ -161,10 +175,11 @@ pub fn allocate(
                     .map(|c| (c.clone(), Profile::under(profile.dev_root(), c)))
                     .filter(|(_, host)| host.exists());
                 let nodes = chosen.iter().flat_map(|d| {
-                    d.nodes
+                    d.dev
+                        .nodes
                         .iter()
                         .map(|n| n.path.clone())
-                        .zip(d.host_nodes.iter().cloned())
+                        .zip(d.dev.host_nodes.iter().cloned())
                 });
                 for (container, host) in nodes.chain(control) {
                     if a.devices
@@ -187,4 +202,29 @@ pub fn allocate(
 
 fn path_str(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_name_the_hosts_paths() {
+        let a = Answer {
+            devices: vec![DeviceSpec {
+                container_path: "/dev/nvidia0".into(),
+                host_path: "/host/dev/nvidia0".into(),
+                permissions: "rw".into(),
+            }],
+            mounts: vec![Mount {
+                container_path: "/var/run/nvidia-container-devices/0".into(),
+                host_path: "/dev/null".into(),
+                read_only: true,
+            }],
+            ..Answer::default()
+        }
+        .to_host(&HostRoot::new("/host".into()));
+        assert_eq!(a.devices[0].host_path, "/dev/nvidia0");
+        assert_eq!(a.mounts[0].host_path, "/dev/null");
+    }
 }

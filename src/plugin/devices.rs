@@ -1,17 +1,12 @@
-//! The devices one profile offers kubelet: their IDs (`device-plugin-id`), where they sit
-//! (NUMA node, PCI bridges) and whether they are healthy, all from the shared discovery and
-//! topology code so the plugin and the runtime see the same node.
-
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+//! The devices one profile offers kubelet: the node's device table
+//! ([`crate::kubelet::inventory`]) with each device's ID (`device-plugin-id`), and the
+//! resources (offers) they are listed under, whole or as replicas.
 
 use crate::discovery::DiscoveryError;
+use crate::kubelet::inventory::{self, NodeDevice};
 pub use crate::profile::replica_id;
 use crate::profile::Profile;
 pub use crate::request::split_replica;
-use crate::topology::{discover_located, Node};
-
-use super::preferred::Place;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevicesError {
@@ -31,21 +26,12 @@ pub enum DevicesError {
     Discovery(#[from] DiscoveryError),
 }
 
-/// One device as the plugin describes it.
+/// One device as the plugin lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginDevice {
-    /// The device's index, as the runtime's variable names it.
-    pub index: u32,
     /// What kubelet sees (`GPU-<uuid>`, `GCU-0`).
     pub id: String,
-    /// What our runtime and the CDI spec name it by: the UUID where there is one, else the
-    /// index (both are names `accel-ctk cdi generate` writes and the runtime resolves).
-    pub name: String,
-    /// Device nodes: container path, and the major seen at discovery (the expected one).
-    pub nodes: Vec<Node>,
-    /// Host path of each node (under the profile's dev root).
-    pub host_nodes: Vec<PathBuf>,
-    pub place: Place,
+    pub dev: NodeDevice,
 }
 
 /// The profile's devices, ordered by index.
@@ -59,40 +45,30 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
         .as_deref()
         .ok_or_else(|| DevicesError::NoIdTemplate { vendor: vendor() })?;
     let mut out = Vec::new();
-    for located in discover_located(profile)? {
-        let d = &located.device;
-        let id = d.plugin_id(template).ok_or_else(|| DevicesError::NoId {
-            vendor: vendor(),
-            index: d.index,
-            template: template.to_string(),
-        })?;
+    for dev in inventory::discover(profile)? {
+        let found = crate::discovery::Device {
+            index: dev.index,
+            nodes: Vec::new(),
+            uuid: dev.uuid.clone(),
+            pci_bus_id: dev.pci_bus_id.clone(),
+            minor: dev.minor,
+            aliases: Vec::new(),
+            model: None,
+        };
+        let id = found
+            .plugin_id(template)
+            .ok_or_else(|| DevicesError::NoId {
+                vendor: vendor(),
+                index: dev.index,
+                template: template.to_string(),
+            })?;
         if id.len() > 63 {
             return Err(DevicesError::IdTooLong {
                 vendor: vendor(),
                 id,
             });
         }
-        let place = located
-            .pci
-            .as_ref()
-            .map(|p| Place {
-                numa: p.numa_node,
-                root: p.root.clone(),
-                bridges: p.bridges.clone(),
-            })
-            .unwrap_or_default();
-        out.push(PluginDevice {
-            index: d.index,
-            id,
-            name: d.uuid.clone().unwrap_or_else(|| d.index.to_string()),
-            host_nodes: located
-                .nodes
-                .iter()
-                .map(|n| Profile::under(profile.dev_root(), &n.path))
-                .collect(),
-            nodes: located.nodes,
-            place,
-        });
+        out.push(PluginDevice { id, dev });
     }
     Ok(out)
 }
@@ -132,7 +108,7 @@ impl Offer {
     ) -> Result<Vec<PluginDevice>, DevicesError> {
         let table: Vec<PluginDevice> = table
             .into_iter()
-            .filter(|d| self.admits(profile, d.index))
+            .filter(|d| self.admits(profile, d.dev.index))
             .collect();
         if self.replicas > 1 {
             if let Some(d) = table
@@ -182,36 +158,4 @@ pub fn listed_ids(dev: &PluginDevice, replicas: u32) -> Vec<String> {
         return vec![dev.id.clone()];
     }
     (0..replicas).map(|k| replica_id(&dev.id, k)).collect()
-}
-
-/// Healthy: the driver is loaded (the profile's version file exists, where it names one)
-/// and every node of the device is a character device with the major it had at discovery.
-/// Checked afresh each time, so a device that comes back is healthy again.
-pub fn healthy(profile: &Profile, dev: &PluginDevice) -> bool {
-    if let Some(v) = profile.version_file.as_deref() {
-        if !Profile::under(&profile.driver_root, v).exists() {
-            return false;
-        }
-    }
-    dev.nodes.iter().zip(&dev.host_nodes).all(|(n, host)| {
-        std::fs::symlink_metadata(host).is_ok_and(|m| {
-            m.file_type().is_char_device()
-                && n.major
-                    .is_none_or(|want| nix::sys::stat::major(m.rdev()) == want)
-        })
-    })
-}
-
-/// Host paths whose directories show a change of the profile's devices: the driver's version
-/// file, where the profile's device nodes appear (the first node template), and every node of
-/// the devices known.
-pub fn watched_paths(profile: &Profile, table: &[PluginDevice]) -> Vec<PathBuf> {
-    let template = profile.discovery.node_template();
-    let version = profile.version_file.as_deref();
-    version
-        .map(|v| Profile::under(&profile.driver_root, v))
-        .into_iter()
-        .chain(template.map(|t| Profile::under(profile.dev_root(), Path::new(t))))
-        .chain(table.iter().flat_map(|d| d.host_nodes.iter().cloned()))
-        .collect()
 }

@@ -11,17 +11,8 @@
 
 use std::cmp::Ordering;
 
+pub use crate::kubelet::inventory::Place;
 use crate::profile::ReplicaPolicy;
-
-/// Where a device sits, as far as preference is concerned.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Place {
-    pub numa: Option<u32>,
-    /// Host bridge (`pci0000:00`).
-    pub root: Option<String>,
-    /// Bridges from the root port down to the device.
-    pub bridges: Vec<String>,
-}
 
 /// Offered devices at or under this count are searched exhaustively.
 pub const EXACT_LIMIT: usize = 16;

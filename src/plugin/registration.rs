@@ -15,9 +15,9 @@
 //! the wait short: kubelet admits the pods it finds about 60 ms after its socket appears,
 //! and a device pod admitted before the plugin registers is refused for good.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::Duration;
+
+pub use crate::kubelet::socket::FileId;
 
 /// What kubelet's directory reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,36 +28,6 @@ pub enum Event {
     OwnSocketDeleted,
     /// The ListAndWatch stream of this registration ended.
     StreamEnded(u64),
-}
-
-/// One file's identity: a socket recreated at the same path is another file even when the
-/// file system hands out the same inode number again, as its change time differs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileId {
-    dev: u64,
-    ino: u64,
-    ctime: (i64, i64),
-}
-
-impl FileId {
-    /// The identity of what is at `path` now (not following a symlink), if anything.
-    pub fn of(path: &Path) -> Option<FileId> {
-        let m = path.symlink_metadata().ok()?;
-        Some(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
-
-    #[cfg(test)]
-    fn test(ino: u64) -> FileId {
-        FileId {
-            dev: 1,
-            ino,
-            ctime: (0, 0),
-        }
-    }
 }
 
 /// The two sockets as they are when an event is judged.
@@ -281,10 +251,7 @@ mod tests {
     fn a_socket_recreated_with_the_same_inode_is_another_socket() {
         let (mut r, _) = registered(1, 10);
         let mut again = socks(1, 10);
-        again.kubelet = again.kubelet.map(|mut f| {
-            f.ctime.1 += 1;
-            f
-        });
+        again.kubelet = again.kubelet.map(FileId::changed);
         assert_eq!(r.on_event(Event::KubeletSocket, again), Action::Register);
     }
 

@@ -9,8 +9,8 @@ use inotify::{EventMask, Inotify, WatchMask};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
-use super::api::KUBELET_SOCKET;
 use super::registration::Event;
+use crate::kubelet::proto::deviceplugin::KUBELET_SOCKET;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot watch {}: {source}", path.display())]

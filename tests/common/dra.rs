@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::api::*;
-use accel_container_runtime::dra::grpc;
 use accel_container_runtime::dra::server::{self, Options};
-use accel_container_runtime::plugin::grpc::connect;
+use accel_container_runtime::kubelet::proto::dra::*;
+use accel_container_runtime::kubelet::proto::registration::{PluginInfo, RegistrationStatus};
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::apiserver::ApiServer;
+use super::grpc::{self, connect, UNPREPARE_V1};
 
 /// The enflame profile's driver name (its `cdi-kind`, turned around).
 pub const DRIVER: &str = "gcu.enflame.com";

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::grpc;
 use accel_container_runtime::config::Config;
+use accel_container_runtime::kubelet::proto::deviceplugin::*;
 use accel_container_runtime::plugin::allocate::Strategy;
-use accel_container_runtime::plugin::api::*;
-use accel_container_runtime::plugin::grpc::{self, RegistrationServer};
 use accel_container_runtime::plugin::server::{self, Options};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
@@ -133,7 +133,7 @@ impl Kubelet {
         let older = Arc::clone(&self.older_streams);
         let alive = Arc::new(AtomicBool::new(true));
         let serving = Arc::clone(&alive);
-        let svc = RegistrationServer(move |r: RegisterRequest| {
+        let svc = grpc::registration_server(move |r: RegisterRequest| {
             if !serving.load(Ordering::SeqCst) {
                 return Err(tonic::Status::unavailable("kubelet is gone"));
             }

@@ -54,6 +54,8 @@ pub mod apiserver;
 pub mod dra;
 pub mod drm;
 #[cfg(feature = "plugin")]
+pub mod grpc;
+#[cfg(feature = "plugin")]
 pub mod kubelet;
 
 use std::collections::{BTreeMap, BTreeSet};

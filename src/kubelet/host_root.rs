@@ -1,4 +1,5 @@
-//! The host's `/` as the plugin's container sees it (`--host-root`, `/host` in the DaemonSet).
+//! The host's `/` as the device plugin's and the DRA driver's containers see it (`--host-root`,
+//! `/host` in the DaemonSets).
 //!
 //! The pod cannot mount the host's `/dev` at `/dev` (kubelet's `/dev/termination-log` mount
 //! then fails under a read-only bind) nor `/proc/driver` anywhere under `/proc` (runc refuses
@@ -12,8 +13,6 @@ use std::path::{Path, PathBuf};
 
 use crate::cdi::model::{ContainerEdits, Spec};
 use crate::profile::Profile;
-
-use super::allocate::Answer;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRoot(PathBuf);
@@ -58,17 +57,6 @@ impl HostRoot {
         }
     }
 
-    /// Allocate's answer with host paths.
-    pub fn answer(&self, mut a: Answer) -> Answer {
-        for d in &mut a.devices {
-            d.host_path = self.to_host(&d.host_path);
-        }
-        for m in &mut a.mounts {
-            m.host_path = self.to_host(&m.host_path);
-        }
-        a
-    }
-
     /// A generated CDI spec with host paths (a node whose host path becomes its container
     /// path loses the redundant `hostPath`, as the generator writes it on the host).
     pub fn spec(&self, mut spec: Spec) -> Spec {
@@ -95,7 +83,6 @@ impl HostRoot {
 mod tests {
     use super::*;
     use crate::cdi::model::{Device, DeviceNode, Mount};
-    use crate::plugin::allocate::DeviceSpec;
 
     #[test]
     fn profiles_are_read_under_the_root_and_paths_handed_out_as_the_host_names_them() {
@@ -113,16 +100,6 @@ mod tests {
         // Not under the root (volume-mounts' /dev/null is the host's own name already).
         assert_eq!(h.to_host("/dev/null"), "/dev/null");
         assert_eq!(h.to_host("/hostile/x"), "/hostile/x");
-
-        let a = h.answer(Answer {
-            devices: vec![DeviceSpec {
-                container_path: "/dev/nvidia0".into(),
-                host_path: "/host/dev/nvidia0".into(),
-                permissions: "rw".into(),
-            }],
-            ..Answer::default()
-        });
-        assert_eq!(a.devices[0].host_path, "/dev/nvidia0");
 
         let edits = ContainerEdits {
             device_nodes: vec![

@@ -1,33 +1,294 @@
-//! What the plugin answers kubelet's calls with: GetPreferredAllocation (the best-connected
-//! choice of the offered devices, replicas spread) and Allocate (the strategies' answer for
-//! each container). Requests are bounded by the device table: IDs the plugin does not offer
-//! are refused or left out before any work that grows with them.
+//! The device plugin service: [`Plugin`], one offer of one profile, with everything kubelet
+//! calls on it. ListAndWatch is the device table and each device's health, pushed again as it
+//! changes ([`Plugin::recheck`]); GetPreferredAllocation is the best-connected choice of the
+//! offered devices, replicas spread; Allocate is the strategies' answer for each container.
+//! Requests are bounded by the device table: IDs the plugin does not offer are refused or left
+//! out before any work that grows with them.
 
-use tonic::Status;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use super::allocate::{allocate, AllocateError};
-use super::api::*;
-use super::devices::{replica_id, split_replica, PluginDevice};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status};
+
+use crate::kubelet::host_root::HostRoot;
+use crate::kubelet::inventory;
+use crate::kubelet::proto::deviceplugin::device_plugin_server::DevicePlugin;
+use crate::kubelet::proto::deviceplugin::*;
+use crate::profile::Profile;
+
+use super::allocate::{allocate, AllocateError, Strategy};
+use super::devices::{self, replica_id, split_replica, DevicesError, Offer, PluginDevice};
 use super::preferred::{choose, choose_replicas, Place};
-use super::server::Plugin;
+use super::registration::Event;
 
-/// At most this many device IDs in a log line; the rest are counted.
-const LOGGED_IDS: usize = 8;
+/// Where and how the CDI spec the `cdi-*` answers name is written.
+#[derive(Debug, Clone)]
+pub struct CdiTarget {
+    pub cdi_dir: std::path::PathBuf,
+    /// Container directory for libraries in that spec.
+    pub library_dir: std::path::PathBuf,
+    pub host_root: HostRoot,
+}
 
-/// `ids` for a log line: the first few, quoted and escaped, and how many more.
-fn shown(ids: &[String]) -> String {
-    let mut out: Vec<String> = ids
-        .iter()
-        .take(LOGGED_IDS)
-        .map(|i| format!("{:?}", i.chars().take(80).collect::<String>()))
-        .collect();
-    if ids.len() > LOGGED_IDS {
-        out.push(format!("and {} more", ids.len() - LOGGED_IDS));
+/// The CDI spec could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the CDI spec {}: {source}", path.display())]
+pub struct CdiError {
+    pub path: std::path::PathBuf,
+    #[source]
+    pub source: anyhow::Error,
+}
+
+impl CdiTarget {
+    /// The CDI spec the `cdi-*` answers name, from the same generator as `accel-ctk cdi
+    /// generate`, replaced atomically and only when its content changes. Returns whether it
+    /// was written.
+    pub fn write(&self, profile: &Profile) -> Result<bool, CdiError> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        let _g = LOCK.lock();
+        let path = self.cdi_dir.join(format!("accel-{}.json", profile.name));
+        let err = |source: anyhow::Error| CdiError {
+            path: path.clone(),
+            source,
+        };
+        let spec = crate::cdi::generate::generate(
+            profile,
+            &crate::cdi::generate::Options {
+                capabilities: None,
+                library_dir: self.library_dir.clone(),
+            },
+        )
+        .map_err(|e| err(e.into()))?;
+        let spec = self.host_root.spec(spec);
+        let text = serde_json::to_vec_pretty(&spec).map_err(|e| err(e.into()))?;
+        // The spec in place is read no further than the new one's length: anything longer
+        // differs, and a huge file there costs nothing.
+        if crate::bounded::read_file(&path, text.len() as u64).is_ok_and(|old| old == text) {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&self.cdi_dir).map_err(|e| err(e.into()))?;
+        crate::atomic::replace(&path, &text, 0o644).map_err(|e| err(e.into()))?;
+        log::info!("{}: CDI spec written to {}", profile.name, path.display());
+        Ok(true)
     }
-    format!("[{}]", out.join(", "))
+}
+
+/// What ListAndWatch reports: every device seen since start, and whether each is healthy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    pub table: Arc<Vec<PluginDevice>>,
+    pub health: Vec<bool>,
+    /// Times each device is listed (its replicas share its health).
+    pub replicas: u32,
+}
+
+/// The device plugin of one offer of a profile (its whole devices, or its shared ones).
+pub struct Plugin {
+    /// The profile, with `resource-name` the offer's resource (what Allocate's answers and
+    /// errors name).
+    pub profile: Profile,
+    pub resource: String,
+    pub offer: Offer,
+    pub strategies: Vec<Strategy>,
+    pub(super) state: watch::Sender<State>,
+    pub(super) epoch: AtomicU64,
+    pub(super) events: mpsc::UnboundedSender<Event>,
+    /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
+    pub(super) cdi: Option<CdiTarget>,
+    pub(super) host_root: HostRoot,
+    /// The last re-discovery error logged, so a lasting one is logged once.
+    last_error: Mutex<Option<String>>,
 }
 
 impl Plugin {
+    /// A plugin for `profile`'s first offer (for tests and benchmarks: no socket, no thread).
+    pub fn new(profile: Profile, strategies: Vec<Strategy>) -> Result<Plugin, DevicesError> {
+        let offer = devices::offers(&profile)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Offer::all(&profile));
+        Self::offered(profile, offer, strategies)
+    }
+
+    /// A plugin for one offer of `profile` (tests: no socket, no thread).
+    pub fn offered(
+        profile: Profile,
+        offer: Offer,
+        strategies: Vec<Strategy>,
+    ) -> Result<Plugin, DevicesError> {
+        let table = offer.select(&profile, devices::discover(&profile)?)?;
+        Ok(Self::with_table(profile, offer, strategies, table).0)
+    }
+
+    /// A plugin over an already-built device table (benchmarks).
+    pub fn from_table(
+        profile: Profile,
+        strategies: Vec<Strategy>,
+        table: Vec<PluginDevice>,
+    ) -> Plugin {
+        let offer = Offer::all(&profile);
+        Self::with_table(profile, offer, strategies, table).0
+    }
+
+    pub(super) fn with_table(
+        mut profile: Profile,
+        offer: Offer,
+        strategies: Vec<Strategy>,
+        table: Vec<PluginDevice>,
+    ) -> (Plugin, mpsc::UnboundedReceiver<Event>) {
+        profile.resource_name = Some(offer.resource.clone());
+        let health = table
+            .iter()
+            .map(|d| inventory::healthy(&profile, &d.dev))
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let plugin = Plugin {
+            resource: offer.resource.clone(),
+            profile,
+            strategies,
+            state: watch::Sender::new(State {
+                table: Arc::new(table),
+                health,
+                replicas: offer.replicas,
+            }),
+            offer,
+            epoch: AtomicU64::new(0),
+            events: tx,
+            cdi: None,
+            host_root: HostRoot::default(),
+            last_error: Mutex::new(None),
+        };
+        (plugin, rx)
+    }
+
+    /// The devices known now (each Allocate and preferred choice reads one snapshot).
+    pub fn table(&self) -> Arc<Vec<PluginDevice>> {
+        Arc::clone(&self.state.borrow().table)
+    }
+
+    /// What the next ListAndWatch message says.
+    pub fn state(&self) -> State {
+        self.state.borrow().clone()
+    }
+
+    /// What the plugin tells kubelet it offers: GetPreferredAllocation, no PreStartContainer.
+    pub fn options() -> DevicePluginOptions {
+        DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }
+    }
+
+    /// The socket's name in kubelet's directory.
+    pub fn socket_name(&self) -> String {
+        format!("accel-{}.sock", self.resource.replace(['/', '.'], "-"))
+    }
+
+    fn devices(state: &State) -> ListAndWatchResponse {
+        ListAndWatchResponse {
+            devices: state
+                .table
+                .iter()
+                .zip(&state.health)
+                .flat_map(|(d, h)| {
+                    devices::listed_ids(d, state.replicas)
+                        .into_iter()
+                        .map(move |id| Device {
+                            id,
+                            health: if *h { HEALTHY } else { UNHEALTHY }.into(),
+                            topology: d.dev.place.numa.map(|n| TopologyInfo {
+                                nodes: vec![NumaNode { id: i64::from(n) }],
+                            }),
+                        })
+                })
+                .collect(),
+        }
+    }
+
+    /// Discovers the devices again and re-checks each one's health; on a change, rewrites
+    /// the CDI spec first (so a device kubelet hears of is already in it), then logs and
+    /// pushes the change on ListAndWatch. Returns whether anything changed.
+    ///
+    /// A device once seen stays in the table: one whose node goes away is reported
+    /// Unhealthy, not dropped (kubelet keeps counting it as allocated where it is), and keeps
+    /// the major it was discovered with, so a node recreated with another major stays
+    /// Unhealthy. Devices that appear are added.
+    pub fn recheck(&self) -> bool {
+        let known = self.table();
+        let found =
+            devices::discover(&self.profile).and_then(|f| self.offer.select(&self.profile, f));
+        let table = match found {
+            Ok(found) => {
+                *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                let new: Vec<PluginDevice> = found
+                    .into_iter()
+                    .filter(|f| !known.iter().any(|k| k.id == f.id))
+                    .collect();
+                if new.is_empty() {
+                    known
+                } else {
+                    Arc::new(known.iter().cloned().chain(new).collect())
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if last.as_deref() != Some(e.as_str()) {
+                    log::warn!(
+                        "{}: cannot discover devices again ({e}); keeping the {} known",
+                        self.resource,
+                        known.len()
+                    );
+                    *last = Some(e);
+                }
+                known
+            }
+        };
+        let health = table
+            .iter()
+            .map(|d| inventory::healthy(&self.profile, &d.dev))
+            .collect();
+        let now = State {
+            table,
+            health,
+            replicas: self.offer.replicas,
+        };
+        if *self.state.borrow() == now {
+            return false;
+        }
+        if let Some(opts) = &self.cdi {
+            if let Err(e) = opts.write(&self.profile) {
+                log::warn!("{}: {e:#}", self.resource);
+            }
+        }
+        self.state.send_if_modified(|old| {
+            if *old == now {
+                return false;
+            }
+            for (i, d) in now.table.iter().enumerate() {
+                let is = now.health[i];
+                match old.table.iter().position(|o| o.id == d.id) {
+                    None => log::info!(
+                        "{}: device {} appeared, {}",
+                        self.resource,
+                        d.id,
+                        if is { HEALTHY } else { UNHEALTHY }
+                    ),
+                    Some(j) if old.health[j] != is => log::info!(
+                        "{}: device {} is now {}",
+                        self.resource,
+                        d.id,
+                        if is { HEALTHY } else { UNHEALTHY }
+                    ),
+                    Some(_) => {}
+                }
+            }
+            *old = now;
+            true
+        })
+    }
+
     /// The best-connected `allocation_size` of the offered devices. The offered IDs are
     /// taken in device-index order, whatever order kubelet sends them in (Go's map order,
     /// different at every call): equal choices then always fall to the lower indexes, so
@@ -75,7 +336,10 @@ impl Plugin {
                     }
                 }
             }
-            let places: Vec<Place> = offered.iter().map(|&t| table[t].place.clone()).collect();
+            let places: Vec<Place> = offered
+                .iter()
+                .map(|&t| table[t].dev.place.clone())
+                .collect();
             let size = usize::try_from(r.allocation_size).unwrap_or(usize::MAX);
             let chosen = choose(&places, &must, size).ok_or_else(|| {
                 self.refused(
@@ -175,7 +439,10 @@ impl Plugin {
                     ),
                 ));
             }
-            let places: Vec<Place> = devices.iter().map(|&t| table[t].place.clone()).collect();
+            let places: Vec<Place> = devices
+                .iter()
+                .map(|&t| table[t].dev.place.clone())
+                .collect();
             let chosen = choose_replicas(&places, &free, &must, size, policy).ok_or_else(|| {
                 self.refused(
                     "GetPreferredAllocation",
@@ -281,7 +548,7 @@ impl Plugin {
                         .insert(var.clone(), self.offer.replicas.to_string());
                 }
             }
-            let answer = self.host_root.answer(answer);
+            let answer = answer.to_host(&self.host_root);
             log::info!(
                 "{}: Allocate {}: {} env, {} mounts, {} device nodes, {} CDI devices",
                 self.resource,
@@ -291,7 +558,7 @@ impl Plugin {
                 answer.devices.len(),
                 answer.cdi_devices.len() + answer.annotations.len()
             );
-            out.container_responses.push(answer.into());
+            out.container_responses.push(response(answer));
         }
         Ok(out)
     }
@@ -302,12 +569,132 @@ impl Plugin {
     }
 }
 
+/// A ListAndWatch stream. Ends with the stream: tells the registration loop which
+/// registration's stream it was.
+pub struct Watching {
+    inner: tokio_stream::wrappers::WatchStream<State>,
+    epoch: u64,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl tokio_stream::Stream for Watching {
+    type Item = Result<ListAndWatchResponse, Status>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|s| s.map(|s| Ok(Plugin::devices(&s))))
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let _ = self.events.send(Event::StreamEnded(self.epoch));
+    }
+}
+
+/// The gRPC face of a plugin: tonic's generated `DevicePlugin` service over it.
+pub struct Served(pub Arc<Plugin>);
+
+#[tonic::async_trait]
+impl DevicePlugin for Served {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(Plugin::options()))
+    }
+
+    type ListAndWatchStream = Watching;
+
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Watching>, Status> {
+        let p = &self.0;
+        log::info!("{}: kubelet watches the devices", p.resource);
+        Ok(Response::new(Watching {
+            inner: tokio_stream::wrappers::WatchStream::new(p.state.subscribe()),
+            epoch: p.epoch.load(Ordering::SeqCst),
+            events: p.events.clone(),
+        }))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        self.0.preferred(req.into_inner()).map(Response::new)
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        self.0.allocate(req.into_inner()).map(Response::new)
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// An answer as kubelet's message.
+fn response(a: super::allocate::Answer) -> ContainerAllocateResponse {
+    ContainerAllocateResponse {
+        envs: a.envs.into_iter().collect(),
+        mounts: a
+            .mounts
+            .into_iter()
+            .map(|m| Mount {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: a
+            .devices
+            .into_iter()
+            .map(|d| DeviceSpec {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
+        annotations: a.annotations.into_iter().collect(),
+        cdi_devices: a
+            .cdi_devices
+            .into_iter()
+            .map(|name| CdiDevice { name })
+            .collect(),
+    }
+}
+
+/// At most this many device IDs in a log line; the rest are counted.
+const LOGGED_IDS: usize = 8;
+
+/// `ids` for a log line: the first few, quoted and escaped, and how many more.
+fn shown(ids: &[String]) -> String {
+    let mut out: Vec<String> = ids
+        .iter()
+        .take(LOGGED_IDS)
+        .map(|i| format!("{:?}", i.chars().take(80).collect::<String>()))
+        .collect();
+    if ids.len() > LOGGED_IDS {
+        out.push(format!("and {} more", ids.len() - LOGGED_IDS));
+    }
+    format!("[{}]", out.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use std::path::PathBuf;
 
+    use crate::kubelet::inventory::NodeDevice;
     use crate::plugin::allocate::Strategy;
     use crate::topology::Node;
 
@@ -316,22 +703,25 @@ mod tests {
     fn plugin(strategies: Vec<Strategy>) -> Plugin {
         let table = (0..8u32)
             .map(|i| PluginDevice {
-                index: i,
                 id: format!("GCU-{i}"),
-                name: i.to_string(),
-                nodes: vec![Node {
-                    path: PathBuf::from(format!("/dev/gcu{i}")),
-                    major: Some(240),
-                    minor: Some(u64::from(i)),
-                }],
-                host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
-                place: Place {
-                    numa: Some(i / 4),
-                    root: Some("pci0000:00".into()),
-                    bridges: vec![
-                        format!("0000:0{}:01.0", i / 4),
-                        format!("0000:1{}:00.0", i / 4),
-                    ],
+                dev: NodeDevice {
+                    index: i,
+                    name: i.to_string(),
+                    nodes: vec![Node {
+                        path: PathBuf::from(format!("/dev/gcu{i}")),
+                        major: Some(240),
+                        minor: Some(u64::from(i)),
+                    }],
+                    host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
+                    place: Place {
+                        numa: Some(i / 4),
+                        root: Some("pci0000:00".into()),
+                        bridges: vec![
+                            format!("0000:0{}:01.0", i / 4),
+                            format!("0000:1{}:00.0", i / 4),
+                        ],
+                    },
+                    ..NodeDevice::default()
                 },
             })
             .collect();

@@ -1,0 +1,49 @@
+//! What the device plugin's and the DRA driver's `main` share: logging to stderr and one error
+//! line on the way out, the host's root given by `--host-root`, and the stop that SIGTERM
+//! (the kubelet's and systemd's way to end a pod or unit) and SIGINT send.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::host_root::HostRoot;
+
+/// Runs `inner` as the daemon `name`: its log on stderr, its error (with its causes) as the
+/// last line and exit status 1.
+pub fn main(name: &'static str, inner: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
+    crate::logging::init_stderr(name);
+    match inner() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `--host-root`: where the host's `/` is mounted in this container (`/` on the host).
+pub fn host_root(dir: PathBuf) -> anyhow::Result<HostRoot> {
+    if !dir.is_absolute() || !dir.is_dir() {
+        anyhow::bail!(
+            "--host-root {:?} is not an absolute path to a directory (mount the host's / there)",
+            dir
+        );
+    }
+    Ok(HostRoot::new(dir))
+}
+
+/// A flag that turns true at the first SIGTERM or SIGINT (sockets are removed, then the
+/// daemon exits). Called inside the daemon's tokio runtime.
+pub fn stop_on_signals() -> std::io::Result<tokio::sync::watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => log::info!("SIGTERM: removing sockets, exiting"),
+            _ = int.recv() => log::info!("SIGINT: removing sockets, exiting"),
+        }
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}

@@ -1,0 +1,185 @@
+//! The node's device table: the devices of one profile as kubelet's two device APIs hand them
+//! out (the device plugin, the DRA driver), built from the library's discovery and topology
+//! so the runtime, `accel-ctk` and both see the same node. Each device with where it sits
+//! (NUMA node, PCI bridges, the PCIe switch it shares with another of the profile's devices)
+//! and, checked afresh each time, whether it is healthy.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::discovery::DiscoveryError;
+use crate::profile::Profile;
+use crate::topology::{discover_located, shared_switches, Node, PciLocation};
+
+/// Where a device sits, as far as choosing well-connected devices is concerned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Place {
+    pub numa: Option<u32>,
+    /// Host bridge (`pci0000:00`).
+    pub root: Option<String>,
+    /// Bridges from the root port down to the device.
+    pub bridges: Vec<String>,
+}
+
+/// One device of the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeDevice {
+    /// The device's index, as the runtime's variable names it.
+    pub index: u32,
+    /// What our runtime and the CDI spec name it by: the UUID where there is one, else the
+    /// index (both are names `accel-ctk cdi generate` writes and the runtime resolves).
+    pub name: String,
+    pub uuid: Option<String>,
+    /// See [`crate::discovery::Device`].
+    pub pci_bus_id: Option<String>,
+    pub minor: Option<u32>,
+    /// See [`crate::discovery::Device::model`].
+    pub model: Option<String>,
+    pub pci: Option<PciLocation>,
+    /// The bridge (the switch's upstream port) this device shares with another of the
+    /// profile's devices; `None` when it sits alone under its bridges.
+    pub switch: Option<String>,
+    pub place: Place,
+    /// Device nodes: container path, and the major seen at discovery (the expected one).
+    pub nodes: Vec<Node>,
+    /// Host path of each node (under the profile's dev root).
+    pub host_nodes: Vec<PathBuf>,
+}
+
+/// The profile's devices, ordered by index; none when the driver's nodes are absent.
+pub fn discover(profile: &Profile) -> Result<Vec<NodeDevice>, DiscoveryError> {
+    let located = match discover_located(profile) {
+        Ok(l) => l,
+        Err(e) if e.is_not_found() => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let paths: Vec<Option<&[String]>> = located
+        .iter()
+        .map(|l| l.pci.as_ref().map(|p| p.bridges.as_slice()))
+        .collect();
+    let switches = shared_switches(&paths);
+    let mut out: Vec<NodeDevice> = located
+        .into_iter()
+        .zip(switches)
+        .map(|(l, switch)| {
+            let d = l.device;
+            NodeDevice {
+                index: d.index,
+                name: d.uuid.clone().unwrap_or_else(|| d.index.to_string()),
+                host_nodes: l
+                    .nodes
+                    .iter()
+                    .map(|n| Profile::under(profile.dev_root(), &n.path))
+                    .collect(),
+                nodes: l.nodes,
+                place: l
+                    .pci
+                    .as_ref()
+                    .map(|p| Place {
+                        numa: p.numa_node,
+                        root: p.root.clone(),
+                        bridges: p.bridges.clone(),
+                    })
+                    .unwrap_or_default(),
+                uuid: d.uuid,
+                pci_bus_id: d.pci_bus_id,
+                minor: d.minor,
+                model: d.model,
+                pci: l.pci,
+                switch,
+            }
+        })
+        .collect();
+    out.sort_by_key(|d| d.index);
+    Ok(out)
+}
+
+/// Healthy: the driver is loaded (the profile's version file exists, where it names one)
+/// and every node of the device is a character device with the major it had at discovery.
+/// Checked afresh each time, so a device that comes back is healthy again.
+///
+/// The node's host path is a lexical join under dev-root, looked at with `lstat` and never
+/// opened: a link there is not a character device, so nothing outside the root is reached,
+/// and what the check answers is only ever a health bit; what is handed to a container is
+/// resolved in the root by [`node_problem`] and the runtime.
+pub fn healthy(profile: &Profile, dev: &NodeDevice) -> bool {
+    if let Some(v) = profile.version_file.as_deref() {
+        if !Profile::under(&profile.driver_root, v).exists() {
+            return false;
+        }
+    }
+    dev.nodes.iter().zip(&dev.host_nodes).all(|(n, host)| {
+        std::fs::symlink_metadata(host).is_ok_and(|m| {
+            m.file_type().is_char_device()
+                && n.major
+                    .is_none_or(|want| nix::sys::stat::major(m.rdev()) == want)
+        })
+    })
+}
+
+/// Why `dev`'s nodes cannot be handed to a container now, in one line naming the node; `None`
+/// when each resolves beneath dev-root to a character device with the major discovery saw (and
+/// one of the profile's `device-majors`, where it lists them): the runtime's own rule
+/// ([`crate::discovery::DevRoot`]).
+pub fn node_problem(profile: &Profile, dev: &NodeDevice) -> Option<String> {
+    let root = crate::discovery::DevRoot::new(profile);
+    for n in &dev.nodes {
+        let shown = Profile::under(profile.dev_root(), &n.path);
+        let st = match root.host_node(&n.path, true) {
+            Ok((_, st)) => st,
+            Err(e) if e.is_not_found() => {
+                return Some(format!("{}: does not exist", shown.display()))
+            }
+            Err(e) => return Some(e.to_string()),
+        };
+        let major = u64::from(rustix::fs::major(st.st_rdev));
+        if let Some(w) = n.major.filter(|w| *w != major) {
+            return Some(format!(
+                "{}: has major {major}, the driver's is {w}",
+                shown.display()
+            ));
+        }
+    }
+    None
+}
+
+/// Why `host` is not a character device of major `want` (and one of `allowed`, when not
+/// empty). `host` is a path a CDI spec generated from the profile names, already resolved in
+/// dev-root by the generator; it is looked at with `lstat`, never opened or followed.
+pub fn char_problem(host: &Path, want: Option<u64>, allowed: &[u64]) -> Option<String> {
+    let m = match std::fs::symlink_metadata(host) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some("does not exist".into()),
+        Err(e) => return Some(format!("cannot be read: {e}")),
+    };
+    if !m.file_type().is_char_device() {
+        return Some("is not a character device".into());
+    }
+    let major = nix::sys::stat::major(m.rdev());
+    if let Some(w) = want.filter(|w| *w != major) {
+        return Some(format!("has major {major}, the driver's is {w}"));
+    }
+    if !allowed.is_empty() && !allowed.contains(&major) {
+        return Some(format!(
+            "has major {major}, not one of the profile's device-majors {allowed:?}"
+        ));
+    }
+    None
+}
+
+/// Host paths whose directories show a change of the profile's devices: the driver's version
+/// file, where the profile's device nodes appear (the first node template), and every node of
+/// the devices known.
+pub fn watched_paths<'a>(
+    profile: &Profile,
+    table: impl IntoIterator<Item = &'a NodeDevice>,
+) -> Vec<PathBuf> {
+    let template = profile.discovery.node_template();
+    let version = profile.version_file.as_deref();
+    version
+        .map(|v| Profile::under(&profile.driver_root, v))
+        .into_iter()
+        .chain(template.map(|t| Profile::under(profile.dev_root(), Path::new(t))))
+        .chain(table.into_iter().flat_map(|d| d.host_nodes.iter().cloned()))
+        .collect()
+}
