@@ -1115,12 +1115,14 @@ fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
 }
 
 /// Issue 22, 8: the volume-mounts strategy hands a device to any pod that can mount hostPath
-/// /dev/null at the device-list path. The DaemonSet that defaults to it, and the README's
-/// security model, must say that it is safe only under Pod Security "baseline".
+/// /dev/null at the device-list path. The DaemonSet that defaults to it, the README's
+/// Kubernetes quickstart and the security model (docs/security.md, issue 33) must say that it
+/// is safe only under Pod Security "baseline".
 #[test]
 fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
     let manifest = read("packaging/kubernetes/accel-device-plugin-daemonset.yaml");
     let readme = read("README.md");
+    let security_doc = read("docs/security.md");
     let header: String = manifest
         .lines()
         .take_while(|l| l.starts_with('#'))
@@ -1130,7 +1132,7 @@ fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
         manifest.contains("--strategy=volume-mounts"),
         "the test is about the default strategy"
     );
-    for text in [&header, &readme] {
+    for text in [&header, &readme, &security_doc] {
         assert!(
             text.contains("pod-security.kubernetes.io/enforce=baseline"),
             "no Pod Security requirement in {}",
@@ -1138,10 +1140,16 @@ fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
         );
         assert!(text.contains("hostPath"), "hostPath not named");
     }
-    let security = &readme[readme.find("### Security model").unwrap()..];
-    let security = &security[..security.find("\n## ").unwrap()];
-    assert!(
-        security.contains("baseline"),
-        "the README's security model does not state the Pod Security requirement"
-    );
+    let model = &security_doc[security_doc.find("\n## Pod Security").unwrap() + 1..];
+    let model = &model[..model.find("\n## ").unwrap()];
+    for want in [
+        "baseline",
+        "hostPath",
+        "pod-security.kubernetes.io/enforce=baseline",
+    ] {
+        assert!(
+            model.contains(want),
+            "the security model's Pod Security section does not name {want}"
+        );
+    }
 }
