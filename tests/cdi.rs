@@ -721,7 +721,7 @@ fn toolkit_style_spec_loads_and_its_hook_is_refused() {
     assert_eq!(
         err,
         format!(
-            "CDI spec {}: hooks are not supported by this runtime (createContainer hook /usr/bin/nvidia-cdi-hook: this runtime runs no hook programs; see README, CDI)",
+            "CDI spec {}: hooks are not supported by this runtime (createContainer hook /usr/bin/nvidia-cdi-hook: this runtime runs no hook programs; see docs/cdi.md)",
             dir.join("toolkit-style.yaml").display()
         )
     );

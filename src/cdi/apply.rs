@@ -106,7 +106,7 @@ fn refuse_unsupported(path: &Path, e: &ContainerEdits) -> Result<(), ApplyError>
         return Err(unsupported(
             "hooks",
             format!(
-                "{} hook {}: this runtime runs no hook programs; see README, CDI",
+                "{} hook {}: this runtime runs no hook programs; see docs/cdi.md",
                 h.hook_name, h.path
             ),
         ));

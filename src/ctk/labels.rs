@@ -9,7 +9,7 @@
 //! without a prefix is given NFD's `feature.node.kubernetes.io/`. The file is replaced with a
 //! rename (src/atomic.rs), its temp file hidden (`.name…`), so NFD never reads half of one.
 //!
-//! Names (`<p>` the profile's name; the README lists them): `accel-<p>.present`,
+//! Names (`<p>` the profile's name; docs/operating.md lists them): `accel-<p>.present`,
 //! `.count`, `.model` (PCI `vendor-device` ids, DRM-class profiles, when every device is the
 //! same), `.driver-version`, `.numa-nodes` (`0_1`), `.pcie-switches` (switch groups),
 //! `.pcie-switch-sizes` (`4_4`), `.sharing` (`none` or `time-slicing`), `.replicas`.
