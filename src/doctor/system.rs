@@ -17,7 +17,6 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 
-use super::engines::{CgroupDriver, Engine};
 use super::{is_executable, Ctx, Finding, RUNC_MIN};
 use crate::config::Config;
 
@@ -48,6 +47,25 @@ impl CgroupVersion {
             CgroupVersion::Hybrid => "cgroup v1 (hybrid: v2 mounted at /sys/fs/cgroup/unified)",
             CgroupVersion::V2 => "cgroup v2",
             CgroupVersion::Unknown => "cgroup version unknown (nothing under /sys/fs/cgroup)",
+        }
+    }
+}
+
+/// How an engine's runc sets up cgroups: `cgroupfs` writes the cgroup files itself,
+/// `systemd` asks systemd for a transient unit (and so is exposed to systemd re-applying its
+/// own device list on `systemctl daemon-reload`). Which one an engine uses is read by
+/// `engines`, above this module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+impl CgroupDriver {
+    pub fn name(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
         }
     }
 }
@@ -111,16 +129,14 @@ pub struct Exposure {
 }
 
 impl Exposure {
-    pub fn new(system: System, engines: &[&Engine]) -> Exposure {
+    /// `drivers`: each engine found with its cgroup driver (`engines::Engine::driver`).
+    pub fn new(
+        system: System,
+        drivers: impl IntoIterator<Item = (&'static str, CgroupDriver, String)>,
+    ) -> Exposure {
         Exposure {
             system,
-            drivers: engines
-                .iter()
-                .filter_map(|e| {
-                    let (d, why) = e.cgroup_driver.clone()?;
-                    Some((e.kind.name(), d, why))
-                })
-                .collect(),
+            drivers: drivers.into_iter().collect(),
             runc: None,
         }
     }
