@@ -13,13 +13,15 @@
 //! Topics, one module each: `config` (the runtime's files), `vendors` (drivers, device nodes,
 //! their `/dev/char` links), `engines` (registration and cgroup driver, read with
 //! `crate::engine`'s readers), `system` (cgroup version, systemd, runc and their device
-//! bugs), `kubelet` (CPU manager, checkpoint, plugin sockets). `engines` uses `system`'s
-//! facts, `vendors` its `Exposure`; none uses another back. A finding about a known bug is
-//! graded by what this node runs: a failure only where it can bite.
+//! bugs), `mounts` (whether `/` propagates as the DaemonSets need), `kubelet` (CPU manager,
+//! checkpoint, plugin sockets). `engines` uses `system`'s facts, `vendors` its `Exposure`;
+//! none uses another back. A finding about a known bug is graded by what this node runs: a
+//! failure only where it can bite.
 
 mod config;
 mod engines;
 mod kubelet;
+mod mounts;
 mod system;
 mod vendors;
 
@@ -37,6 +39,7 @@ pub use engines::{
     check_runtime_installed, Engine,
 };
 pub use kubelet::{check_checkpoint, check_cpu_manager, check_plugin_sockets};
+pub use mounts::{check_mount_propagation, root_propagation};
 pub use system::{
     check_cgroups, check_low_level, check_systemd, parse_runc_version, parse_systemd_version,
     CgroupDriver, CgroupVersion, Exposure, System,
@@ -159,7 +162,7 @@ fn unreadable_fix(file: &Path, e: &std::io::Error, limit: u64) -> String {
 }
 
 /// Every check, in the order an operator fixes things: config, driver, binaries, engines,
-/// cgroups and runc, `/dev/char` links, kubelet.
+/// cgroups and runc, `/dev/char` links, mount propagation, kubelet.
 pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     let (loaded, config) = load_config(ctx);
     let mut out = check_config(ctx, &loaded);
@@ -192,6 +195,7 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
             .iter()
             .filter_map(|l| check_dev_char_links(l, &exposure)),
     );
+    out.push(check_mount_propagation(ctx));
     out.push(check_cpu_manager(ctx, containerd.is_default));
     out.push(check_checkpoint(ctx, &config));
     out.extend(check_plugin_sockets(ctx));
