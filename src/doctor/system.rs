@@ -25,7 +25,7 @@ use crate::config::Config;
 pub const RUNC_BUG_FROM: (u64, u64, u64) = (1, 1, 3);
 /// First systemd that accepts runc 1.1.7's rules for devices without `/dev/char` links.
 pub const SYSTEMD_MIN: u64 = 240;
-/// The command that creates the missing `/dev/char` links (branch i13 adds it).
+/// The command that creates the missing `/dev/char` links.
 pub const CREATE_LINKS: &str = "accel-ctk system create-dev-char-symlinks";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
