@@ -263,6 +263,7 @@ mod tests {
             minor: Some(index),
             aliases: vec![],
             model: None,
+            duplicate_uuid: None,
         }
     }
 

@@ -4,9 +4,12 @@
 //! Discovery is the runtime's own (`discovery::discover`), so what this prints is what a
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
-//! pci_root, switch, driver_version, resource, replicas, model}], "errors":[{vendor, error}]}`;
-//! absent values are `null`, fields are only ever added. `resource` and `replicas` say how
-//! accel-device-plugin lists the device to kubelet (`replicas` > 1: as `<id>::<k>`).
+//! pci_root, switch, driver_version, resource, replicas, model, duplicate_uuid}],
+//! "errors":[{vendor, error}]}`; absent values are `null`, fields are only ever added.
+//! `resource` and `replicas` say how accel-device-plugin lists the device to kubelet
+//! (`replicas` > 1: as `<id>::<k>`). `uuid` is set only where it is unique on the node; an
+//! id several devices report is their `duplicate_uuid`, shown in the table as
+//! `<id> (not unique)`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -45,6 +48,8 @@ pub struct Row {
     pub replicas: u32,
     /// See [`crate::discovery::Device::model`].
     pub model: Option<String>,
+    /// See [`crate::discovery::Device::duplicate_uuid`].
+    pub duplicate_uuid: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,6 +94,7 @@ pub fn collect(config: &Config) -> Listing {
                 nodes: d.nodes,
                 uuid: d.device.uuid,
                 model: d.device.model,
+                duplicate_uuid: d.device.duplicate_uuid,
                 pci_bus_id: d.device.pci_bus_id,
                 numa_node: d.pci.as_ref().and_then(|p| p.numa_node),
                 pci_root: d.pci.as_ref().and_then(|p| p.root.clone()),
@@ -144,7 +150,11 @@ pub fn table(listing: &Listing) -> String {
             r.vendor.clone(),
             r.index.to_string(),
             nodes,
-            or_dash(r.uuid.clone()),
+            match (&r.uuid, &r.duplicate_uuid) {
+                (Some(u), _) => u.clone(),
+                (None, Some(d)) => format!("{d} (not unique)"),
+                (None, None) => "-".into(),
+            },
             or_dash(r.pci_bus_id.clone()),
             or_dash(r.numa_node.map(|n| n.to_string())),
             or_dash(r.switch.as_deref().map(|s| labels[s].clone())),
@@ -246,6 +256,7 @@ mod tests {
             resource: None,
             replicas: 1,
             model: None,
+            duplicate_uuid: None,
         }
     }
 
@@ -264,6 +275,20 @@ mod tests {
         assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
         assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
         assert!(!t.contains("Shared devices"), "{t}");
+    }
+
+    #[test]
+    fn table_marks_an_id_two_devices_report() {
+        let mut a = row("amd", 0, None, None);
+        a.duplicate_uuid = Some("0xabc".into());
+        let mut b = row("amd", 1, None, None);
+        b.uuid = Some("0xdef".into());
+        let t = table(&Listing {
+            devices: vec![a, b],
+            errors: vec![],
+        });
+        assert!(t.contains("0xabc (not unique)"), "{t}");
+        assert!(t.contains("0xdef ") && !t.contains("0xdef (not"), "{t}");
     }
 
     #[test]
