@@ -195,6 +195,7 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         r.join("state"),
         "/usr/lib64".into(),
         HostRoot::default(),
+        "bench-boot".into(),
     )
     .unwrap();
     let claim = claim_of_8();

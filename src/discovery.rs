@@ -181,7 +181,66 @@ pub struct Device {
     pub duplicate_uuid: Option<String>,
 }
 
+/// What a device keeps for as long as it is on the node, whatever else comes and goes: the
+/// number its driver gave its node and holds (NVIDIA's `Device Minor`; a device node's own
+/// number, `/dev/gcu3`), else its PCI function. Every name that outlives the moment (a DRA
+/// device name, a claim record) is made from it or from [`Device::stable_name`], never from
+/// `index`, which for NVIDIA and DRM-class devices is a position in discovery's order and
+/// shifts when a device leaves.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Key {
+    Number(u32),
+    Bus(String),
+}
+
+impl Key {
+    /// As characters a DNS label allows: `3`, `0000-c3-00-0`.
+    pub fn label(&self) -> String {
+        match self {
+            Key::Number(n) => n.to_string(),
+            Key::Bus(b) => b
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_lowercase()
+                    } else {
+                        '-'
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
 impl Device {
+    /// The device's [`Key`] under the profile's discovery.
+    pub fn key(&self, discovery: &Discovery) -> Key {
+        let bus = || Key::Bus(self.pci_bus_id.clone().unwrap_or_default());
+        match discovery {
+            Discovery::NvidiaProcfs { .. } => self.minor.map_or_else(bus, Key::Number),
+            Discovery::DeviceNodes { .. } => Key::Number(self.index),
+            Discovery::Drm { .. } => self
+                .pci_bus_id
+                .clone()
+                .map_or(Key::Number(self.index), Key::Bus),
+        }
+    }
+
+    /// The name the runtime, CDI specs and the device plugin's answers give the device, one
+    /// the runtime's own discovery resolves to this device for as long as it is on the node:
+    /// its UUID (unique on the node), else for a device found by its node that node's number
+    /// (`/dev/gcu3` is `3`), else its PCI bus id (NVIDIA's and DRM-class discovery always
+    /// read one).
+    pub fn stable_name(&self, discovery: &Discovery) -> String {
+        if let Some(u) = &self.uuid {
+            return u.clone();
+        }
+        match (discovery, &self.pci_bus_id) {
+            (Discovery::DeviceNodes { .. }, _) | (_, None) => self.index.to_string(),
+            (_, Some(bus)) => bus.clone(),
+        }
+    }
+
     /// The id the vendor's Kubernetes device plugin registers for it, from a template such
     /// as `{uuid}` or `GCU-{index}`; `None` when the template needs a field the device lacks.
     pub fn plugin_id(&self, template: &str) -> Option<String> {

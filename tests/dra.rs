@@ -412,7 +412,7 @@ fn concurrent_claims_get_their_own_devices() {
         let t = prepare(&ch, PREPARE_V1, vec![claim("ns", "thief", &uid(99))]).await;
         let e = &t.claims[&uid(99)].error;
         assert!(
-            e.contains("device gcu-2 is prepared for claim ns/c2"),
+            e.contains("device gcu-2 (nodes ") && e.contains(" is prepared for claim ns/c2 "),
             "{e}"
         );
         assert!(!drv.spec_path(&uid(99)).exists());

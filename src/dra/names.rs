@@ -1,9 +1,13 @@
 //! The names a profile's driver goes by: its driver name (`gcu.enflame.com` from the
 //! profile's `cdi-kind` `enflame.com/gcu`, the style NVIDIA's and AMD's drivers use), its
-//! devices' names in a ResourceSlice (DNS labels: `gcu-0`), and the per-claim CDI names
-//! (vendor `k8s.<driver>`, class `claim`, device `<claim UID>-<device>`, as the example
+//! devices' names in a ResourceSlice (DNS labels made from what each device keeps: `gcu-3`
+//! for `/dev/gcu3`, `gpu-0` for NVIDIA's minor 0 as NVIDIA's driver names it,
+//! `gpu-0000-c3-00-0` for a DRM-class device's PCI function; never a position, which the
+//! scheduler would count for whatever device comes to stand there), and the per-claim CDI
+//! names (vendor `k8s.<driver>`, class `claim`, device `<claim UID>-<device>`, as the example
 //! driver and NVIDIA's write them, so runtimes never see a name reused for other edits).
 
+use crate::discovery::Key;
 use crate::profile::Profile;
 
 /// The standard attribute domain of Kubernetes (`resource.kubernetes.io/pciBusID`).
@@ -72,17 +76,22 @@ fn label(s: &str) -> String {
     l.trim_matches('-').to_string()
 }
 
-/// The slice name of device `index` of `profile`: `<class>-<index>` (`gcu-3`), the class
-/// from `cdi-kind`, else the profile's name.
-pub fn device_name(profile: &Profile, index: u32) -> String {
+/// The slice name of the device with `key` of `profile`: `<class>-<key>` (`gcu-3`,
+/// `gpu-0000-c3-00-0`), the class from `cdi-kind`, else the profile's name. At most 63
+/// characters: the class is cut to 50, a key's label is at most 12.
+pub fn device_name(profile: &Profile, key: &Key) -> String {
     let class = profile
         .cdi_kind
         .as_deref()
         .and_then(|k| k.split_once('/'))
         .map(|(_, c)| label(c))
         .filter(|c| !c.is_empty() && c.len() <= 50)
-        .unwrap_or_else(|| label(&profile.name));
-    format!("{class}-{index}")
+        .unwrap_or_else(|| {
+            let mut l = label(&profile.name);
+            l.truncate(50);
+            l.trim_end_matches('-').to_string()
+        });
+    format!("{class}-{}", key.label())
 }
 
 /// The CDI kind of `driver`'s per-claim specs.
@@ -122,7 +131,11 @@ mod tests {
             .find(|p| p.name == "nvidia")
             .unwrap();
         assert_eq!(driver_name(&p, None).unwrap(), "gpu.nvidia.com");
-        assert_eq!(device_name(&p, 3), "gpu-3");
+        assert_eq!(device_name(&p, &Key::Number(3)), "gpu-3");
+        assert_eq!(
+            device_name(&p, &Key::Bus("0000:C3:00.0".into())),
+            "gpu-0000-c3-00-0"
+        );
         assert_eq!(
             driver_name(&p, Some("gpu.example.com")).unwrap(),
             "gpu.example.com"

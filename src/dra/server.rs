@@ -93,6 +93,9 @@ pub struct Options {
     pub resync: Duration,
     /// Driver names by profile name, where not derived from the profile.
     pub driver_names: BTreeMap<String, String>,
+    /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
+    /// they were made in.
+    pub boot_id_file: PathBuf,
 }
 
 impl Options {
@@ -108,6 +111,7 @@ impl Options {
             poll: Duration::from_secs(2),
             resync: Duration::from_secs(60),
             driver_names: BTreeMap::new(),
+            boot_id_file: super::claims::BOOT_ID.into(),
         }
     }
 }
@@ -141,6 +145,7 @@ impl Driver {
             state.clone(),
             opts.library_dir.clone(),
             opts.host_root.clone(),
+            super::claims::boot_id(&opts.boot_id_file),
         )
         .map_err(|source| DraError::State {
             path: state,
@@ -446,7 +451,7 @@ pub fn start(
     let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
     for path in [&driver.endpoint, &reg] {
         if let Some(dir) = path.parent() {
-            socket::make_dirs(dir).map_err(listen(path))?;
+            crate::atomic::make_dirs(dir).map_err(listen(path))?;
         }
     }
     let dra = socket::serve(routes, &driver.endpoint).map_err(listen(&driver.endpoint))?;
