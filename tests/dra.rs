@@ -464,3 +464,156 @@ fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
         drv.stop().await;
     });
 }
+
+/// The DRA DaemonSet's admission policy, evaluated as kube-apiserver evaluates it (CEL, its
+/// variables in order, every validation) on the writes a driver can make.
+mod policy {
+    use std::collections::HashMap;
+
+    use accel_container_runtime::dra::names::driver_name;
+    use accel_container_runtime::profile::Profile;
+    use serde_json::{json, Value};
+
+    const MANIFEST: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/kubernetes/accel-dra-driver-daemonset.yaml"
+    );
+
+    fn policy() -> Value {
+        let text = std::fs::read_to_string(MANIFEST).unwrap();
+        let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        docs.into_iter()
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .expect("the DaemonSet's ValidatingAdmissionPolicy")
+    }
+
+    fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
+        cel::Program::compile(expr)
+            .unwrap_or_else(|e| panic!("{expr}: {e}"))
+            .execute(ctx)
+            .unwrap_or_else(|e| panic!("{expr}: {e}"))
+    }
+
+    /// What the policy answers a request: `Err` with the first failing validation's message.
+    fn admit(op: &str, node: Option<&str>, object: Value, old: Value) -> Result<(), String> {
+        let p = policy();
+        let extra = match node {
+            Some(n) => json!({"authentication.kubernetes.io/node-name": [n]}),
+            None => json!({}),
+        };
+        let request = json!({
+            "operation": op,
+            "userInfo": {
+                "username": "system:serviceaccount:accel-system:accel-dra-driver",
+                "extra": extra,
+            },
+        });
+        let mut ctx = cel::Context::default();
+        ctx.add_variable("request", cel::to_value(&request).unwrap())
+            .unwrap();
+        ctx.add_variable("object", cel::to_value(&object).unwrap())
+            .unwrap();
+        ctx.add_variable("oldObject", cel::to_value(&old).unwrap())
+            .unwrap();
+        for m in p["spec"]["matchConditions"].as_array().unwrap() {
+            assert_eq!(
+                cel(m["expression"].as_str().unwrap(), &ctx),
+                cel::Value::Bool(true)
+            );
+        }
+        let mut vars: HashMap<String, cel::Value> = HashMap::new();
+        for v in p["spec"]["variables"].as_array().unwrap() {
+            let got = cel(v["expression"].as_str().unwrap(), &ctx);
+            vars.insert(v["name"].as_str().unwrap().to_string(), got);
+            ctx.add_variable_from_value("variables", vars.clone());
+        }
+        for v in p["spec"]["validations"].as_array().unwrap() {
+            if cel(v["expression"].as_str().unwrap(), &ctx) != cel::Value::Bool(true) {
+                let msg = match v.get("messageExpression") {
+                    Some(m) => match cel(m.as_str().unwrap(), &ctx) {
+                        cel::Value::String(s) => s.to_string(),
+                        other => format!("{other:?}"),
+                    },
+                    None => v["message"].as_str().unwrap().to_string(),
+                };
+                return Err(msg);
+            }
+        }
+        Ok(())
+    }
+
+    fn slice(driver: &str, node: &str) -> Value {
+        json!({"spec": {"driver": driver, "nodeName": node}})
+    }
+
+    /// Every driver name the shipped profiles give, as the driver derives them.
+    fn shipped_drivers() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/profiles");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let text = std::fs::read_to_string(&path).unwrap();
+                let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+                let (p, _) = Profile::from_table(toml::from_str(&text).unwrap(), &name).unwrap();
+                driver_name(&p, None).unwrap()
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Issue 32 class 11: the driver's account could replace or delete another driver's
+    /// slices on its node, and publish under any driver's name.
+    #[test]
+    fn class11_the_driver_writes_only_its_own_drivers_slices_of_its_own_node() {
+        let drivers = shipped_drivers();
+        assert_eq!(drivers.len(), 11, "{drivers:?}");
+        for d in &drivers {
+            let mine = slice(d, "n1");
+            assert_eq!(
+                admit("CREATE", Some("n1"), mine.clone(), Value::Null),
+                Ok(()),
+                "{d}"
+            );
+            assert_eq!(
+                admit("UPDATE", Some("n1"), mine.clone(), mine.clone()),
+                Ok(())
+            );
+            assert_eq!(
+                admit("DELETE", Some("n1"), Value::Null, mine.clone()),
+                Ok(())
+            );
+        }
+        let theirs = slice("gpu.example.com", "n1");
+        let e = admit("CREATE", Some("n1"), theirs.clone(), Value::Null).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        let e = admit("DELETE", Some("n1"), Value::Null, theirs.clone()).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        // Taking over another driver's slice by replacing it with one of ours.
+        let ours = slice("gcu.enflame.com", "n1");
+        let e = admit("UPDATE", Some("n1"), ours.clone(), theirs).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        // Another node's slice, written or moved here.
+        let other_node = slice("gcu.enflame.com", "n2");
+        for (op, new, old) in [
+            ("CREATE", other_node.clone(), Value::Null),
+            ("DELETE", Value::Null, other_node.clone()),
+            ("UPDATE", ours.clone(), other_node.clone()),
+            ("UPDATE", other_node, ours.clone()),
+        ] {
+            let e = admit(op, Some("n1"), new, old).unwrap_err();
+            assert!(
+                e.contains("may only write that node's ResourceSlices"),
+                "{op}: {e}"
+            );
+        }
+        assert_eq!(
+            admit("CREATE", None, ours, Value::Null).unwrap_err(),
+            "the driver's token names no node"
+        );
+    }
+}
