@@ -7,7 +7,8 @@
 //! names (vendor `k8s.<driver>`, class `claim`, device `<claim UID>-<device>`, as the example
 //! driver and NVIDIA's write them, so runtimes never see a name reused for other edits).
 
-use crate::discovery::Key;
+use crate::kubelet::inventory::dns_label as label;
+pub use crate::kubelet::inventory::dra_name as device_name;
 use crate::profile::Profile;
 
 /// The standard attribute domain of Kubernetes (`resource.kubernetes.io/pciBusID`).
@@ -61,39 +62,6 @@ pub fn driver_name(profile: &Profile, override_name: Option<&str>) -> Result<Str
     Ok(name)
 }
 
-/// `s` as a DNS label's characters: lower case, anything else than a letter or digit a `-`.
-fn label(s: &str) -> String {
-    let l: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    l.trim_matches('-').to_string()
-}
-
-/// The slice name of the device with `key` of `profile`: `<class>-<key>` (`gcu-3`,
-/// `gpu-0000-c3-00-0`), the class from `cdi-kind`, else the profile's name. At most 63
-/// characters: the class is cut to 50, a key's label is at most 12.
-pub fn device_name(profile: &Profile, key: &Key) -> String {
-    let class = profile
-        .cdi_kind
-        .as_deref()
-        .and_then(|k| k.split_once('/'))
-        .map(|(_, c)| label(c))
-        .filter(|c| !c.is_empty() && c.len() <= 50)
-        .unwrap_or_else(|| {
-            let mut l = label(&profile.name);
-            l.truncate(50);
-            l.trim_end_matches('-').to_string()
-        });
-    format!("{class}-{}", key.label())
-}
-
 /// The CDI kind of `driver`'s per-claim specs.
 pub fn claim_kind(driver: &str) -> String {
     format!("k8s.{driver}/claim")
@@ -131,11 +99,6 @@ mod tests {
             .find(|p| p.name == "nvidia")
             .unwrap();
         assert_eq!(driver_name(&p, None).unwrap(), "gpu.nvidia.com");
-        assert_eq!(device_name(&p, &Key::Number(3)), "gpu-3");
-        assert_eq!(
-            device_name(&p, &Key::Bus("0000:C3:00.0".into())),
-            "gpu-0000-c3-00-0"
-        );
         assert_eq!(
             driver_name(&p, Some("gpu.example.com")).unwrap(),
             "gpu.example.com"
