@@ -7,8 +7,10 @@
 //! `RESOLVE_NO_MAGICLINKS`, and one of three [`Scope`]s. Kernels before 5.6 have no
 //! `openat2` (`ENOSYS`); there the same rules are walked here, one component at a time, each
 //! opened `O_PATH | O_NOFOLLOW` relative to the directory fd the walk holds, links read with
-//! `readlinkat` on that fd and `..` answered from the walk's own stack of directories (never
-//! by the filesystem, so a directory moved out of the root cannot take the walk with it).
+//! `readlinkat` on that fd (a procfs magic link refused with `ELOOP`, as the kernel does:
+//! its text is not where it leads) and `..` answered from the walk's own stack of directories
+//! (never by the filesystem, so a directory moved out of the root cannot take the walk with
+//! it). No binary can choose the walk (it is taken only where the kernel refuses `openat2`).
 //! The unit tests hold the two walks to the same answers.
 //!
 //! This is the class of CVE-2024-0132 and CVE-2025-23267 (a path that resolves outside the
@@ -220,6 +222,9 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, scope: Scope) -> Result
                 return Err(Errno::LOOP);
             }
             let target = rustix::fs::readlinkat(&fd, "", Vec::new())?.into_bytes();
+            if is_magic(&fd, here, &target) {
+                return Err(Errno::LOOP);
+            }
             if target.first() == Some(&b'/') {
                 if scope == Scope::Beneath {
                     return Err(Errno::XDEV);
@@ -252,6 +257,24 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, scope: Scope) -> Result
     // The path ended at a directory (the root, or after `..`).
     let here = dirs.last().map_or(root, |d| d.as_fd());
     rustix::fs::openat(here, ".", flags | OFlags::CLOEXEC, Mode::empty())
+}
+
+/// Whether the link `fd` (found in directory `dir`, its text `target`) is a procfs magic
+/// link, which `RESOLVE_NO_MAGICLINKS` refuses: its text is no path the kernel follows, it
+/// jumps to what the link stands for (`/proc/<pid>/root`, `cwd`, `exe`, `fd/N`,
+/// `map_files/*`, `ns/*`). Only procfs has them. Its plain links (`self`, `thread-self`,
+/// `mounts`, `net`, made with a name relative to their directory) are the ones whose text is
+/// a relative path that is there; a magic link's text is a host path (absolute) or a name
+/// such as `pipe:[N]` or `mnt:[N]` that is not. The rule errs towards refusing: a plain link
+/// it took for a magic one would fail with `ELOOP`, never lead anywhere.
+/// Ref: openat2(2) RESOLVE_NO_MAGICLINKS; proc(5); fs/namei.c `nd_jump_link`.
+fn is_magic(fd: &OwnedFd, dir: BorrowedFd<'_>, target: &[u8]) -> bool {
+    let on_proc =
+        rustix::fs::fstatfs(fd).map_or(true, |s| s.f_type == rustix::fs::PROC_SUPER_MAGIC);
+    on_proc
+        && (target.first() == Some(&b'/')
+            || target.is_empty()
+            || rustix::fs::statat(dir, target, rustix::fs::AtFlags::empty()).is_err())
 }
 
 /// The components of `path`, without empty ones and `.`.
@@ -358,6 +381,72 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
         let e = host("/a", Scope::InRoot).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+    }
+
+    /// Issue 32, class 9: procfs magic links (`/proc/<pid>/{root,cwd,exe}`, `fd/N`, `ns/*`)
+    /// jump where their text does not say, and `openat2` refuses them (`ELOOP`,
+    /// `RESOLVE_NO_MAGICLINKS`); the fallback walk read their text and followed it. Both
+    /// walks now answer alike on a root with procfs in it (the host's `/`, a driver root of
+    /// `/`), while procfs's plain links (`self`, `thread-self`, `mounts`) still resolve.
+    #[test]
+    fn class9_fallback_walker_refuses_procfs_magic_links() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().canonicalize().unwrap();
+        std::fs::write(dir.join("file"), "x").unwrap();
+        symlink("/proc/self/root/etc", dir.join("via-root")).unwrap();
+        let open = std::fs::File::open(dir.join("file")).unwrap();
+        let n = open.as_raw_fd();
+        let root = Root::open(Path::new("/")).unwrap();
+        let rootfd = root.fd.as_raw_fd();
+        let magic = [
+            "/proc/self/root/etc/passwd".to_string(),
+            "/proc/self/root".into(),
+            "/proc/self/cwd".into(),
+            "/proc/self/exe".into(),
+            "/proc/thread-self/root/etc".into(),
+            format!("/proc/self/fd/{n}"),
+            format!("/proc/self/fd/{rootfd}/etc"),
+            format!("/proc/{}/root/etc", std::process::id()),
+            "/proc/self/ns/mnt".into(),
+            format!("{}/via-root/passwd", dir.display()),
+        ];
+        let plain = [
+            "/proc/self/status",
+            "/proc/self",
+            "/proc/thread-self/status",
+            "/proc/mounts",
+        ];
+        let answer = |r: Result<OwnedFd, Errno>| r.map(|fd| fd_path(&fd).unwrap());
+        let all = magic.iter().map(String::as_str).chain(plain);
+        for p in all {
+            let rel = Path::new(p.strip_prefix('/').unwrap());
+            for scope in [Scope::InRoot, Scope::NoSymlinks, Scope::Beneath] {
+                for flags in [OFlags::PATH, OFlags::RDONLY] {
+                    let k = answer(kernel(root.fd.as_fd(), rel, flags, scope));
+                    let w = answer(walk(root.fd.as_fd(), rel, flags, scope));
+                    assert_eq!(k, w, "{p} in {scope:?} ({flags:?})");
+                }
+            }
+        }
+        for p in &magic {
+            let w = walk(
+                root.fd.as_fd(),
+                Path::new(&p[1..]),
+                OFlags::PATH,
+                Scope::InRoot,
+            );
+            assert_eq!(w.unwrap_err(), Errno::LOOP, "{p}");
+        }
+        for p in plain {
+            let w = walk(
+                root.fd.as_fd(),
+                Path::new(&p[1..]),
+                OFlags::PATH,
+                Scope::InRoot,
+            );
+            assert!(w.is_ok(), "{p}: {w:?}");
+        }
+        drop(open);
     }
 
     /// The root `/` resolves absolute host paths as they are.
