@@ -64,8 +64,8 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub struct Root {
     fd: OwnedFd,
     path: PathBuf,
-    /// The root's own host path as the kernel names it, read at the first [`Root::rel_of`]
-    /// (a search of the driver's directories asks once per directory).
+    /// The root's own host path as the kernel names it, read at the first lookup or
+    /// [`Root::rel_of`] that needs it.
     real: std::sync::OnceLock<Option<PathBuf>>,
 }
 
@@ -131,11 +131,43 @@ impl Root {
     }
 
     /// Finds `rel` without opening it: an `O_PATH` fd, its `fstat` and its host path.
+    ///
+    /// The host path of a path the kernel walked is what `/proc/self/fd` says of the fd, the
+    /// costliest step of a lookup (more than the walk). Most paths looked up (device nodes,
+    /// directories, tools) hold no symlink, and for those it is the root's own host path
+    /// joined with `rel`: so `rel` is first resolved with no symlink allowed, and only a path
+    /// with one on it (`ELOOP`) is resolved again in `scope` and read back from the fd. The
+    /// answer is the same either way: without a symlink or `..` on the path every scope
+    /// resolves it alike, and any other error is the one the walk in `scope` meets first.
+    /// [`Root::lookup_link`] is for paths that are links as a rule.
     pub fn lookup(&self, rel: &Path, scope: Scope) -> Result<Entry, Errno> {
+        let Some((real, plain)) = self.real().zip(plain(rel)) else {
+            return self.lookup_link(rel, scope);
+        };
+        match self.open_at(rel, OFlags::PATH, Scope::NoSymlinks) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd)?;
+                let mut host = real.to_path_buf();
+                host.push(plain);
+                Ok(Entry { fd, stat, host })
+            }
+            Err(Errno::LOOP) if scope != Scope::NoSymlinks => self.lookup_link(rel, scope),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Root::lookup`] for a path that is a link as a rule (a library's soname): resolved in
+    /// `scope` at once, its host path read back from the fd.
+    pub fn lookup_link(&self, rel: &Path, scope: Scope) -> Result<Entry, Errno> {
         let fd = self.open_at(rel, OFlags::PATH, scope)?;
         let stat = rustix::fs::fstat(&fd)?;
         let host = fd_path(&fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
         Ok(Entry { fd, stat, host })
+    }
+
+    /// The root's own host path as the kernel names it, read once.
+    fn real(&self) -> Option<&Path> {
+        self.real.get_or_init(|| fd_path(&self.fd).ok()).as_deref()
     }
 
     /// `rel` under the root, for messages.
@@ -146,14 +178,24 @@ impl Root {
     /// The path of `host` (a host path an [`Entry`] of this root gave) relative to the root,
     /// as a container-style path; `None` for a path not under it.
     pub fn rel_of(&self, host: &Path) -> Option<PathBuf> {
-        let root = self
-            .real
-            .get_or_init(|| fd_path(&self.fd).ok())
-            .as_deref()?;
+        let root = self.real()?;
         host.strip_prefix(root)
             .ok()
             .map(|rel| Path::new("/").join(rel))
     }
+}
+
+/// `rel` without its leading `/`, `.` and empty components, when it has no `..`: what it
+/// names under a root when no component is a symlink. `None` for a path with `..`.
+fn plain(rel: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in components(rel.as_os_str().as_bytes()) {
+        if c == b".." {
+            return None;
+        }
+        out.push(std::ffi::OsStr::from_bytes(&c));
+    }
+    Some(out)
 }
 
 /// The host path an fd stands for, as the kernel names it (`/proc/self/fd`).
@@ -447,6 +489,50 @@ mod tests {
             assert!(w.is_ok(), "{p}: {w:?}");
         }
         drop(open);
+    }
+
+    /// A lookup's host path is what the kernel says of its fd, whether the path held a
+    /// symlink (read back from the fd) or not (the root's path joined with it).
+    #[test]
+    fn lookup_host_paths_are_the_kernels() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path().join("root");
+        std::fs::create_dir_all(r.join("usr/lib/real")).unwrap();
+        std::fs::create_dir_all(r.join("dev")).unwrap();
+        std::fs::write(r.join("usr/lib/real/libx.so.1"), "elf").unwrap();
+        symlink("real", r.join("usr/lib/link")).unwrap();
+        symlink("/usr/lib/real/libx.so.1", r.join("dev/abs")).unwrap();
+        // The root itself through a link: the kernel names its real path.
+        symlink("root", t.path().join("root-link")).unwrap();
+        let root = Root::open(&t.path().join("root-link")).unwrap();
+        for p in [
+            "/",
+            ".",
+            "/usr/lib/real/libx.so.1",
+            "usr//lib/./real/",
+            "/usr/lib/link/libx.so.1",
+            "/usr/lib/link/../real",
+            "/dev/abs",
+            "/missing",
+            "/usr/lib/real/libx.so.1/x",
+        ] {
+            for scope in [Scope::InRoot, Scope::NoSymlinks, Scope::Beneath] {
+                let fast = root.lookup(Path::new(p), scope);
+                let slow = root.lookup_link(Path::new(p), scope);
+                match (fast, slow) {
+                    (Ok(f), Ok(s)) => {
+                        assert_eq!(f.host, s.host, "{p} {scope:?}");
+                        assert_eq!(f.host, fd_path(&f.fd).unwrap(), "{p} {scope:?}");
+                        assert_eq!(f.stat.st_ino, s.stat.st_ino, "{p} {scope:?}");
+                    }
+                    (f, s) => assert_eq!(
+                        f.map(|e| e.host).err(),
+                        s.map(|e| e.host).err(),
+                        "{p} {scope:?}"
+                    ),
+                }
+            }
+        }
     }
 
     /// The root `/` resolves absolute host paths as they are.

@@ -77,30 +77,37 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// Resolves `path` (absolute, container-style) under the root as a chroot would.
+    /// Resolves `path` (absolute, container-style) under the root as a chroot would. For a
+    /// library by its soname, which is a link as a rule ([`Root::lookup_link`]).
     pub fn resolve(&mut self, path: &Path) -> std::io::Result<Resolved> {
-        let e = self.entry(path)?;
+        let e = self.found(path, true)?;
         Ok(Resolved {
             is_file: e.is_file(),
             host: e.host,
         })
     }
 
-    /// [`Resolver::resolve`]'s lookup as found: its `O_PATH` fd too, for a file read later
-    /// from the inode that was checked.
+    /// A tool's lookup (seldom a link), with its `O_PATH` fd, for a file read later from the
+    /// inode that was checked.
     fn entry(&mut self, path: &Path) -> std::io::Result<Entry> {
+        self.found(path, false)
+    }
+
+    fn found(&mut self, path: &Path, link: bool) -> std::io::Result<Entry> {
         let root = self.opened()?;
-        root.lookup(path, Scope::InRoot)
-            .map_err(|e| named(e, &root.display(path)))
+        let found = if link {
+            root.lookup_link(path, Scope::InRoot)
+        } else {
+            root.lookup(path, Scope::InRoot)
+        };
+        found.map_err(|e| named(e, &root.display(path)))
     }
 
     /// The path under the root that directory `path` resolves to (`/usr/lib64` when
     /// `/lib64` is a link to it): one spelling per directory, to look at each once.
     fn dir_key(&mut self, path: &Path) -> std::io::Result<PathBuf> {
+        let e = self.found(path, false)?;
         let root = self.opened()?;
-        let e = root
-            .lookup(path, Scope::InRoot)
-            .map_err(|e| named(e, &root.display(path)))?;
         root.rel_of(&e.host).ok_or_else(|| {
             std::io::Error::other(format!("{}: not under the root", e.host.display()))
         })
