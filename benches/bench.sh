@@ -294,7 +294,7 @@ rss() { # label prepare command...
   local label=$1 prep=$2
   shift 2
   $prep
-  printf '%-50s %6s KiB\n' "$label" "$("$work/rss" "$@")"
+  printf '%-58s %6s KiB\n' "$label" "$("$work/rss" "$@")"
 }
 {
   echo "Peak RSS (ru_maxrss of the process, over the shim and the no-op it execs):"
@@ -319,7 +319,7 @@ if [ "$CALLGRIND" != 0 ] && command -v valgrind >/dev/null; then
     shift
     file=$OUT/callgrind/$(printf '%s' "$label" | tr -c 'A-Za-z0-9' '-')
     valgrind --tool=callgrind --dump-before=execve --callgrind-out-file="$file" "$@" 2>/dev/null
-    printf '%-50s %10s\n' "$label" "$(sed -n 's/^summary: //p' "$file".1)"
+    printf '%-58s %10s\n' "$label" "$(sed -n 's/^summary: //p' "$file".1)"
   }
   {
     echo "Instructions up to the exec of the low-level runtime (callgrind; files in $OUT/callgrind):"
@@ -350,9 +350,9 @@ floor_rs = med["exec-only Rust (rustc -O)"]
 floor_c = med["exec-only C (static)"]
 n = min(len(t) for t in times.values())
 print(f"medians over {n} runs per command")
-print(f"{'command':50} {'median':>9} {'added vs noop':>14} {'vs C floor':>11}")
+print(f"{'command':58} {'median':>9} {'added vs noop':>14} {'vs C floor':>11}")
 for name, m in med.items():
-    print(f"{name:50} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_c):+9.3f}ms")
+    print(f"{name:58} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_c):+9.3f}ms")
 # This build against the baseline, command by command, from the same run: what each adds
 # over the no-op, the difference, and this build's cost as a fraction of the baseline's.
 pairs = [(s, baseline + s[len("shim"):]) for s in med if s.startswith("shim ")]
