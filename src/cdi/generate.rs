@@ -72,8 +72,16 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
     for (d, nodes) in planned.devices {
         let edits = edits(&nodes);
         devices.push(device(d.index.to_string(), &edits));
-        if let Some(uuid) = d.uuid.as_deref().filter(|u| super::valid_device_name(u)) {
-            devices.push(device(uuid.to_string(), &edits));
+        // The names that stay the device's whatever else leaves the node (the device
+        // plugin's answers and the DRA driver's claim specs use them): its UUID, unique on
+        // the node, and its PCI function.
+        let stable = [d.uuid.as_deref(), d.pci_bus_id.as_deref()];
+        for (i, name) in stable.iter().enumerate() {
+            if let Some(n) = name.filter(|n| super::valid_device_name(n)) {
+                if !stable[..i].contains(&Some(n)) {
+                    devices.push(device(n.to_string(), &edits));
+                }
+            }
         }
         all.extend(nodes);
     }

@@ -484,11 +484,12 @@ impl Claims {
         .map_err(|e| format!("{r}: {e}"))?;
         let mut devices = Vec::new();
         for d in chosen {
-            let index = d.dev.index.to_string();
+            // By the name that stays the device's: the table may be a poll older than the
+            // spec just generated, and an index may have moved in between.
             let g = full
                 .devices
                 .iter()
-                .find(|g| g.name == index)
+                .find(|g| g.name == d.dev.name)
                 .ok_or_else(|| format!("{r}: device {} is no longer found on this node", d.name))?;
             for n in &g.container_edits.device_nodes {
                 let host = n.host_path.as_deref().unwrap_or(&n.path);
