@@ -46,9 +46,6 @@ struct Args {
     /// Seconds between device and health checks.
     #[arg(long, default_value_t = 2.0)]
     poll_seconds: f64,
-    /// Seconds between comparisons of the API server's slices with this node's.
-    #[arg(long, default_value_t = 60.0)]
-    resync_seconds: f64,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -91,7 +88,6 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.state_dir = args.state_dir;
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
-    opts.resync = seconds("resync-seconds", args.resync_seconds)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
@@ -89,8 +89,6 @@ pub struct Options {
     pub host_root: HostRoot,
     /// Devices and health are looked at this often.
     pub poll: Duration,
-    /// The API server's slices are compared with ours this often.
-    pub resync: Duration,
     /// Driver names by profile name, where not derived from the profile.
     pub driver_names: BTreeMap<String, String>,
     /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
@@ -109,7 +107,6 @@ impl Options {
             library_dir: crate::spec::MULTIARCH_LIBRARY_DIR.into(),
             host_root: HostRoot::default(),
             poll: Duration::from_secs(2),
-            resync: Duration::from_secs(60),
             driver_names: BTreeMap::new(),
             boot_id_file: super::claims::BOOT_ID.into(),
         }
@@ -409,7 +406,6 @@ struct Running {
     /// The DRA socket and the registration socket: removed when dropped.
     _serving: [Serving; 2],
     publisher: Publisher,
-    resync: bool,
 }
 
 /// Starts `profile`'s driver: claim records loaded, DRA socket served, then the registration
@@ -467,8 +463,7 @@ pub fn start(
     Ok((driver, [dra, registration]))
 }
 
-/// Looks at `driver`'s devices now and publishes them when they changed (or, with `resync`,
-/// when the API server's copy differs).
+/// Looks at `driver`'s devices now and publishes them where the API server's copy differs.
 async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
     let p = &run.driver.profile;
     let version = crate::discovery::driver_version(p);
@@ -489,25 +484,18 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         .collect();
     run.driver.report_health(&opts.node, &table, &healthy);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
-    match run.publisher.publish(&pool, &devices, run.resync).await {
-        Ok(written) => {
-            run.resync = false;
-            if written {
-                log::info!(
-                    "{}: published {} device(s), pool generation {}",
-                    run.driver.name,
-                    devices.len(),
-                    run.publisher.generation()
-                );
-            }
-        }
-        Err(e) => {
-            run.resync = true;
-            log::warn!(
-                "{}: cannot publish the ResourceSlices: {e}",
-                run.driver.name
-            );
-        }
+    match run.publisher.publish(&pool, &devices).await {
+        Ok(true) => log::info!(
+            "{}: published {} device(s), pool generation {}",
+            run.driver.name,
+            devices.len(),
+            run.publisher.generation()
+        ),
+        Ok(false) => {}
+        Err(e) => log::warn!(
+            "{}: cannot publish the ResourceSlices: {e}",
+            run.driver.name
+        ),
     }
 }
 
@@ -520,12 +508,9 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), DraError> {
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    let mut last_resync = Instant::now();
+    // A watch event (a slice written, deleted or changed by anyone) wakes the loop at once.
+    let changed = Arc::new(tokio::sync::Notify::new());
     loop {
-        let resync = last_resync.elapsed() >= opts.resync;
-        if resync {
-            last_resync = Instant::now();
-        }
         for p in &profiles {
             let table = match table::discover(p) {
                 Ok(t) => t,
@@ -539,25 +524,29 @@ pub async fn run(
                     continue;
                 }
                 let (driver, serving) = start(p.clone(), client.clone(), &opts)?;
-                let publisher = Publisher::new(client.clone(), &driver.name, &opts.node);
+                let publisher = Publisher::new(
+                    client.clone(),
+                    &driver.name,
+                    &opts.node,
+                    Arc::clone(&changed),
+                );
                 running.insert(
                     p.name.clone(),
                     Running {
                         driver,
                         _serving: serving,
                         publisher,
-                        resync: true,
                     },
                 );
             }
             let Some(run) = running.get_mut(&p.name) else {
                 continue;
             };
-            run.resync |= resync;
             refresh(run, &opts, table).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(opts.poll) => {}
+            _ = changed.notified() => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
