@@ -7,7 +7,8 @@
 //! devices and every device's edits are planned from them. Device nodes are written with `path` and `hostPath` only: type,
 //! numbers, mode and owner are read from the host node when a container is created (by this
 //! runtime and by any CDI consumer), so a reloaded driver with new majors does not make the
-//! file stale. Devices are named by index, by UUID where the vendor has one, and `all`.
+//! file stale. Devices are named by index, by UUID where the vendor has one, by the name the
+//! device plugin answers with where that is another (a PCI bus id), and `all`.
 //!
 //! The version written is the lowest that has every field used (CDI's own rule), normally
 //! 0.5.0 (device names that start with a digit, `hostPath`), 0.7.0 when nodes need
@@ -83,9 +84,19 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
     let mut devices = Vec::new();
     for d in &found {
         let edits = edits(&plan::device_edits(profile, &[d], &nodes)?);
-        devices.push(device(d.index.to_string(), &edits));
+        let index = d.index.to_string();
+        devices.push(device(index.clone(), &edits));
         if let Some(uuid) = d.uuid.as_deref().filter(|u| super::valid_device_name(u)) {
             devices.push(device(uuid.to_string(), &edits));
+        }
+        // The name the device plugin answers with (a DRM device without a unique id: its PCI
+        // bus id), so its CDI answers resolve to this device whatever else leaves the node.
+        let stable = d.stable_name(&profile.discovery);
+        if stable != index
+            && d.uuid.as_deref() != Some(&stable)
+            && super::valid_device_name(&stable)
+        {
+            devices.push(device(stable, &edits));
         }
     }
     devices.push(device(
