@@ -15,7 +15,8 @@
 //! identity (the same PCI function, or within one boot the same device node), not by name.
 //! A claim prepared again (kubelet after a reboot or its own restart) gets its device only if
 //! the name it was allocated still stands for the device the record names; otherwise the
-//! prepare is refused with both identities named, and nothing of the old record is reused.
+//! prepare is refused with both identities named, and nothing of the old record is reused:
+//! its CDI spec is removed (the record stays, so the claim still unprepares).
 //! Records written before identities were kept have theirs read back from the device nodes
 //! their CDI spec gave the container.
 
@@ -376,7 +377,18 @@ impl Claims {
         let devices: Vec<Prepared> = wanted.iter().map(|(p, _)| p.clone()).collect();
         let spec_path = self.spec_path(&r.uid);
         if let Some(rec) = self.lock().get(&r.uid) {
-            self.check_again(r, rec, &devices)?;
+            if let Err(e) = self.check_again(r, rec, &devices) {
+                // The old spec names the nodes of what the device was: left in place, it
+                // would give them to any container started with the claim's CDI IDs, which
+                // kubelet keeps in its checkpoint. The record stays, so the claim unprepares.
+                return Err(match std::fs::remove_file(&spec_path) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => format!(
+                        "{e}; its CDI spec {} could not be removed: {err}",
+                        spec_path.display()
+                    ),
+                    _ => e,
+                });
+            }
             if rec.devices == devices && rec.same_boot(&self.boot_id) && spec_path.exists() {
                 return Ok(devices);
             }

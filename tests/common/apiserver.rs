@@ -154,10 +154,23 @@ impl ApiServer {
                 |(req, dev)| json!({"request": req, "driver": driver, "pool": pool, "device": dev}),
             )
             .collect();
+        self.put_claim_results(ns, name, uid, driver, results);
+    }
+
+    /// A claim whose allocation is `results` as given (each a `DeviceRequestAllocationResult`
+    /// as the API serves it, e.g. with a `shareID`), requesting `driver`'s devices.
+    pub fn put_claim_results(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        driver: &str,
+        results: Vec<Value>,
+    ) {
         let claim = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": "1"},
-            "spec": {"devices": {"requests": [{"name": "gcus", "exactly": {"deviceClassName": driver, "count": devices.len()}}]}},
+            "spec": {"devices": {"requests": [{"name": "gcus", "exactly": {"deviceClassName": driver, "count": results.len()}}]}},
             "status": {"allocation": {"devices": {"results": results}},
                        "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b4c7f3e-0000-4000-8000-000000000001"}]}
         });
