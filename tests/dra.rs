@@ -126,8 +126,8 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
         let s = wait_slices(&api, "gcu5 back", |s| devices(s).len() == 8).await;
         let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
 
-        // kubelet deletes the node's slices when it starts: the resync publishes them again,
-        // at a generation above the last.
+        // kubelet deletes the node's slices when it starts: the watch sees it and the driver
+        // publishes them again, at a generation above the last.
         api.wipe();
         let s = wait_slices(&api, "republished", |s| devices(s).len() == 8).await;
         assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
@@ -461,6 +461,55 @@ fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
         assert_eq!(r.claims[UID_A].error, "");
         let spec = std::fs::read_to_string(drv.spec_path(UID_A)).unwrap();
         assert!(spec.contains("/dev/gcu6"), "{spec}");
+        drv.stop().await;
+    });
+}
+
+/// Issue 36, quiet at fleet scale: a steady driver sends no request to the API server over a
+/// minute (it listed every resync), and a slice deleted or changed behind its back is written
+/// back within seconds, seen through its watch.
+#[test]
+fn a_steady_driver_sends_nothing_and_puts_back_what_others_change() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(100),
+        );
+        let s = wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let name = s[0]["metadata"]["name"].as_str().unwrap().to_string();
+        // Settled: the watch's own events have come back.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = api.requests().len();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let during: Vec<String> = api.requests()[before..]
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect();
+        assert!(during.is_empty(), "a steady driver sent {during:#?}");
+
+        let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
+        let t = std::time::Instant::now();
+        api.delete_slice(&name);
+        let s = wait_slices(&api, "put back after a delete", |s| !s.is_empty()).await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
+
+        let t = std::time::Instant::now();
+        api.edit_slice(&name, |s| {
+            s["spec"]["devices"].as_array_mut().unwrap().truncate(2);
+        });
+        let s = wait_slices(&api, "put back after an edit", |s| {
+            s.len() == 1 && s[0]["spec"]["devices"].as_array().unwrap().len() == 8
+        })
+        .await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(devices(&s)[7]["name"], "gcu-7");
         drv.stop().await;
     });
 }

@@ -406,6 +406,34 @@ struct Running {
     /// The DRA socket and the registration socket: removed when dropped.
     _serving: [Serving; 2],
     publisher: Publisher,
+    /// What the last look found: the pool's devices and the driver's version.
+    devices: Vec<k8s_openapi::api::resource::v1::Device>,
+    driver_version: Option<String>,
+}
+
+impl Running {
+    /// Makes the API server's copy of the pool what the last look found.
+    async fn publish(&mut self, node: &str) {
+        let pool = Pool {
+            driver: &self.driver.name,
+            node,
+            vendor: &self.driver.profile.name,
+            driver_version: self.driver_version.as_deref(),
+        };
+        match self.publisher.publish(&pool, &self.devices).await {
+            Ok(true) => log::info!(
+                "{}: published {} device(s), pool generation {}",
+                self.driver.name,
+                self.devices.len(),
+                self.publisher.generation()
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!(
+                "{}: cannot publish the ResourceSlices: {e}",
+                self.driver.name
+            ),
+        }
+    }
 }
 
 /// Starts `profile`'s driver: claim records loaded, DRA socket served, then the registration
@@ -466,37 +494,25 @@ pub fn start(
 /// Looks at `driver`'s devices now and publishes them where the API server's copy differs.
 async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
     let p = &run.driver.profile;
-    let version = crate::discovery::driver_version(p);
+    run.driver_version = crate::discovery::driver_version(p);
     let pool = Pool {
         driver: &run.driver.name,
         node: &opts.node,
         vendor: &p.name,
-        driver_version: version.as_deref(),
+        driver_version: run.driver_version.as_deref(),
     };
     let healthy: Vec<bool> = table
         .iter()
         .map(|d| inventory::healthy(p, &d.dev))
         .collect();
-    let devices: Vec<_> = table
+    run.devices = table
         .iter()
         .zip(&healthy)
         .map(|(d, &ok)| slices::device(&pool, d, ok))
         .collect();
     run.driver.report_health(&opts.node, &table, &healthy);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
-    match run.publisher.publish(&pool, &devices).await {
-        Ok(true) => log::info!(
-            "{}: published {} device(s), pool generation {}",
-            run.driver.name,
-            devices.len(),
-            run.publisher.generation()
-        ),
-        Ok(false) => {}
-        Err(e) => log::warn!(
-            "{}: cannot publish the ResourceSlices: {e}",
-            run.driver.name
-        ),
-    }
+    run.publish(&opts.node).await;
 }
 
 /// Runs every profile's driver until `stop` turns true. Profiles without devices now are
@@ -508,7 +524,6 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), DraError> {
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    // A watch event (a slice written, deleted or changed by anyone) wakes the loop at once.
     let changed = Arc::new(tokio::sync::Notify::new());
     loop {
         for p in &profiles {
@@ -536,6 +551,8 @@ pub async fn run(
                         driver,
                         _serving: serving,
                         publisher,
+                        devices: Vec::new(),
+                        driver_version: None,
                     },
                 );
             }
@@ -544,10 +561,25 @@ pub async fn run(
             };
             refresh(run, &opts, table).await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(opts.poll) => {}
-            _ = changed.notified() => {}
-            _ = stop.wait_for(|s| *s) => break,
+        // Until the next look, a watch event (a slice written, deleted or changed by anyone)
+        // only has the pools compared again with what the last look found.
+        let next = tokio::time::sleep(opts.poll);
+        tokio::pin!(next);
+        let stopping = loop {
+            let woken = tokio::select! {
+                _ = &mut next => false,
+                _ = changed.notified() => true,
+                _ = stop.wait_for(|s| *s) => break true,
+            };
+            if !woken {
+                break false;
+            }
+            for run in running.values_mut() {
+                run.publish(&opts.node).await;
+            }
+        };
+        if stopping {
+            break;
         }
     }
     // The servers stop and their sockets go with the handles.
