@@ -47,7 +47,7 @@ if [ "$build" = 1 ]; then
     # binary with the feature leaves the runtime and accel-ctk above untouched.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
     # The DRA driver (feature `dra`: the API client too), for the packages and its image
-    # (packaging/Dockerfile.dra-driver).
+    # (packaging/build-images.sh builds the images of these same commands).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
 fi
 for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver; do

@@ -529,7 +529,7 @@ mod policy {
 
     const MANIFEST: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/packaging/kubernetes/accel-dra-driver-daemonset.yaml"
+        "/packaging/kubernetes/components/dra/accel-dra-driver.yaml"
     );
 
     fn policy() -> Value {
