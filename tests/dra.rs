@@ -518,6 +518,94 @@ fn a_steady_driver_sends_nothing_and_puts_back_what_others_change() {
     });
 }
 
+/// Issue 36, an upgrade without a gap: the old and the new pod of a rolling update run at
+/// once, each with its own sockets (kubelet takes both registrations and calls the newer),
+/// over one state directory: a device one gave is never given by the other, a prepare sent to
+/// both during the switch prepares the claim once, and the old one leaving takes no slice and
+/// no socket of the new one with it.
+#[test]
+fn a_rolling_updates_two_instances_keep_one_set_of_claims() {
+    use accel_container_runtime::dra::server::socket_paths;
+    let uid = |i: usize| format!("0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e{i:02}");
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.put_claim("ns", "a", &uid(1), DRIVER, NODE, &[("gcus", "gcu-1")]);
+    api.put_claim("ns", "b", &uid(2), DRIVER, NODE, &[("gcus", "gcu-1")]);
+    api.put_claim("ns", "c", &uid(3), DRIVER, NODE, &[("gcus", "gcu-2")]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut old_opts = common::dra::options(dir.path(), Duration::from_millis(100));
+    old_opts.instance = Some("0ld-pod-uid".into());
+    let mut new_opts = old_opts.clone();
+    new_opts.instance = Some("new-pod-uid".into());
+    rt().block_on(async {
+        let old = Driver::start_with(&cfg, &api, dir, old_opts.clone());
+        wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let (old_info, old_ch) = register(&socket_paths(&old_opts, DRIVER).1).await;
+        let a = prepare(&old_ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(a.claims[&uid(1)].error, "");
+
+        let new = Driver::start_with(&cfg, &api, tempfile::tempdir().unwrap(), new_opts.clone());
+        let (new_info, new_ch) = register(&socket_paths(&new_opts, DRIVER).1).await;
+        assert_eq!(new_info.name, old_info.name);
+        assert_ne!(new_info.endpoint, old_info.endpoint);
+        // The old one's claim is the new one's to keep others off.
+        let b = prepare(&new_ch, PREPARE_V1, vec![claim("ns", "b", &uid(2))]).await;
+        let e = &b.claims[&uid(2)].error;
+        assert!(e.contains("is prepared for claim ns/a "), "{e}");
+
+        // Sent to both during the switch: prepared once, the same answer.
+        let (via_old, via_new) = tokio::join!(
+            prepare(&old_ch, PREPARE_V1, vec![claim("ns", "c", &uid(3))]),
+            prepare(&new_ch, PREPARE_V1, vec![claim("ns", "c", &uid(3))])
+        );
+        assert_eq!(via_old.claims[&uid(3)].error, "");
+        assert_eq!(via_old.claims[&uid(3)], via_new.claims[&uid(3)]);
+        let state = old_opts.state_dir.join(DRIVER);
+        let records: Vec<_> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        assert_eq!(records.len(), 2, "{records:?}");
+
+        // The new one unprepares what the old one prepared.
+        let u = unprepare(&new_ch, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(u.claims[&uid(1)].error, "");
+        let b = prepare(&new_ch, PREPARE_V1, vec![claim("ns", "b", &uid(2))]).await;
+        assert_eq!(b.claims[&uid(2)].error, "");
+
+        // The old one leaves: its sockets go, the new one's stay, no slice is deleted.
+        let writes_before = api.requests().len();
+        // Its dirs are the new one's too: kept.
+        let _dir = old.stop().await;
+        for p in [
+            &old_info.endpoint,
+            &socket_paths(&old_opts, DRIVER).1.display().to_string(),
+        ] {
+            assert!(!std::path::Path::new(p).exists(), "{p} left behind");
+        }
+        assert!(std::path::Path::new(&new_info.endpoint).exists());
+        assert!(socket_paths(&new_opts, DRIVER).1.exists());
+        assert!(
+            api.requests()[writes_before..]
+                .iter()
+                .all(|r| r.method != "DELETE"),
+            "{:?}",
+            api.requests()
+        );
+        assert!(!api.slices_of(DRIVER).is_empty());
+        let u = unprepare(
+            &new_ch,
+            vec![claim("ns", "b", &uid(2)), claim("ns", "c", &uid(3))],
+        )
+        .await;
+        assert!(u.claims.values().all(|r| r.error.is_empty()), "{u:?}");
+        new.stop().await;
+    });
+}
+
 /// The DRA DaemonSet's admission policy, evaluated as kube-apiserver evaluates it (CEL, its
 /// variables in order, every validation) on the writes a driver can make.
 mod policy {

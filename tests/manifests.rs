@@ -71,6 +71,8 @@ const MODE_LABEL: &str = "accel-container-runtime/mode";
 
 /// The node's name as kubelet gives it to `fieldRef: spec.nodeName` (and containerd's
 /// `/etc/hostname` below).
+/// The pod's UID as the downward API gives it (`metadata.uid`).
+const POD_UID: &str = "6f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b";
 const NODE_NAME: &str = "accel-node";
 
 /// containerd's default when the image sets no PATH (`oci.WithDefaultPathEnv`); Debian's
@@ -766,6 +768,7 @@ impl Pod {
             let var = yaml_str(e, "name");
             let given = || match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("spec.nodeName") => NODE_NAME.to_owned(),
+                Some("metadata.uid") => POD_UID.to_owned(),
                 Some(other) => panic!("{name}: no stand-in for the field {other}"),
                 None => yaml_str(e, "value").to_owned(),
             };
@@ -1507,7 +1510,7 @@ fn dra_driver_daemonset_starts_and_registers() {
     let pod = Pod::start(DRA, &node, &[]);
     let reg = node
         .path("/var/lib/kubelet/plugins_registry")
-        .join("gcu.enflame.com-reg.sock");
+        .join(format!("gcu.enflame.com-{POD_UID}-reg.sock"));
     let t = Instant::now();
     while !reg.exists() {
         let status = pod.status("accel-dra-driver");
@@ -1519,17 +1522,30 @@ fn dra_driver_daemonset_starts_and_registers() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The node's paths of the sockets are under this test's scratch dir, longer than a socket
+    // address takes: dialled through short links, as a connect follows links.
+    let short = tempfile::Builder::new()
+        .prefix("dra")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let link = |name: &str, to: &Path| {
+        let l = short.path().join(name);
+        std::os::unix::fs::symlink(to, &l).unwrap();
+        l
+    };
     rt.block_on(async {
-        let ch = grpc::connect(&reg, "localhost").await.unwrap();
+        let ch = grpc::connect(&link("r", &reg), "localhost").await.unwrap();
         let info = dra::get_info(&ch).await.unwrap();
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(info.name, "gcu.enflame.com");
+        // The pod's own sockets, named with its UID: an upgrade's old and new pod both serve.
         assert_eq!(
             info.endpoint,
-            "/var/lib/kubelet/plugins/gcu.enflame.com/dra.sock"
+            format!("/var/lib/kubelet/plugins/gcu.enflame.com/dra-{POD_UID}.sock")
         );
-        let sock = node.path(&info.endpoint);
-        let ch = grpc::connect(&sock, "localhost").await.unwrap();
+        let ch = grpc::connect(&link("s", &node.path(&info.endpoint)), "localhost")
+            .await
+            .unwrap();
         let uid = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e2a";
         let c = Claim {
             namespace: "default".into(),
@@ -1557,6 +1573,6 @@ fn dra_driver_daemonset_starts_and_registers() {
         assert!(e.contains("cannot read it from the API server"), "{e}");
     });
     let log = pod.log("accel-dra-driver");
-    assert!(log.contains("cannot publish the ResourceSlices"), "{log}");
+    assert!(log.contains("watching the ResourceSlices"), "{log}");
     pod.assert_stays_running("accel-dra-driver");
 }

@@ -43,6 +43,11 @@ struct Args {
     /// `<profile>=<driver name>`, repeatable: a driver name other than the derived one.
     #[arg(long = "driver-name", value_parser = parse_pair)]
     driver_names: Vec<(String, String)>,
+    /// This instance's name, where a rolling update runs two at once (default: the variable
+    /// POD_UID, which the DaemonSet sets from metadata.uid): its sockets carry it, and
+    /// kubelet calls the newer instance.
+    #[arg(long)]
+    instance: Option<String>,
     /// Seconds between device and health checks.
     #[arg(long, default_value_t = 2.0)]
     poll_seconds: f64,
@@ -88,6 +93,17 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.state_dir = args.state_dir;
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
+    opts.instance = args
+        .instance
+        .or_else(|| std::env::var("POD_UID").ok())
+        .filter(|i| !i.is_empty());
+    if let Some(i) = &opts.instance {
+        anyhow::ensure!(
+            i.len() <= 128 && i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+            "instance name {:?} is not letters, digits and '-' (at most 128)",
+            i.chars().take(64).collect::<String>()
+        );
+    }
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -25,11 +25,11 @@
 //! (the old and the new pod of a rolling update, each registered with kubelet, which may call
 //! either) decide on the same records, and neither gives a device another has given.
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use serde::{Deserialize, Serialize};
 
 use crate::cdi::model::{Device as CdiDevice, Spec};
 use crate::kubelet::host_root::HostRoot;

@@ -128,7 +128,9 @@ impl Publisher {
         pool: &Pool<'_>,
         devices: &[Device],
     ) -> Result<bool, PublishError> {
-        if tokio::time::timeout(Duration::from_secs(10), self.store.wait_until_ready())
+        // Not waited for: the loop has health to report meanwhile, and the watch's first
+        // list wakes it.
+        if tokio::time::timeout(Duration::ZERO, self.store.wait_until_ready())
             .await
             .is_err()
         {

@@ -94,6 +94,47 @@ pub struct Options {
     /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
     /// they were made in.
     pub boot_id_file: PathBuf,
+    /// This instance's own name (the pod's UID under the DaemonSet), where two instances may
+    /// run at once (a rolling update): each then registers its own sockets, and kubelet calls
+    /// the newer. `None`: one instance, the sockets named as kubelet's plugin helper names
+    /// them.
+    pub instance: Option<String>,
+}
+
+/// A unix socket's path must fit `sockaddr_un` (108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The DRA socket and the registration socket of `driver`'s instance: `dra.sock` and
+/// `<driver>-reg.sock`, or with an instance `dra-<instance>.sock` and
+/// `<driver>-<instance>-reg.sock` (as kubelet's rolling-update helper names them), the
+/// instance replaced by a hash of it where the path would not fit a socket address.
+pub fn socket_paths(opts: &Options, driver: &str) -> (PathBuf, PathBuf) {
+    let dir = opts.plugins_dir.join(driver);
+    let Some(instance) = opts.instance.as_deref() else {
+        return (
+            dir.join("dra.sock"),
+            opts.registry_dir.join(format!("{driver}-reg.sock")),
+        );
+    };
+    let fits = |p: &Path| p.as_os_str().len() <= MAX_SOCKET_PATH;
+    let short = format!(
+        "{:016x}",
+        instance.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    );
+    let pick = |make: &dyn Fn(&str) -> PathBuf| {
+        let p = make(instance);
+        if fits(&p) {
+            p
+        } else {
+            make(&short)
+        }
+    };
+    (
+        pick(&|i| dir.join(format!("dra-{i}.sock"))),
+        pick(&|i| opts.registry_dir.join(format!("{driver}-{i}-reg.sock"))),
+    )
 }
 
 impl Options {
@@ -109,6 +150,7 @@ impl Options {
             poll: Duration::from_secs(2),
             driver_names: BTreeMap::new(),
             boot_id_file: super::claims::BOOT_ID.into(),
+            instance: None,
         }
     }
 }
@@ -149,7 +191,7 @@ impl Driver {
             source,
         })?;
         Ok(Driver {
-            endpoint: opts.plugins_dir.join(&name).join("dra.sock"),
+            endpoint: socket_paths(opts, &name).0,
             profile,
             name,
             claims,
@@ -427,7 +469,8 @@ impl Running {
                 self.devices.len(),
                 self.publisher.generation()
             ),
-            Ok(false) => {}
+            // The watch says why it has not listed yet; its first list wakes the loop.
+            Ok(false) | Err(super::publish::PublishError::NotWatching) => {}
             Err(e) => log::warn!(
                 "{}: cannot publish the ResourceSlices: {e}",
                 self.driver.name
@@ -472,7 +515,7 @@ pub fn start(
     .add_service(
         health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(served.clone()),
     );
-    let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
+    let reg = socket_paths(opts, &driver.name).1;
     for path in [&driver.endpoint, &reg] {
         if let Some(dir) = path.parent() {
             crate::atomic::make_dirs(dir).map_err(listen(path))?;

@@ -1,6 +1,6 @@
 //! Serving gRPC on a unix socket in one of kubelet's directories, as the device plugin and the
 //! DRA driver both do: the socket bound so only root can connect, whatever the umask; every
-//! connection through [`super::authority`]; the socket removed when its server stops, unless
+//! connection through `authority`; the socket removed when its server stops, unless
 //! another server has taken the name since.
 //!
 //! [`FileId`] tells one socket from another at the same path; it is pure and built without the

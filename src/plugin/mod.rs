@@ -4,7 +4,7 @@
 //! Floors: `devices` (the table with kubelet's IDs, and the offers it is listed under) →
 //! `preferred` (pure topology choice) and `allocate` (pure answer); `registration` (when to
 //! register: a pure state machine). With the `plugin` feature, `watch` (inotify tasks) →
-//! `service` (the [`service::Plugin`] kubelet calls: ListAndWatch, GetPreferredAllocation,
+//! `service` (the `Plugin` kubelet calls: ListAndWatch, GetPreferredAllocation,
 //! Allocate) → `server` (sockets, the registration loop, `run`).
 
 pub mod allocate;
