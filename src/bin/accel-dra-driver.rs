@@ -49,6 +49,11 @@ struct Args {
     /// Seconds between comparisons of the API server's slices with this node's.
     #[arg(long, default_value_t = 60.0)]
     resync_seconds: f64,
+    /// Serve the driver's own metrics (registrations, prepare/unprepare counts and latency,
+    /// failures, slice publishes) at http://<address>/metrics (docs/exporter.md). Off by
+    /// default.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -102,6 +107,14 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
             .await
             .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
         let stop = daemon::stop_on_signals()?;
+        if let Some(addr) = args.metrics_address {
+            use accel_container_runtime::kubelet::metrics;
+            metrics::dra();
+            let bound = metrics::serve(addr, metrics::daemon_render(), stop.clone())
+                .await
+                .with_context(|| format!("--metrics-address {addr}"))?;
+            log::info!("metrics at http://{bound}/metrics");
+        }
         run(profiles, client, opts, stop).await?;
         Ok(())
     })

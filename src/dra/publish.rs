@@ -46,6 +46,17 @@ impl Publisher {
         devices: &[Device],
         resync: bool,
     ) -> Result<bool, kube::Error> {
+        let r = self.publish_inner(pool, devices, resync).await;
+        crate::kubelet::metrics::dra().publish(&self.driver, &r);
+        r
+    }
+
+    async fn publish_inner(
+        &mut self,
+        pool: &Pool<'_>,
+        devices: &[Device],
+        resync: bool,
+    ) -> Result<bool, kube::Error> {
         if !resync && self.published.as_deref() == Some(devices) {
             return Ok(false);
         }
