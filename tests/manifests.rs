@@ -47,6 +47,7 @@ const PLUGIN: &str = "packaging/kubernetes/accel-device-plugin-daemonset.yaml";
 const RUNTIME: &str = "packaging/kubernetes/accel-runtime-daemonset.yaml";
 const CHECKPOINT: &str = "packaging/kubernetes/accel-checkpoint-daemonset.yaml";
 const DRA: &str = "packaging/kubernetes/accel-dra-driver-daemonset.yaml";
+const EXPORTER: &str = "packaging/kubernetes/accel-exporter-daemonset.yaml";
 
 /// The node's name as kubelet gives it to `fieldRef: spec.nodeName` (and containerd's
 /// `/etc/hostname` below).
@@ -205,6 +206,8 @@ fn built_binary(name: &str) -> &'static str {
         "accel-device-plugin" => env!("CARGO_BIN_EXE_accel-device-plugin"),
         #[cfg(feature = "dra")]
         "accel-dra-driver" => env!("CARGO_BIN_EXE_accel-dra-driver"),
+        #[cfg(feature = "exporter")]
+        "accel-exporter" => env!("CARGO_BIN_EXE_accel-exporter"),
         other => panic!("an image copies {other}, which this test cannot build"),
     }
 }
@@ -333,6 +336,8 @@ fn image(name: &str, rootfs: &Path) -> Image {
         dockerfile_image("packaging/Dockerfile.device-plugin", rootfs)
     } else if name.contains("/accel-dra-driver:") {
         dockerfile_image("packaging/Dockerfile.dra-driver", rootfs)
+    } else if name.contains("/accel-exporter:") {
+        dockerfile_image("packaging/Dockerfile.exporter", rootfs)
     } else if name.contains("/accel-container-runtime:") {
         dockerfile_image("packaging/Dockerfile", rootfs)
     } else if name.starts_with("registry.k8s.io/pause:") {
@@ -771,8 +776,9 @@ fn every_manifest_is_started_by_a_test_here() {
         .collect();
     files.sort();
     // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
-    // with `--features dra` (.ci/run runs this file so).
-    let mut tested = vec![PLUGIN, RUNTIME, CHECKPOINT, DRA];
+    // with `--features dra`, the exporter's by `exporter_daemonset_starts_and_serves`, built
+    // with `--features exporter` (.ci/run runs this file with both).
+    let mut tested = vec![PLUGIN, RUNTIME, CHECKPOINT, DRA, EXPORTER];
     tested.sort();
     assert_eq!(files, tested);
 }
@@ -1029,4 +1035,108 @@ fn dra_driver_daemonset_starts_and_registers() {
     let log = pod.log("accel-dra-driver");
     assert!(log.contains("cannot publish the ResourceSlices"), "{log}");
     pod.assert_stays_running("accel-dra-driver");
+}
+
+/// The exporter starts under its own securityContext (no privilege, SYS_CHROOT alone, read-only
+/// root) with its DaemonSet's mounts, finds the simulated GCUs through its view of the host's
+/// `/`, runs the profile's efsmi chrooted there, and answers a scrape on its port inside the
+/// pod's network namespace with their values; with no kubelet socket in the mounted directory,
+/// it says so in a counter instead of failing.
+#[cfg(feature = "exporter")]
+#[test]
+fn exporter_daemonset_starts_and_serves() {
+    use std::io::{Read as _, Write as _};
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    // efsmi as enflame.toml declares it, run chrooted in the driver root (busybox its shell).
+    std::fs::create_dir_all(sim.path().join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", sim.path().join("bin/sh")).unwrap();
+    let efsmi = sim.path().join("usr/bin/efsmi");
+    std::fs::write(
+        &efsmi,
+        "#!/bin/sh\necho '0, -, 10, 2048, 32768, 55, N/A'\necho '1, -, 20, 4096, 32768, 56, N/A'\n",
+    )
+    .unwrap();
+    chmod(&efsmi, 0o755);
+    let mut node = Node::new();
+    node.map("/", Path::new("/"));
+    let etc = node.path("/etc/accel-container-runtime");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    let pod = Pod::start(EXPORTER, &node, &[]);
+    let t = Instant::now();
+    while !pod
+        .log("accel-exporter")
+        .contains("serving http://0.0.0.0:9477/metrics")
+    {
+        assert!(
+            pod.status("accel-exporter") == "running" && t.elapsed() < Duration::from_secs(20),
+            "not serving:\n{}",
+            pod.log("accel-exporter")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pod.assert_stays_running("accel-exporter");
+    // A scrape from inside the pod's network namespace (its loopback brought up, as a CNI
+    // would).
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(&pod.state)
+        .args(["state", &pod.running["accel-exporter"]])
+        .output()
+        .unwrap();
+    let pid = serde_json::from_slice::<Value>(&out.stdout).unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    let netns = format!("/proc/{pid}/ns/net");
+    sh_ok(
+        Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["ip", "link", "set", "lo", "up"]),
+    );
+    let scrape = move || {
+        let ns = std::fs::File::open(&netns).unwrap();
+        std::thread::spawn(move || {
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let mut s = std::net::TcpStream::connect("127.0.0.1:9477").unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            body
+        })
+        .join()
+        .unwrap()
+    };
+    let t = Instant::now();
+    let page = loop {
+        let page = scrape();
+        if page.contains("accel_memory_used_bytes") || t.elapsed() > Duration::from_secs(20) {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for (device, bytes) in [("0", " 2147483648"), ("1", " 4294967296")] {
+        assert!(
+            page.lines().any(
+                |l| l.starts_with("accel_memory_used_bytes{profile=\"enflame\"")
+                    && l.contains(&format!("device=\"{device}\""))
+                    && l.ends_with(bytes)
+            ),
+            "device {device}\n{page}\n{}",
+            pod.log("accel-exporter")
+        );
+    }
+    assert!(
+        page.contains("accel_exporter_pod_resources_errors_total{reason=\"no-socket\"}"),
+        "{page}"
+    );
 }

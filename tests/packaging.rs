@@ -423,7 +423,8 @@ fn every_image_builds_what_the_packages_ship() {
         [
             "packaging/Dockerfile",
             "packaging/Dockerfile.device-plugin",
-            "packaging/Dockerfile.dra-driver"
+            "packaging/Dockerfile.dra-driver",
+            "packaging/Dockerfile.exporter"
         ],
         "a new recipe: check that this test's reading of it still holds"
     );
@@ -481,6 +482,40 @@ fn device_plugin_image_builds_what_the_packages_ship() {
 #[test]
 fn dra_driver_image_builds_what_the_packages_ship() {
     assert_single_binary_image("packaging/Dockerfile.dra-driver", "accel-dra-driver", "dra");
+}
+
+/// The exporter's image is the binary and nothing else, built with its feature; the
+/// packages ship it and its unit.
+#[test]
+fn exporter_image_and_packages_ship_it() {
+    assert_single_binary_image(
+        "packaging/Dockerfile.exporter",
+        "accel-exporter",
+        "exporter",
+    );
+    let toml = read("Cargo.toml");
+    for want in [
+        r#"["target/release/accel-exporter", "usr/bin/accel-exporter", "755"]"#,
+        r#"["packaging/systemd/accel-exporter.service", "lib/systemd/system/accel-exporter.service", "644"]"#,
+        r#"{ source = "target/release/accel-exporter", dest = "/usr/bin/accel-exporter", mode = "755" }"#,
+        r#"{ source = "packaging/systemd/accel-exporter.service", dest = "/lib/systemd/system/accel-exporter.service", mode = "644" }"#,
+    ] {
+        assert!(toml.contains(want), "Cargo.toml lacks {want}");
+    }
+    let script = read("packaging/build-packages.sh");
+    for want in [
+        "/usr/bin/accel-exporter\n",
+        "/lib/systemd/system/accel-exporter.service\n",
+    ] {
+        assert!(
+            script.contains(want),
+            "build-packages.sh does not check {want}"
+        );
+    }
+    let unit = read("packaging/systemd/accel-exporter.service");
+    assert!(unit
+        .lines()
+        .any(|l| l.starts_with("ExecStart=/usr/bin/accel-exporter ")));
 }
 
 /// `accel-ctk runtime configure --dry-run` output for a config file holding `start`
