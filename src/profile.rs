@@ -1113,6 +1113,39 @@ mod tests {
     }
 
     #[test]
+    fn metric_sources_are_checked() {
+        let parse = |metrics: &str| {
+            let text = format!(
+                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{{index}}\"]\n{metrics}"
+            );
+            Profile::from_table(toml::from_str(&text).unwrap(), "t").map_err(|e| e.to_string())
+        };
+        let (p, unknown) = parse(
+            "[[metrics.files]]\nmetric = \"temperature\"\nlabel = \"edge\"\npath = \"/sys/bus/pci/devices/{bus}/hwmon/{hwmon:amdgpu}/temp1_input\"\nscale = 0.001\n",
+        )
+        .unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert_eq!(p.metrics.unwrap().files[0].metric, MetricKind::Temperature);
+        for (bad, says) in [
+            ("[[metrics.files]]\nmetric = \"power\"\npath = \"sys/x\"\n", "absolute"),
+            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/../etc/x\"\n", "'..'"),
+            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/{uuid}/x\"\n", "unknown placeholder"),
+            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/{bus/x\"\n", "without"),
+            ("[[metrics.files]]\nmetric = \"clock\"\npath = \"/sys/x\"\n", "needs a label"),
+            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/x\"\nscale = 0\n", "positive"),
+            ("[metrics.nvml]\nlibrary = \"../libnvidia-ml.so.1\"\n", "plain file name"),
+            ("[[metrics.commands]]\nbinary = \"/bin/sh\"\nformat = \"key-value\"\nfields = []\n", "plain file name"),
+            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"csv\"\nfields = []\n", "csv needs key"),
+            ("[[metrics.commands]]\nbinary = \"smi\"\nargs = [\"{pid}\"]\nformat = \"key-value\"\nfields = []\n", "unknown placeholder"),
+            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"key-value\"\ntimeout-seconds = 0.0\nfields = []\n", "timeout-seconds"),
+            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"key-value\"\nfields = [{ metric = \"power\", column = 1 }]\n", "names a key"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_reported() {
         let mut t: toml::Table = toml::from_str(BUILTIN[1].text).unwrap();
         t.insert("driver-rot".into(), "/x".into());

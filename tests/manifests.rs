@@ -1104,7 +1104,12 @@ fn exporter_daemonset_starts_and_serves() {
     let scrape = move || {
         let ns = std::fs::File::open(&netns).unwrap();
         std::thread::spawn(move || {
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: setns(2) on this thread alone, with an fd it holds open.
+            assert_eq!(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
             let mut s = std::net::TcpStream::connect("127.0.0.1:9477").unwrap();
             s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .unwrap();
@@ -1124,7 +1129,7 @@ fn exporter_daemonset_starts_and_serves() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-    for (device, bytes) in [("0", " 2147483648"), ("1", " 4294967296")] {
+    for (device, bytes) in [("0", " 2147483648.0"), ("1", " 4294967296.0")] {
         assert!(
             page.lines().any(
                 |l| l.starts_with("accel_memory_used_bytes{profile=\"enflame\"")

@@ -21,17 +21,17 @@ use crate::profile::MetricKind;
 use super::attribution::{holder_labels, pod_labels, Holders};
 use super::snapshot::{Device, Failure, ProfileSnapshot};
 
-/// A reading kind's family: name (before unit and `_total`), help, unit, type, and the name
-/// of its label.
-pub fn family(
-    kind: MetricKind,
-) -> Option<(
+/// A family: name (before unit and `_total`), help, unit, type, and the name of its label.
+pub type Family = (
     &'static str,
     &'static str,
     Option<Unit>,
     MetricType,
     Option<&'static str>,
-)> {
+);
+
+/// A reading kind's family.
+pub fn family(kind: MetricKind) -> Option<Family> {
     use MetricKind::*;
     use MetricType::{Counter, Gauge};
     let ratio = || Some(Unit::Other("ratio".into()));

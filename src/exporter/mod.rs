@@ -84,9 +84,8 @@ async fn poll_loop(
     let name = profile.name.clone();
     let fresh = || Poller::new(profile.clone(), driver_name.as_deref());
     let mut idle: Option<Poller> = Some(fresh());
-    let mut job: Option<
-        tokio::task::JoinHandle<(Poller, (snapshot::ProfileSnapshot, Vec<Failure>))>,
-    > = None;
+    type Polled = (Poller, (snapshot::ProfileSnapshot, Vec<Failure>));
+    let mut job: Option<tokio::task::JoinHandle<Polled>> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
