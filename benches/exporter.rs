@@ -92,14 +92,12 @@ fn holders(driver: &str, dra_name: impl Fn(u32) -> String) -> ListPodResourcesRe
                     device_name: dra_name(i as u32),
                     ..Default::default()
                 }],
-                ..Default::default()
             });
         }
         PodResources {
             name: format!("pod-{i}"),
             namespace: "ml".into(),
             containers: vec![c],
-            ..Default::default()
         }
     };
     ListPodResourcesResponse {

@@ -794,7 +794,6 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
             name: name.into(),
             devices,
             dynamic_resources: dra,
-            ..Default::default()
         }
     };
     let plugin = |ids: &[&str]| ContainerDevices {
@@ -806,7 +805,6 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         name: name.into(),
         namespace: "ml".into(),
         containers: vec![c],
-        ..Default::default()
     };
     let answer = ListPodResourcesResponse {
         pod_resources: vec![
@@ -826,7 +824,6 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
                             device_name: dra_device.clone(),
                             ..Default::default()
                         }],
-                        ..Default::default()
                     }],
                 ),
             ),
