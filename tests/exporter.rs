@@ -420,10 +420,47 @@ fn every_profile_exports_its_devices_from_its_sources() {
     let hygon = SimRoot::builder().build();
     let hygon_host = drm::hygon_node(&hygon);
     hygon_files(hygon.path(), &hygon_host);
+    // The profiles without a source: their devices are exported all the same (identity,
+    // health, holders), with no reading and no error.
+    let misc = SimRoot::builder().build();
+    let m = misc.path();
+    let majors = common::free_majors(3);
+    for i in 0..2 {
+        common::mknod(
+            &m.join(format!("dev/cambricon_dev{i}")),
+            majors[0],
+            i,
+            0o666,
+        );
+    }
+    common::mknod(&m.join("dev/accel/accel0"), majors[1], 0, 0o666);
+    common::mknod(&m.join("dev/accel/accel_controlD0"), majors[1], 1, 0o666);
+    write(&m.join("sys/module/habanalabs/version"), "1.18.0\n");
+    common::mknod(&m.join("dev/mtgpu.0"), majors[2], 0, 0o666);
+    drm::build(
+        m,
+        vec![drm::Func {
+            bdf: "0000:61:00.0".into(),
+            bridges: vec!["0000:60:01.0".into()],
+            vendor: "0x9999",
+            device: "0x4000",
+            driver: "metax",
+            numa: 0,
+            card: Some(0),
+            render: Some(128),
+            kfd: None,
+        }],
+        false,
+        &[],
+    );
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(
         scratch.path(),
         &[
+            ("cambricon", m),
+            ("habana", m),
+            ("mthreads", m),
+            ("metax", m),
             ("nvidia", nv.path()),
             ("enflame", nv.path()),
             ("ascend", nv.path()),
@@ -437,7 +474,17 @@ fn every_profile_exports_its_devices_from_its_sources() {
     let ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.5"]);
     let page = ex.until("every profile polled", |p| {
         [
-            "nvidia", "enflame", "ascend", "amd", "intel", "intel-xe", "hygon",
+            "nvidia",
+            "enflame",
+            "ascend",
+            "amd",
+            "intel",
+            "intel-xe",
+            "hygon",
+            "cambricon",
+            "habana",
+            "mthreads",
+            "metax",
         ]
         .iter()
         .all(|n| {
@@ -463,9 +510,22 @@ fn every_profile_exports_its_devices_from_its_sources() {
         ("intel", 2),
         ("intel-xe", 1),
         ("hygon", 2),
+        ("cambricon", 2),
+        ("habana", 1),
+        ("mthreads", 1),
+        ("metax", 1),
     ] {
         assert_eq!(devices(p), n, "{p}\n{page}");
     }
+    // Every shipped profile is here, so every one's exposition is checked below.
+    let shipped = std::fs::read_dir(repo().join("config/profiles"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        samples(&page, "accel_exporter_polls_total").len(),
+        shipped,
+        "{page}"
+    );
     // NVIDIA through the NVML stand-in, by UUID, in PCI bus order.
     for g in nv.gpus() {
         let u = format!("uuid=\"{}\"", g.uuid);
