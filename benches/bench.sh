@@ -5,7 +5,15 @@
 #
 #   bash benches/bench.sh                  # default: 1200 runs per command in 12 rounds
 #   RUNS=300 ROUNDS=3 bash benches/bench.sh
-#   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # before/after
+#   BASELINE_REV=720a9c4 bash benches/bench.sh       # another commit as the baseline
+#   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # a binary instead
+#   BASELINE_REV=none bash benches/bench.sh          # this build alone
+#
+# Every run measures this build against the previous release in the same run, so that a
+# regression shows the day it lands: BASELINE_REV (default: the last release, below) is
+# built from its commit (`git archive` into $OUT/baseline/<commit>, with its own target
+# dir, kept between runs) exactly as this build is, and measured beside it. Raise the
+# default when a release is cut.
 #
 # What ships is what is measured: the build the packages ship (packaging/target.sh: `cargo
 # build --release --target <triple>` with its one flag, static glibc), installed on the disk
@@ -24,8 +32,15 @@
 #   shim create, again the same bundle already edited: discovery and planning run, nothing
 #                      is added, config.json is not rewritten
 #   ... bundle on disk the rewrite with the bundle on the disk instead of tmpfs (fsync cost)
-# BASELINE adds the same lines for another binary (an older shipped build), same run.
+# The baseline (BASELINE_REV's build, or BASELINE) gets the same lines, same run; the summary
+# ends with each command's cost over the no-op against the baseline's, as a difference and
+# a ratio.
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
+# Instruction counts (valgrind's callgrind, where installed; CALLGRIND=0 skips them) of each
+# binary up to its exec of the low-level runtime: the one figure a loaded machine does not
+# move, for telling which build does more work and where (callgrind_annotate on the files it
+# leaves). valgrind 3.19 does not know openat2 (ENOSYS): under it, inroot's own walk runs
+# where the kernel's would, and kernel time is never counted; the timings are the whole.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -34,6 +49,9 @@ RUNS=${RUNS:-1200}
 ROUNDS=${ROUNDS:-12}
 WARMUP=${WARMUP:-20}
 OUT=${OUT:-$repo/target/bench}
+# The last release: main at the last closing note (issue 27, stop 30).
+BASELINE_REV=${BASELINE_REV-73afeb9}
+CALLGRIND=${CALLGRIND:-1}
 
 if [ "$(id -u)" != 0 ]; then
   echo "benches/bench.sh: must run as root (mknod of the simulated GPU nodes)" >&2
@@ -62,6 +80,25 @@ bins=$disk/bin
 mkdir -p "$bins"
 install -m 0755 "$repo/target/$triple/release/accel-container-runtime" "$bins/accel-container-runtime"
 shim=$bins/accel-container-runtime
+baseline_label=baseline
+if [ -z "${BASELINE:-}" ] && [ -n "$BASELINE_REV" ] && [ "$BASELINE_REV" != none ]; then
+  rev=$(git -C "$repo" rev-parse --verify --quiet "$BASELINE_REV^{commit}") || {
+    echo "benches/bench.sh: BASELINE_REV=$BASELINE_REV is not a commit of this clone (fetch it, or BASELINE_REV=none)" >&2
+    exit 1
+  }
+  base=$OUT/baseline/$rev
+  if [ ! -x "$base/accel-container-runtime" ]; then
+    echo "== building the baseline, $BASELINE_REV ($rev), the same way, in $base" >&2
+    rm -rf "$base/src"
+    mkdir -p "$base/src"
+    git -C "$repo" archive "$rev" | tar -x -C "$base/src"
+    (cd "$base/src" && RUSTFLAGS="$rustflags" CARGO_TARGET_DIR="$base/target" \
+      cargo build --release --quiet --locked --bin accel-container-runtime --target "$triple")
+    cp "$base/target/$triple/release/accel-container-runtime" "$base/accel-container-runtime"
+  fi
+  BASELINE=$base/accel-container-runtime
+  baseline_label="baseline $BASELINE_REV"
+fi
 if [ -n "${BASELINE:-}" ]; then
   install -m 0755 "$BASELINE" "$bins/baseline"
   BASELINE=$bins/baseline
@@ -176,6 +213,12 @@ done
 cp "$work/b-again/config.json" "$work/b-again/config.json.edited"
 "$shim" create --bundle "$work/b-again" ctr
 cmp "$work/b-again/config.json" "$work/b-again/config.json.edited"
+if [ -n "${BASELINE:-}" ]; then
+  "$BASELINE" create --bundle "$work/b-again" ctr
+  cmp -s "$work/b-again/config.json" "$work/b-again/config.json.edited" ||
+    echo "   note: the baseline edits b-again otherwise than this build: its 'again' lines rewrite" >&2
+  cp "$work/b-again/config.json.edited" "$work/b-again/config.json"
+fi
 echo "   create none: config.json unchanged; create again: unchanged; state: exit 0" >&2
 
 cmds=(
@@ -194,7 +237,7 @@ add_shim() { # label binary
     "$1 create, all 8 GPUs (rewrite, bundle on disk)" "cp $disk/b-all/config.json.orig $disk/b-all/config.json" "$2 create --bundle $disk/b-all ctr"
   )
 }
-[ -z "${BASELINE:-}" ] || add_shim "baseline" "$BASELINE"
+[ -z "${BASELINE:-}" ] || add_shim "$baseline_label" "$BASELINE"
 add_shim "shim" "$shim"
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" >&2
@@ -251,13 +294,13 @@ rss() { # label prepare command...
   local label=$1 prep=$2
   shift 2
   $prep
-  printf '%-50s %6s KiB\n' "$label" "$("$work/rss" "$@")"
+  printf '%-58s %6s KiB\n' "$label" "$("$work/rss" "$@")"
 }
 {
   echo "Peak RSS (ru_maxrss of the process, over the shim and the no-op it execs):"
   rss "noop" true "$bins/noop" state ctr
   rss "exec-only Rust" true "$bins/exec-rust" "$bins/noop" state ctr
-  for label in shim ${BASELINE:+baseline}; do
+  for label in shim ${BASELINE:+"$baseline_label"}; do
     bin=$shim; [ "$label" = shim ] || bin=$BASELINE
     rss "$label state" true "$bin" state ctr
     rss "$label create, no variable" true "$bin" create --bundle "$work/b-none" ctr
@@ -266,11 +309,38 @@ rss() { # label prepare command...
   done
 } >"$OUT/rss.txt"
 
-python3 - "$OUT/commands.txt" "$OUT"/hyperfine-*.json >"$OUT/summary.txt" <<'EOF'
+# Instructions of each binary up to its exec of the low-level runtime (see the header).
+: >"$OUT/instructions.txt"
+if [ "$CALLGRIND" != 0 ] && command -v valgrind >/dev/null; then
+  rm -rf "$OUT/callgrind"
+  mkdir -p "$OUT/callgrind"
+  ir() { # label command...
+    local label=$1 file
+    shift
+    file=$OUT/callgrind/$(printf '%s' "$label" | tr -c 'A-Za-z0-9' '-')
+    valgrind --tool=callgrind --dump-before=execve --callgrind-out-file="$file" "$@" 2>/dev/null
+    printf '%-58s %10s\n' "$label" "$(sed -n 's/^summary: //p' "$file".1)"
+  }
+  {
+    echo "Instructions up to the exec of the low-level runtime (callgrind; files in $OUT/callgrind):"
+    for label in ${BASELINE:+"$baseline_label"} shim; do
+      bin=$shim; [ "$label" = shim ] || bin=$BASELINE
+      ir "$label state" "$bin" state ctr
+      ir "$label create, no variable" "$bin" create --bundle "$work/b-none" ctr
+      cp "$work/b-all/config.json.orig" "$work/b-all/config.json"
+      ir "$label create, all 8 GPUs (rewrite)" "$bin" create --bundle "$work/b-all" ctr
+      ir "$label create, all 8 GPUs (again, no rewrite)" "$bin" create --bundle "$work/b-again" ctr
+    done
+  } >"$OUT/instructions.txt"
+  cmp "$work/b-again/config.json" "$work/b-again/config.json.edited"
+fi
+
+python3 - "$OUT/commands.txt" "$baseline_label" "$OUT"/hyperfine-*.json >"$OUT/summary.txt" <<'EOF'
 import json, statistics, sys
 # In the order the commands are listed (each round ran them in a random order).
 times = {name: [] for name in open(sys.argv[1]).read().splitlines()}
-for path in sys.argv[2:]:
+baseline = sys.argv[2]
+for path in sys.argv[3:]:
     for r in json.load(open(path))["results"]:
         times[r["command"]].extend(r["times"])
 med = {name: statistics.median(t) for name, t in times.items()}
@@ -280,9 +350,20 @@ floor_rs = med["exec-only Rust (rustc -O)"]
 floor_c = med["exec-only C (static)"]
 n = min(len(t) for t in times.values())
 print(f"medians over {n} runs per command")
-print(f"{'command':50} {'median':>9} {'added vs noop':>14} {'vs C floor':>11}")
+print(f"{'command':58} {'median':>9} {'added vs noop':>14} {'vs C floor':>11}")
 for name, m in med.items():
-    print(f"{name:50} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_c):+9.3f}ms")
+    print(f"{name:58} {ms(m):7.3f}ms {ms(m - noop):+12.3f}ms {ms(m - floor_c):+9.3f}ms")
+# This build against the baseline, command by command, from the same run: what each adds
+# over the no-op, the difference, and this build's cost as a fraction of the baseline's.
+pairs = [(s, baseline + s[len("shim"):]) for s in med if s.startswith("shim ")]
+pairs = [(s, b) for s, b in pairs if b in med]
+if pairs:
+    print()
+    print(f"this build against {baseline}, over the no-op (same run):")
+    print(f"{'command':42} {'shim':>10} {'baseline':>10} {'difference':>11} {'ratio':>6}")
+    for s, b in pairs:
+        a, c = med[s] - noop, med[b] - noop
+        print(f"{s[len('shim '):]:42} {ms(a):+8.3f}ms {ms(c):+8.3f}ms {ms(a - c):+9.3f}ms {a / c:6.2f}")
 EOF
-cat "$OUT/summary.txt" "$OUT/rss.txt"
+cat "$OUT/summary.txt" "$OUT/rss.txt" "$OUT/instructions.txt"
 echo "(hyperfine output per round: $OUT/hyperfine-N.txt, $OUT/hyperfine-N.json)" >&2

@@ -63,7 +63,7 @@ fn table(n: usize) -> Vec<PluginDevice> {
                 }],
                 host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
                 place,
-                ..NodeDevice::default()
+                ..NodeDevice::numbered(i as u32)
             },
         })
         .collect()

@@ -173,19 +173,35 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         .build()
         .unwrap();
     let _g = rt.enter();
-    let mut publisher = Publisher::new(api.client(), DRIVER, NODE);
+    let mut publisher = Publisher::new(
+        api.client(),
+        DRIVER,
+        NODE,
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let mut turn = false;
     c.bench_function(
-        "dra publish 64: discovery + write to the stand-in API server",
+        "dra publish 64: discovery + a change written to the stand-in API server",
         |b| {
             b.iter(|| {
-                let (_, devices, _) = build();
-                // Forced: every iteration lists and writes, as a change would.
-                rt.block_on(publisher.publish(&pool, &devices, true))
-                    .unwrap();
-                api.wipe();
+                let (t, mut devices, _) = build();
+                // A change at every iteration: device 0 tainted, then not (a write of the
+                // whole pool at a new generation, as any change makes).
+                turn = !turn;
+                devices[0] = slices::device(&pool, &t[0], turn);
+                assert!(rt.block_on(publisher.publish(&pool, &devices)).unwrap());
             })
         },
     );
+    // Nothing changed: what every poll of a steady node costs (no request).
+    let (_, devices, _) = build();
+    rt.block_on(publisher.publish(&pool, &devices)).unwrap();
+    c.bench_function("dra publish 64: nothing changed (no request)", |b| {
+        b.iter(|| {
+            let (_, devices, _) = build();
+            assert!(!rt.block_on(publisher.publish(&pool, &devices)).unwrap());
+        })
+    });
 
     let (table, _, _) = build();
     let claims = Claims::open(
@@ -195,6 +211,7 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         r.join("state"),
         "/usr/lib64".into(),
         HostRoot::default(),
+        "bench-boot".into(),
     )
     .unwrap();
     let claim = claim_of_8();

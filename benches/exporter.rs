@@ -154,8 +154,10 @@ fn main() {
         .unwrap();
     enflame.driver_root = r.to_path_buf();
     let driver = accel_container_runtime::dra::names::driver_name(&enflame, None).unwrap();
+    let table = accel_container_runtime::kubelet::inventory::discover(&enflame).unwrap();
     let answer = holders(&driver, |i| {
-        accel_container_runtime::dra::names::device_name(&enflame, i)
+        let d = table.iter().find(|d| d.index == i).unwrap();
+        accel_container_runtime::dra::names::device_name(&enflame, &d.key)
     });
 
     // 1. The exporter's own time: one poll's snapshot and the holders, rendered.

@@ -6,6 +6,8 @@
 //! path) and are named `.NAME.accel-<random>.tmp`: [`is_temp_of`] matches those and nothing
 //! an engine or another tool would write, so a later create can tell a killed rewrite's
 //! leftovers from anything else.
+//!
+//! And [`make_dirs`]: the directories the product makes, with their mode whatever the umask.
 
 use std::fs::{File, Permissions};
 use std::io::Write;
@@ -155,6 +157,24 @@ pub fn replace_if(
     // The rename itself is durable only once the directory is.
     File::open(dir)?.sync_all()?;
     Ok(true)
+}
+
+/// Makes `dir` and the directories above it that are missing, each `0755` whatever the
+/// process's umask (under umask 0 `create_dir_all` makes them `0777`, and anyone could then
+/// rename a socket over ours or drop a file there). Directories already there are left as
+/// they are: they are the node's.
+pub fn make_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?,
+            // Made meanwhile by someone else: theirs, as above.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -368,7 +368,11 @@ fn shown(path: Option<&Path>) -> PathBuf {
 /// config.toml's text deserialized, with a warning for each unknown key.
 fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigError> {
     let mut warnings = Vec::new();
-    let de = toml::Deserializer::new(text);
+    let parse_error = |source| ConfigError::Parse {
+        path: shown.to_path_buf(),
+        source,
+    };
+    let de = toml::Deserializer::parse(text).map_err(parse_error)?;
     let known = crate::keys::fields::<File>();
     let file: File = serde_ignored::deserialize(de, |p| {
         warnings.push(crate::keys::unknown_key(
@@ -377,10 +381,7 @@ fn parse_file(text: &str, shown: &Path) -> Result<(File, Vec<String>), ConfigErr
             known,
         ))
     })
-    .map_err(|source| ConfigError::Parse {
-        path: shown.to_path_buf(),
-        source,
-    })?;
+    .map_err(parse_error)?;
     Ok((file, warnings))
 }
 

@@ -1,7 +1,8 @@
 //! The `create` path, top to bottom ([`run`], the one way in): read the config and the spec
 //! once (its bytes: [`Bundle`]; what the shim reads of it: [`spec::View`]), decide what is
-//! asked (`asked`), look at the host once (`discover`, `look`), plan from what was seen
-//! (`plan`), the image side (`image_side`), apply (`apply`), write atomically.
+//! asked (`asked`), each asked vendor's devices, host facts and plan (`plan`: the steps every
+//! CDI spec takes too, [`crate::pipeline`]), the image side (`image_side`), apply (`apply`),
+//! write atomically.
 //! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
 //! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
@@ -12,11 +13,9 @@ use std::path::{Path, PathBuf};
 
 use crate::cdi::{self, CdiError};
 use crate::config::Config;
-use crate::discovery::{self, Device, DiscoveryError};
-use crate::facts;
-use crate::ldcache;
 use crate::loader;
-use crate::plan::{self, Plan, PlanError};
+use crate::pipeline::{self, PipelineError, Planned, Purpose, Wanted};
+use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::request::{self, Request, RequestError};
 use crate::spec::{self, SpecError, View};
@@ -28,9 +27,7 @@ pub enum CreateError {
     #[error(transparent)]
     Request(#[from] RequestError),
     #[error(transparent)]
-    Discovery(#[from] DiscoveryError),
-    #[error(transparent)]
-    Plan(#[from] PlanError),
+    Pipeline(#[from] PipelineError),
     #[error("{var}={value}: {msg}")]
     Refused {
         var: String,
@@ -41,12 +38,6 @@ pub enum CreateError {
     Cdi(#[from] CdiError),
     #[error(transparent)]
     Require(#[from] crate::constraints::RequireError),
-    #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
-    LdCache {
-        root: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("{}: {msg}", path.display())]
     Edit { path: PathBuf, msg: String },
     #[error(transparent)]
@@ -184,27 +175,27 @@ fn edit(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateErro
     remove_leftovers(&parsed.path);
     let spec = &parsed.spec;
     let asked = asked(cfg, spec)?;
-    let found = discover(&asked)?;
-    let host = look(&found, spec)?;
-    // Where libraries go in the container: looked up in the image only when one is mounted.
+    // Where libraries go in the container: looked up in the image only when a vendor is asked.
     let lib_dir = match &cfg.container_library_dir {
         Some(d) => d.clone(),
-        None if host.is_empty() => PathBuf::new(),
+        None if asked.vendors.is_empty() => PathBuf::new(),
         None => spec::default_library_dir(spec.rootfs(&parsed.dir).as_deref()),
     };
-    let planned = plan(&host, &lib_dir)?;
-    let (image, vendor_libs) = image_side(&host, &planned, spec, &parsed.dir, &lib_dir)?;
+    let planned = plan(&asked, spec, &lib_dir)?;
+    let (image, vendor_libs) = image_side(&asked, &planned, spec, &parsed.dir, &lib_dir)?;
     let mut out = Outcome {
         requests: asked.requests,
         removed_docker_hook: spec.docker_gpu_hook,
         ..Outcome::default()
     };
     // Vendor by vendor, as the profiles are ordered: its nodes, its driver, its dev links.
-    for ((devices, driver), libs) in planned.into_iter().zip(&vendor_libs) {
-        out.plan.extend(devices);
-        out.plan.extend(driver);
+    for p in planned {
+        for (_, nodes) in p.devices {
+            out.plan.extend(nodes);
+        }
+        out.plan.extend(p.driver);
         out.plan.extend(Plan {
-            mounts: libs.dev_links.clone(),
+            mounts: p.dev_links,
             ..Plan::default()
         });
     }
@@ -316,120 +307,77 @@ fn asked<'c>(cfg: &'c Config, spec: &View) -> Result<Asked<'c>, CreateError> {
     Ok(asked)
 }
 
-/// One asked vendor's devices, as discovered.
-struct Found<'a, 'c> {
-    ask: &'a Ask<'c>,
-    devices: Vec<Device>,
-}
-
-/// Step 2a, the host: each asked vendor's devices.
-fn discover<'a, 'c>(asked: &'a Asked<'c>) -> Result<Vec<Found<'a, 'c>>, CreateError> {
+/// Step 2, each asked vendor through the steps every CDI spec takes too ([`pipeline::run`]):
+/// its devices discovered, those asked selected, its capability groups (the spec's variable),
+/// the host looked at once, the plan decided from what was seen. Vendor by vendor, in the
+/// profiles' order.
+fn plan(asked: &Asked<'_>, spec: &View, lib_dir: &Path) -> Result<Vec<Planned>, CreateError> {
     asked
         .vendors
         .iter()
         .map(|ask| {
-            Ok(Found {
-                ask,
-                devices: discovery::discover(ask.profile)?,
+            let profile = ask.profile;
+            let wanted = match &ask.request {
+                Request::All => Wanted::All,
+                Request::Items { devices, .. } => Wanted::Items {
+                    var: &ask.var,
+                    items: devices,
+                },
+                Request::DriverOnly | Request::Nothing => Wanted::DriverOnly,
+            };
+            let capabilities = profile
+                .capabilities_env
+                .as_deref()
+                .and_then(|v| spec.env(v));
+            pipeline::run(&pipeline::Ask {
+                profile,
+                wanted,
+                capabilities,
+                lib_dir,
+                purpose: Purpose::Create,
+            })
+            .map_err(|e| match e {
+                // Named with the variable that asked for every device.
+                e if e.is_no_devices() => CreateError::Refused {
+                    var: ask.var.clone(),
+                    value: ask.value.clone(),
+                    msg: e.to_string(),
+                },
+                e => e.into(),
             })
         })
         .collect()
 }
 
-/// One vendor's host facts: everything the plan decides from.
-struct Host<'a> {
-    profile: &'a Profile,
-    selected: Vec<&'a Device>,
-    caps: Vec<String>,
-    nodes: facts::Nodes<'a>,
-    driver: facts::Driver<'a>,
-}
-
-/// Step 2b, the host looked at once, vendor by vendor: the devices asked for among those
-/// found, the capabilities, the driver root's ld.so.cache, the selected devices' nodes and
-/// the driver's control nodes, libraries and binaries.
-fn look<'a>(found: &'a [Found<'a, '_>], spec: &View) -> Result<Vec<Host<'a>>, CreateError> {
-    let mut out = Vec::with_capacity(found.len());
-    for f in found {
-        let (ask, profile, devices) = (f.ask, f.ask.profile, &f.devices);
-        let selected: Vec<&Device> = match &ask.request {
-            Request::All if devices.is_empty() => {
-                return Err(CreateError::Refused {
-                    var: ask.var.clone(),
-                    value: ask.value.clone(),
-                    msg: format!(
-                        "no {} devices found under {} (is the driver loaded?)",
-                        profile.name,
-                        profile.dev_root().display()
-                    ),
-                })
-            }
-            Request::All => devices.iter().collect(),
-            Request::Items { devices: items, .. } => {
-                request::select(&ask.var, items, devices, ranges(profile))?
-            }
-            Request::DriverOnly | Request::Nothing => Vec::new(),
-        };
-        let caps_value = profile
-            .capabilities_env
-            .as_deref()
-            .and_then(|v| spec.env(v));
-        let caps = plan::capabilities(profile, caps_value)?;
-        let cache = ldcache::load(&profile.driver_root).map_err(|source| CreateError::LdCache {
-            root: profile.driver_root.clone(),
-            source,
-        })?;
-        let dev_root = discovery::DevRoot::new(profile);
-        let nodes = facts::device_nodes(&dev_root, &selected);
-        let driver = facts::driver(&dev_root, &caps, &cache);
-        out.push(Host {
-            profile,
-            selected,
-            caps,
-            nodes,
-            driver,
-        });
-    }
-    Ok(out)
-}
-
-/// Step 3, the plan, decided from the facts alone: per vendor, its device edits and its
-/// driver's edits (the image side reads the latter).
-fn plan(host: &[Host<'_>], lib_dir: &Path) -> Result<Vec<(Plan, Plan)>, CreateError> {
-    host.iter()
-        .map(|h| {
-            let profile = h.profile;
-            Ok((
-                plan::device_edits(profile, &h.selected, &h.nodes)?,
-                plan::driver_edits(profile, &h.caps, &h.driver, lib_dir)?,
-            ))
-        })
-        .collect()
-}
-
-/// Step 4, the image side (src/loader.rs): each vendor's requirements checked against the
-/// image, compat libraries, dev links and loader-cache entries. The image is read only
-/// through its rootfs fd, and only when a vendor is asked for.
+/// Step 3, the image side (src/loader.rs): each vendor's requirements checked against the
+/// image, compat libraries and loader-cache entries. The image is read only through its
+/// rootfs fd, and only when a vendor is asked for.
 fn image_side(
-    host: &[Host<'_>],
-    planned: &[(Plan, Plan)],
+    asked: &Asked<'_>,
+    planned: &[Planned],
     spec: &View,
     bundle_dir: &Path,
     lib_dir: &Path,
 ) -> Result<(Option<loader::Image>, Vec<loader::VendorLibs>), CreateError> {
-    if host.is_empty() {
+    if asked.vendors.is_empty() {
         return Ok((None, Vec::new()));
     }
     let image = loader::Image::open(spec.rootfs(bundle_dir).as_deref());
     let env = spec.env_entries();
-    let mut libs = Vec::with_capacity(host.len());
-    for (h, (_, driver)) in host.iter().zip(planned) {
-        libs.push(loader::prepare(h.profile, &image, &env, driver, lib_dir)?);
+    let mut libs = Vec::with_capacity(planned.len());
+    for (ask, p) in asked.vendors.iter().zip(planned) {
+        libs.push(loader::prepare(
+            ask.profile,
+            &image,
+            &env,
+            &p.driver,
+            lib_dir,
+        )?);
     }
     Ok((Some(image), libs))
 }
 
-/// Step 5, the plan applied to the document. Returns whether it changed: a second create of
+/// Step 4, the plan applied to the document. Returns whether it changed: a second create of
 /// an already edited bundle changes nothing, and the file is then left alone rather than
 /// rewritten (two fsyncs on a disk-backed bundle). The plan's edits only add, and say
 /// whether they did; CDI edits replace entries in place, so only for those does a copy of
@@ -482,8 +430,4 @@ fn vendor_request(
         return Ok(None);
     }
     Ok(Some((var.clone(), value.to_string(), request)))
-}
-
-fn ranges(profile: &Profile) -> bool {
-    profile.discovery.index_ranges()
 }

@@ -217,7 +217,7 @@ pub fn ensure(dev_dir: &Path, node: &Path) -> Result<Action, DevCharError> {
             }
             LinkState::Missing => {
                 if let Some(dir) = link.parent() {
-                    std::fs::create_dir_all(dir).map_err(create_err)?;
+                    crate::atomic::make_dirs(dir).map_err(create_err)?;
                 }
                 match std::os::unix::fs::symlink(node, &link) {
                     Ok(()) => return Ok(Action::Created),

@@ -3,15 +3,28 @@
 //! Discovery reads only host paths under the profile's `driver-root`/`dev-root`; nothing from
 //! the container reaches it. It returns container-side node paths (`/dev/nvidia1`); the
 //! host node for one is `Profile::under(dev_root, path)`.
+//!
+//! The driver's files (procfs, sysfs, its version file) are read by the rule the image's
+//! files are read by ([`open_in_root`]): a FIFO, a device node or a symlink out of the root
+//! planted where an attribute should be is refused or resolved inside the root, never opened
+//! or followed (issue 32, class 6).
+//!
+//! A vendor's unique id (NVIDIA's GPU UUID, KFD's `unique_id`) is a device's name only where
+//! no other device of the profile on this node reports the same one (issue 32, class 3): the
+//! device plugin, CDI and the runtime's selection key devices by it.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rustix::buffer::spare_capacity;
-use rustix::fs::{Mode, OFlags, RawDir};
+use rustix::fs::{FileType, Mode, OFlags, RawDir};
 use rustix::io::Errno;
 
-use crate::inroot::{Root, Scope};
+use crate::inroot::{reopen, Root, Scope};
 use crate::profile::{Discovery, Profile};
 
 pub mod drm;
@@ -152,17 +165,82 @@ pub struct Device {
     pub index: u32,
     /// Container paths of its nodes; the first is the primary one.
     pub nodes: Vec<PathBuf>,
+    /// The vendor's unique id, only where it is unique among the profile's devices on this
+    /// node: a name the device plugin, CDI and the runtime may key it by.
     pub uuid: Option<String>,
     pub pci_bus_id: Option<String>,
     pub minor: Option<u32>,
     /// Other names it answers to (`GCU-1`).
     pub aliases: Vec<String>,
-    /// The product as the driver names it (NVIDIA's `Model:`), else the PCI `vendor-device`
-    /// id of a DRM-class device; `None` where neither is known.
+    /// The product as the driver names it (NVIDIA's `Model:`). A DRM-class device's (its PCI
+    /// `vendor-device` id) is not read by [`discover`], whose callers on the create path never
+    /// use it: [`crate::topology::locate`] fills it ([`drm::model_of`]). `None` where unknown.
     pub model: Option<String>,
+    /// The vendor's id when another device of the profile on this node reports the same one
+    /// (`uuid` is then `None`): shown, never a name.
+    pub duplicate_uuid: Option<String>,
+}
+
+/// What a device keeps for as long as it is on the node, whatever else comes and goes: the
+/// number its driver gave its node and holds (NVIDIA's `Device Minor`; a device node's own
+/// number, `/dev/gcu3`), else its PCI function. Every name that outlives the moment (a DRA
+/// device name, a claim record) is made from it or from [`Device::stable_name`], never from
+/// `index`, which for NVIDIA and DRM-class devices is a position in discovery's order and
+/// shifts when a device leaves.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Key {
+    Number(u32),
+    Bus(String),
+}
+
+impl Key {
+    /// As characters a DNS label allows: `3`, `0000-c3-00-0`.
+    pub fn label(&self) -> String {
+        match self {
+            Key::Number(n) => n.to_string(),
+            Key::Bus(b) => b
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_lowercase()
+                    } else {
+                        '-'
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Device {
+    /// The device's [`Key`] under the profile's discovery.
+    pub fn key(&self, discovery: &Discovery) -> Key {
+        let bus = || Key::Bus(self.pci_bus_id.clone().unwrap_or_default());
+        match discovery {
+            Discovery::NvidiaProcfs { .. } => self.minor.map_or_else(bus, Key::Number),
+            Discovery::DeviceNodes { .. } => Key::Number(self.index),
+            Discovery::Drm { .. } => self
+                .pci_bus_id
+                .clone()
+                .map_or(Key::Number(self.index), Key::Bus),
+        }
+    }
+
+    /// The name the runtime, CDI specs and the device plugin's answers give the device, one
+    /// the runtime's own discovery resolves to this device for as long as it is on the node:
+    /// its UUID (unique on the node), else for a device found by its node that node's number
+    /// (`/dev/gcu3` is `3`), else its PCI bus id (NVIDIA's and DRM-class discovery always
+    /// read one).
+    pub fn stable_name(&self, discovery: &Discovery) -> String {
+        if let Some(u) = &self.uuid {
+            return u.clone();
+        }
+        match (discovery, &self.pci_bus_id) {
+            (Discovery::DeviceNodes { .. }, _) | (_, None) => self.index.to_string(),
+            (_, Some(bus)) => bus.clone(),
+        }
+    }
+
     /// The id the vendor's Kubernetes device plugin registers for it, from a template such
     /// as `{uuid}` or `GCU-{index}`; `None` when the template needs a field the device lacks.
     pub fn plugin_id(&self, template: &str) -> Option<String> {
@@ -182,6 +260,12 @@ impl Device {
 /// Every device the profile finds, ordered by index. No driver (no proc dir, no nodes) is an
 /// empty list, not an error: the caller decides whether that matters.
 pub fn discover(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
+    let mut found = discover_kind(profile)?;
+    keep_unique_uuids(profile, &mut found);
+    Ok(found)
+}
+
+fn discover_kind(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
     match &profile.discovery {
         Discovery::NvidiaProcfs {
             proc_dir,
@@ -210,8 +294,109 @@ pub fn discover(profile: &Profile) -> Result<Vec<Device>, DiscoveryError> {
     }
 }
 
-/// `dir` opened (`O_DIRECTORY`) to list it and open files in it; `None` when it does not
+/// Where an id was seen on more than one device and said so: `(profile, id)`. A lasting
+/// duplicate is logged once per process, not at each discovery of a polling daemon.
+static DUPLICATES_SAID: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+
+/// Moves each `uuid` that more than one of `devices` reports to `duplicate_uuid`: the device
+/// plugin keys Allocate by it, the runtime selects by it, so an id two devices share would
+/// hand out one for the other (issue 32, class 3). The devices keep their bus ids, minors and
+/// indices.
+fn keep_unique_uuids(profile: &Profile, devices: &mut [Device]) {
+    let mut holders: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, d) in devices.iter().enumerate() {
+        if let Some(u) = &d.uuid {
+            holders.entry(u.clone()).or_default().push(i);
+        }
+    }
+    for (id, at) in holders.into_iter().filter(|(_, at)| at.len() > 1) {
+        let names: Vec<String> = at
+            .iter()
+            .map(|&i| {
+                let d = &devices[i];
+                match &d.pci_bus_id {
+                    Some(bus) => format!("{} ({bus})", d.index),
+                    None => d.index.to_string(),
+                }
+            })
+            .collect();
+        for i in at {
+            devices[i].duplicate_uuid = devices[i].uuid.take();
+        }
+        let mut said = DUPLICATES_SAID.lock().unwrap_or_else(|e| e.into_inner());
+        if said.insert((profile.name.clone(), id.clone())) {
+            log::warn!(
+                "{}: devices {} all report the id {}; it names none of them (not unique on this node): select them by PCI bus id",
+                profile.name,
+                names.join(", "),
+                crate::quote::quote(&id)
+            );
+        }
+    }
+}
+
+/// The regular file `rel` under `root`, opened for reading by the rule the image's files are
+/// read by ([`crate::rootfs`]): resolved by [`crate::inroot`] in [`Scope::InRoot`] (as if the
+/// root were `/`: no link leads out of it), found `O_PATH` (no driver's open runs for a
+/// device node, a FIFO does not block), and opened for reading only once `fstat` says it is
+/// a regular file, through that same fd. Every sysfs and procfs attribute is one. With its
+/// size as `fstat` gives it, to size a buffer by.
+pub fn open_in_root(root: &Root, rel: &Path) -> std::io::Result<(File, u64)> {
+    let fd = root.open_at(rel, OFlags::PATH, Scope::InRoot)?;
+    let st = rustix::fs::fstat(&fd)?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if kind != FileType::RegularFile {
+        return Err(std::io::Error::other(format!(
+            "{}, not a regular file; not opened",
+            crate::rootfs::kind_name(kind)
+        )));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    Ok((File::from(reopen(&fd, OFlags::RDONLY)?), size))
+}
+
+/// [`open_in_root`], read whole: at most `limit` bytes ([`crate::bounded`]).
+pub fn read_in_root(root: &Root, rel: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let (file, size) = open_in_root(root, rel)?;
+    crate::bounded::read_hinted(file, limit, size)
+}
+
+/// The target of symlink `rel` under `root`, as text: its directory is resolved in the root
+/// and the link itself read, never followed.
+pub fn read_link_in_root(root: &Root, rel: &Path) -> std::io::Result<PathBuf> {
+    let name = rel
+        .file_name()
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let parent = rel.parent().unwrap_or(Path::new("/"));
+    let dir = root.open_at(parent, OFlags::PATH | OFlags::DIRECTORY, Scope::InRoot)?;
+    let target = rustix::fs::readlinkat(&dir, name, Vec::new())?;
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(
+        target.into_bytes(),
+    )))
+}
+
+/// Directory `rel` under `root` (resolved in it) opened to list it; `None` when it does not
 /// exist.
+fn open_dir_in(root: &Root, rel: &Path) -> Result<Option<OwnedFd>, DiscoveryError> {
+    match root.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(DiscoveryError::Read {
+            path: root.display(rel),
+            source: e.into(),
+        }),
+    }
+}
+
+/// The names in directory `rel` under `root`; none when it does not exist.
+fn dir_names_in(root: &Root, rel: &Path) -> Result<Vec<String>, DiscoveryError> {
+    match open_dir_in(root, rel)? {
+        Some(fd) => dir_names(&fd, &root.display(rel)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// `dir` opened (`O_DIRECTORY`) to list it; `None` when it does not exist.
 fn open_dir(dir: &Path) -> Result<Option<OwnedFd>, DiscoveryError> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     match rustix::fs::open(dir, flags, Mode::empty()) {
@@ -254,13 +439,12 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>, DiscoveryError> {
 /// A GPU's `information` is under 1 KiB.
 const MAX_PROC_FILE: u64 = 1 << 20;
 
-/// The file at `path` under the directory `dir`, read whole into `buf` (reused across files).
+/// `file` (opened by [`open_in_root`]), read whole into `buf` (reused across files).
 /// Procfs files report a size of 0, so there is no size to read up to: `fs::read_to_string`
 /// reads those in growing probes from 32 bytes (five reads and a stat for one GPU's
 /// `information`). A file that does not end within [`MAX_PROC_FILE`] is refused (class 5:
 /// a procfs file's size is not known before it is read).
-fn read_proc<'b>(dir: &OwnedFd, path: &str, buf: &'b mut Vec<u8>) -> std::io::Result<&'b str> {
-    let file = rustix::fs::openat(dir, path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+fn read_proc(file: File, buf: &mut Vec<u8>) -> std::io::Result<&str> {
     buf.clear();
     buf.reserve(4096);
     loop {
@@ -294,23 +478,27 @@ fn nvidia_procfs(
     proc_dir: &Path,
     node_template: &str,
 ) -> Result<Vec<Device>, DiscoveryError> {
-    let dir = Profile::under(&profile.driver_root, proc_dir);
-    let Some(fd) = open_dir(&dir)? else {
-        return Ok(Vec::new());
+    let root = match Root::open(&profile.driver_root) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(DiscoveryError::Read {
+                path: profile.driver_root.clone(),
+                source,
+            })
+        }
     };
     let mut gpus = Vec::new();
     let mut buf = Vec::new();
-    // `<bus>/information`, opened relative to the directory just listed.
-    let mut rel = String::new();
-    for bus in dir_names(&fd, &dir)? {
-        let path = || dir.join(&bus).join("information");
-        rel.clear();
-        rel.push_str(&bus);
-        rel.push_str("/information");
-        let text = read_proc(&fd, &rel, &mut buf).map_err(|source| DiscoveryError::Read {
-            path: path(),
-            source,
-        })?;
+    for bus in dir_names_in(&root, proc_dir)? {
+        let rel = proc_dir.join(&bus).join("information");
+        let path = || root.display(&rel);
+        let text = open_in_root(&root, &rel)
+            .and_then(|(file, _)| read_proc(file, &mut buf))
+            .map_err(|source| DiscoveryError::Read {
+                path: path(),
+                source,
+            })?;
         // `Key: \t value` lines; the first of each key counts.
         let (mut minor, mut uuid, mut bus_id, mut model) = (None, None, None, None);
         for (k, v) in text.lines().filter_map(|l| l.split_once(':')) {
@@ -354,6 +542,7 @@ fn nvidia_procfs(
             minor: Some(minor),
             aliases: Vec::new(),
             model,
+            duplicate_uuid: None,
         })
         .collect())
 }
@@ -407,6 +596,7 @@ fn device_nodes(
                 minor: None,
                 aliases: aliases.iter().map(fill).collect(),
                 model: None,
+                duplicate_uuid: None,
             }
         })
         .collect())
@@ -420,8 +610,9 @@ fn is_device_node(p: &Path) -> bool {
 
 /// The driver version: the first dotted number in the profile's `version-file`.
 pub fn driver_version(profile: &Profile) -> Option<String> {
-    let path = Profile::under(&profile.driver_root, profile.version_file.as_deref()?);
-    let text = crate::bounded::read_text(&path, MAX_PROC_FILE).ok()?;
+    let rel = profile.version_file.as_deref()?;
+    let root = Root::open(&profile.driver_root).ok()?;
+    let text = crate::bounded::text(read_in_root(&root, rel, MAX_PROC_FILE).ok()?).ok()?;
     text.split_whitespace()
         .find(|t| {
             t.contains('.')
@@ -469,6 +660,74 @@ mod tests {
         assert_eq!(devs[1].index, 1);
         assert_eq!(devs[1].minor, Some(0));
         assert_eq!(devs[1].plugin_id("{uuid}").as_deref(), Some("GPU-bbb"));
+    }
+
+    /// Issue 32, class 3: two GPUs reporting one UUID are named by neither; both are still
+    /// found, by bus id and minor.
+    #[test]
+    fn nvidia_uuid_two_gpus_share_is_no_name() {
+        let root = tempfile::tempdir().unwrap();
+        info(root.path(), "0000:3b:00.0", 0, "GPU-same");
+        info(root.path(), "0000:af:00.0", 1, "GPU-same");
+        info(root.path(), "0000:d8:00.0", 2, "GPU-own");
+        let devs = discover(&profile("nvidia", root.path())).unwrap();
+        let ids: Vec<(Option<&str>, Option<&str>)> = devs
+            .iter()
+            .map(|d| (d.uuid.as_deref(), d.duplicate_uuid.as_deref()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (None, Some("GPU-same")),
+                (None, Some("GPU-same")),
+                (Some("GPU-own"), None)
+            ]
+        );
+        assert_eq!(devs[1].plugin_id("{uuid}"), None);
+        assert_eq!(devs[1].plugin_id("{bus}").as_deref(), Some("0000:af:00.0"));
+    }
+
+    /// Issue 32, class 6: the driver's files are read only when they are regular files inside
+    /// the driver root. A FIFO is refused unopened (an open would block for good); a link to
+    /// a host file resolves inside the root.
+    #[test]
+    fn nvidia_information_fifo_or_link_out_is_not_opened() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        info(&root, "0000:3b:00.0", 3, "GPU-aaa");
+        let file = root.join("proc/driver/nvidia/gpus/0000:3b:00.0/information");
+        std::fs::remove_file(&file).unwrap();
+        nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let e = discover(&profile("nvidia", &root)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cannot read {}: a FIFO, not a regular file; not opened",
+                file.display()
+            )
+        );
+        std::fs::remove_file(&file).unwrap();
+        info(t.path(), "0000:3b:00.0", 3, "GPU-host");
+        std::os::unix::fs::symlink(
+            t.path()
+                .join("proc/driver/nvidia/gpus/0000:3b:00.0/information"),
+            &file,
+        )
+        .unwrap();
+        let e = discover(&profile("nvidia", &root)).unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        // The version file likewise.
+        std::fs::write(
+            t.path().join("proc/driver/nvidia/version"),
+            "NVRM version: 550.54.14\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            t.path().join("proc/driver/nvidia/version"),
+            root.join("proc/driver/nvidia/version"),
+        )
+        .unwrap();
+        assert_eq!(driver_version(&profile("nvidia", &root)), None);
     }
 
     #[test]
@@ -637,6 +896,7 @@ mod tests {
             minor: None,
             aliases: vec![],
             model: None,
+            duplicate_uuid: None,
         };
         assert_eq!(d.plugin_id("GCU-{index}").as_deref(), Some("GCU-2"));
         assert_eq!(d.plugin_id("{uuid}"), None);

@@ -1,6 +1,7 @@
 //! What a plan needs to know of the host, looked at once before anything is decided: the
 //! nodes a profile names (where each resolves inside dev-root and what stat says of it) and
-//! the driver's libraries and binaries found inside the driver root.
+//! the driver's libraries and binaries found inside the driver root. [`gather`] is the one
+//! gathering a create and every CDI spec make ([`crate::pipeline`]).
 //!
 //! Facts are plain data and record failures too (a node that is missing, refused, or not a
 //! device): whether a failure matters is the plan's call ([`crate::plan`]), so the plan reads
@@ -17,6 +18,52 @@ use crate::libraries;
 use crate::profile::Profile;
 
 pub use crate::libraries::Found;
+
+/// One vendor's facts: all its plan is decided from ([`crate::plan::vendor`]).
+#[derive(Debug)]
+pub struct Vendor<'a> {
+    pub profile: &'a Profile,
+    /// The devices the plan covers: a create's selection, a spec's every device.
+    pub devices: Vec<&'a Device>,
+    /// The capability groups (from [`crate::plan::capabilities`]).
+    pub caps: Vec<String>,
+    /// The covered devices' nodes.
+    pub nodes: Nodes<'a>,
+    pub driver: Driver<'a>,
+}
+
+/// The driver root's `ld.so.cache` exists but cannot be read or parsed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
+pub struct LdCacheError {
+    pub root: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Gathers [`Vendor`] facts for `devices` and capability groups `caps`: the driver root's
+/// `ld.so.cache` (where libraries are looked up first), the devices' nodes and the driver's
+/// ([`device_nodes`], [`driver`], one dev-root opened for both).
+pub fn gather<'a>(
+    profile: &'a Profile,
+    devices: Vec<&'a Device>,
+    caps: Vec<String>,
+) -> Result<Vendor<'a>, LdCacheError> {
+    let cache = ldcache::load(&profile.driver_root).map_err(|source| LdCacheError {
+        root: profile.driver_root.clone(),
+        source,
+    })?;
+    let dev_root = DevRoot::new(profile);
+    let nodes = device_nodes(&dev_root, &devices);
+    let driver = driver(&dev_root, &caps, &cache);
+    Ok(Vendor {
+        profile,
+        devices,
+        caps,
+        nodes,
+        driver,
+    })
+}
 
 /// What stat says of a host node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +250,7 @@ mod tests {
             minor: Some(index),
             aliases: vec![],
             model: None,
+            duplicate_uuid: None,
         }
     }
 

@@ -7,8 +7,10 @@
 //! `RESOLVE_NO_MAGICLINKS`, and one of three [`Scope`]s. Kernels before 5.6 have no
 //! `openat2` (`ENOSYS`); there the same rules are walked here, one component at a time, each
 //! opened `O_PATH | O_NOFOLLOW` relative to the directory fd the walk holds, links read with
-//! `readlinkat` on that fd and `..` answered from the walk's own stack of directories (never
-//! by the filesystem, so a directory moved out of the root cannot take the walk with it).
+//! `readlinkat` on that fd (a procfs magic link refused with `ELOOP`, as the kernel does:
+//! its text is not where it leads) and `..` answered from the walk's own stack of directories
+//! (never by the filesystem, so a directory moved out of the root cannot take the walk with
+//! it). No binary can choose the walk (it is taken only where the kernel refuses `openat2`).
 //! The unit tests hold the two walks to the same answers.
 //!
 //! This is the class of CVE-2024-0132 and CVE-2025-23267 (a path that resolves outside the
@@ -62,8 +64,8 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub struct Root {
     fd: OwnedFd,
     path: PathBuf,
-    /// The root's own host path as the kernel names it, read at the first [`Root::rel_of`]
-    /// (a search of the driver's directories asks once per directory).
+    /// The root's own host path as the kernel names it, read at the first lookup or
+    /// [`Root::rel_of`] that needs it.
     real: std::sync::OnceLock<Option<PathBuf>>,
 }
 
@@ -129,11 +131,43 @@ impl Root {
     }
 
     /// Finds `rel` without opening it: an `O_PATH` fd, its `fstat` and its host path.
+    ///
+    /// The host path of a path the kernel walked is what `/proc/self/fd` says of the fd, the
+    /// costliest step of a lookup (more than the walk). Most paths looked up (device nodes,
+    /// directories, tools) hold no symlink, and for those it is the root's own host path
+    /// joined with `rel`: so `rel` is first resolved with no symlink allowed, and only a path
+    /// with one on it (`ELOOP`) is resolved again in `scope` and read back from the fd. The
+    /// answer is the same either way: without a symlink or `..` on the path every scope
+    /// resolves it alike, and any other error is the one the walk in `scope` meets first.
+    /// [`Root::lookup_link`] is for paths that are links as a rule.
     pub fn lookup(&self, rel: &Path, scope: Scope) -> Result<Entry, Errno> {
+        let Some((real, plain)) = self.real().zip(plain(rel)) else {
+            return self.lookup_link(rel, scope);
+        };
+        match self.open_at(rel, OFlags::PATH, Scope::NoSymlinks) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd)?;
+                let mut host = real.to_path_buf();
+                host.push(plain);
+                Ok(Entry { fd, stat, host })
+            }
+            Err(Errno::LOOP) if scope != Scope::NoSymlinks => self.lookup_link(rel, scope),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Root::lookup`] for a path that is a link as a rule (a library's soname): resolved in
+    /// `scope` at once, its host path read back from the fd.
+    pub fn lookup_link(&self, rel: &Path, scope: Scope) -> Result<Entry, Errno> {
         let fd = self.open_at(rel, OFlags::PATH, scope)?;
         let stat = rustix::fs::fstat(&fd)?;
         let host = fd_path(&fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
         Ok(Entry { fd, stat, host })
+    }
+
+    /// The root's own host path as the kernel names it, read once.
+    fn real(&self) -> Option<&Path> {
+        self.real.get_or_init(|| fd_path(&self.fd).ok()).as_deref()
     }
 
     /// `rel` under the root, for messages.
@@ -144,14 +178,24 @@ impl Root {
     /// The path of `host` (a host path an [`Entry`] of this root gave) relative to the root,
     /// as a container-style path; `None` for a path not under it.
     pub fn rel_of(&self, host: &Path) -> Option<PathBuf> {
-        let root = self
-            .real
-            .get_or_init(|| fd_path(&self.fd).ok())
-            .as_deref()?;
+        let root = self.real()?;
         host.strip_prefix(root)
             .ok()
             .map(|rel| Path::new("/").join(rel))
     }
+}
+
+/// `rel` without its leading `/`, `.` and empty components, when it has no `..`: what it
+/// names under a root when no component is a symlink. `None` for a path with `..`.
+fn plain(rel: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in components(rel.as_os_str().as_bytes()) {
+        if c == b".." {
+            return None;
+        }
+        out.push(std::ffi::OsStr::from_bytes(&c));
+    }
+    Some(out)
 }
 
 /// The host path an fd stands for, as the kernel names it (`/proc/self/fd`).
@@ -220,6 +264,9 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, scope: Scope) -> Result
                 return Err(Errno::LOOP);
             }
             let target = rustix::fs::readlinkat(&fd, "", Vec::new())?.into_bytes();
+            if is_magic(&fd, here, &target) {
+                return Err(Errno::LOOP);
+            }
             if target.first() == Some(&b'/') {
                 if scope == Scope::Beneath {
                     return Err(Errno::XDEV);
@@ -252,6 +299,24 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, scope: Scope) -> Result
     // The path ended at a directory (the root, or after `..`).
     let here = dirs.last().map_or(root, |d| d.as_fd());
     rustix::fs::openat(here, ".", flags | OFlags::CLOEXEC, Mode::empty())
+}
+
+/// Whether the link `fd` (found in directory `dir`, its text `target`) is a procfs magic
+/// link, which `RESOLVE_NO_MAGICLINKS` refuses: its text is no path the kernel follows, it
+/// jumps to what the link stands for (`/proc/<pid>/root`, `cwd`, `exe`, `fd/N`,
+/// `map_files/*`, `ns/*`). Only procfs has them. Its plain links (`self`, `thread-self`,
+/// `mounts`, `net`, made with a name relative to their directory) are the ones whose text is
+/// a relative path that is there; a magic link's text is a host path (absolute) or a name
+/// such as `pipe:[N]` or `mnt:[N]` that is not. The rule errs towards refusing: a plain link
+/// it took for a magic one would fail with `ELOOP`, never lead anywhere.
+/// Ref: openat2(2) RESOLVE_NO_MAGICLINKS; proc(5); fs/namei.c `nd_jump_link`.
+fn is_magic(fd: &OwnedFd, dir: BorrowedFd<'_>, target: &[u8]) -> bool {
+    let on_proc =
+        rustix::fs::fstatfs(fd).map_or(true, |s| s.f_type == rustix::fs::PROC_SUPER_MAGIC);
+    on_proc
+        && (target.first() == Some(&b'/')
+            || target.is_empty()
+            || rustix::fs::statat(dir, target, rustix::fs::AtFlags::empty()).is_err())
 }
 
 /// The components of `path`, without empty ones and `.`.
@@ -358,6 +423,116 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
         let e = host("/a", Scope::InRoot).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+    }
+
+    /// Issue 32, class 9: procfs magic links (`/proc/<pid>/{root,cwd,exe}`, `fd/N`, `ns/*`)
+    /// jump where their text does not say, and `openat2` refuses them (`ELOOP`,
+    /// `RESOLVE_NO_MAGICLINKS`); the fallback walk read their text and followed it. Both
+    /// walks now answer alike on a root with procfs in it (the host's `/`, a driver root of
+    /// `/`), while procfs's plain links (`self`, `thread-self`, `mounts`) still resolve.
+    #[test]
+    fn class9_fallback_walker_refuses_procfs_magic_links() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().canonicalize().unwrap();
+        std::fs::write(dir.join("file"), "x").unwrap();
+        symlink("/proc/self/root/etc", dir.join("via-root")).unwrap();
+        let open = std::fs::File::open(dir.join("file")).unwrap();
+        let n = open.as_raw_fd();
+        let root = Root::open(Path::new("/")).unwrap();
+        let rootfd = root.fd.as_raw_fd();
+        let magic = [
+            "/proc/self/root/etc/passwd".to_string(),
+            "/proc/self/root".into(),
+            "/proc/self/cwd".into(),
+            "/proc/self/exe".into(),
+            "/proc/thread-self/root/etc".into(),
+            format!("/proc/self/fd/{n}"),
+            format!("/proc/self/fd/{rootfd}/etc"),
+            format!("/proc/{}/root/etc", std::process::id()),
+            "/proc/self/ns/mnt".into(),
+            format!("{}/via-root/passwd", dir.display()),
+        ];
+        let plain = [
+            "/proc/self/status",
+            "/proc/self",
+            "/proc/thread-self/status",
+            "/proc/mounts",
+        ];
+        let answer = |r: Result<OwnedFd, Errno>| r.map(|fd| fd_path(&fd).unwrap());
+        let all = magic.iter().map(String::as_str).chain(plain);
+        for p in all {
+            let rel = Path::new(p.strip_prefix('/').unwrap());
+            for scope in [Scope::InRoot, Scope::NoSymlinks, Scope::Beneath] {
+                for flags in [OFlags::PATH, OFlags::RDONLY] {
+                    let k = answer(kernel(root.fd.as_fd(), rel, flags, scope));
+                    let w = answer(walk(root.fd.as_fd(), rel, flags, scope));
+                    assert_eq!(k, w, "{p} in {scope:?} ({flags:?})");
+                }
+            }
+        }
+        for p in &magic {
+            let w = walk(
+                root.fd.as_fd(),
+                Path::new(&p[1..]),
+                OFlags::PATH,
+                Scope::InRoot,
+            );
+            assert_eq!(w.unwrap_err(), Errno::LOOP, "{p}");
+        }
+        for p in plain {
+            let w = walk(
+                root.fd.as_fd(),
+                Path::new(&p[1..]),
+                OFlags::PATH,
+                Scope::InRoot,
+            );
+            assert!(w.is_ok(), "{p}: {w:?}");
+        }
+        drop(open);
+    }
+
+    /// A lookup's host path is what the kernel says of its fd, whether the path held a
+    /// symlink (read back from the fd) or not (the root's path joined with it).
+    #[test]
+    fn lookup_host_paths_are_the_kernels() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path().join("root");
+        std::fs::create_dir_all(r.join("usr/lib/real")).unwrap();
+        std::fs::create_dir_all(r.join("dev")).unwrap();
+        std::fs::write(r.join("usr/lib/real/libx.so.1"), "elf").unwrap();
+        symlink("real", r.join("usr/lib/link")).unwrap();
+        symlink("/usr/lib/real/libx.so.1", r.join("dev/abs")).unwrap();
+        // The root itself through a link: the kernel names its real path.
+        symlink("root", t.path().join("root-link")).unwrap();
+        let root = Root::open(&t.path().join("root-link")).unwrap();
+        for p in [
+            "/",
+            ".",
+            "/usr/lib/real/libx.so.1",
+            "usr//lib/./real/",
+            "/usr/lib/link/libx.so.1",
+            "/usr/lib/link/../real",
+            "/dev/abs",
+            "/missing",
+            "/usr/lib/real/libx.so.1/x",
+        ] {
+            for scope in [Scope::InRoot, Scope::NoSymlinks, Scope::Beneath] {
+                let fast = root.lookup(Path::new(p), scope);
+                let slow = root.lookup_link(Path::new(p), scope);
+                match (fast, slow) {
+                    (Ok(f), Ok(s)) => {
+                        assert_eq!(f.host, s.host, "{p} {scope:?}");
+                        assert_eq!(f.host, fd_path(&f.fd).unwrap(), "{p} {scope:?}");
+                        assert_eq!(f.stat.st_ino, s.stat.st_ino, "{p} {scope:?}");
+                    }
+                    (f, s) => assert_eq!(
+                        f.map(|e| e.host).err(),
+                        s.map(|e| e.host).err(),
+                        "{p} {scope:?}"
+                    ),
+                }
+            }
+        }
     }
 
     /// The root `/` resolves absolute host paths as they are.

@@ -11,7 +11,8 @@
 //! `request` (the devices a container asks for) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
 //! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
 //! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
-//! dev links, compat libraries, requirements) → `spec`, `engine` (engine config files) →
+//! compat libraries, requirements), `pipeline` (one vendor's gather-then-plan, the same steps
+//! for a create and a CDI spec) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
 //! device table, kubelet's protocols compiled from `.proto` files, sockets; its gRPC half only
@@ -48,6 +49,7 @@ pub mod ldcache;
 pub mod libraries;
 pub mod loader;
 pub mod logging;
+pub mod pipeline;
 pub mod plan;
 pub mod plugin;
 pub mod profile;

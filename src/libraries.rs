@@ -7,13 +7,14 @@
 //! outside it (the class of CVE-2024-0132: a path that resolves somewhere it should not by
 //! the time it is used).
 
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{OFlags, RawDir};
 use rustix::io::Errno;
 
-use crate::inroot::{Root, Scope};
+use crate::inroot::{reopen, Entry, Root, Scope};
 use crate::ldcache;
 use crate::profile::Profile;
 
@@ -76,25 +77,37 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// Resolves `path` (absolute, container-style) under the root as a chroot would.
+    /// Resolves `path` (absolute, container-style) under the root as a chroot would. For a
+    /// library by its soname, which is a link as a rule ([`Root::lookup_link`]).
     pub fn resolve(&mut self, path: &Path) -> std::io::Result<Resolved> {
-        let root = self.opened()?;
-        let e = root
-            .lookup(path, Scope::InRoot)
-            .map_err(|e| named(e, &root.display(path)))?;
+        let e = self.found(path, true)?;
         Ok(Resolved {
             is_file: e.is_file(),
             host: e.host,
         })
     }
 
+    /// A tool's lookup (seldom a link), with its `O_PATH` fd, for a file read later from the
+    /// inode that was checked.
+    fn entry(&mut self, path: &Path) -> std::io::Result<Entry> {
+        self.found(path, false)
+    }
+
+    fn found(&mut self, path: &Path, link: bool) -> std::io::Result<Entry> {
+        let root = self.opened()?;
+        let found = if link {
+            root.lookup_link(path, Scope::InRoot)
+        } else {
+            root.lookup(path, Scope::InRoot)
+        };
+        found.map_err(|e| named(e, &root.display(path)))
+    }
+
     /// The path under the root that directory `path` resolves to (`/usr/lib64` when
     /// `/lib64` is a link to it): one spelling per directory, to look at each once.
     fn dir_key(&mut self, path: &Path) -> std::io::Result<PathBuf> {
+        let e = self.found(path, false)?;
         let root = self.opened()?;
-        let e = root
-            .lookup(path, Scope::InRoot)
-            .map_err(|e| named(e, &root.display(path)))?;
         root.rel_of(&e.host).ok_or_else(|| {
             std::io::Error::other(format!("{}: not under the root", e.host.display()))
         })
@@ -279,8 +292,8 @@ fn search_dirs(
 /// `resolver` must be for the profile's driver root.
 pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> Vec<Found> {
     // Every regular file of each name, in the order of the dirs; one reached twice (`/bin` is
-    // often a link to `/usr/bin`) counts once.
-    let mut files: Vec<Vec<PathBuf>> = vec![Vec::new(); names.len()];
+    // often a link to `/usr/bin`) counts once. Each is kept with the fd it was found by.
+    let mut files: Vec<Vec<Entry>> = names.iter().map(|_| Vec::new()).collect();
     for dir in &profile.binary_search_dirs {
         // A directory that does not exist (most of them, on most hosts) is looked at once,
         // not once per name.
@@ -288,9 +301,9 @@ pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> V
             continue;
         };
         for (name, files) in names.iter().zip(&mut files) {
-            if let Ok(r) = resolver.resolve(&key.join(name)) {
-                if r.is_file && !files.contains(&r.host) {
-                    files.push(r.host);
+            if let Ok(e) = resolver.entry(&key.join(name)) {
+                if e.is_file() && !files.iter().any(|f| f.host == e.host) {
+                    files.push(e);
                 }
             }
         }
@@ -305,29 +318,25 @@ pub fn binaries(profile: &Profile, names: &[&str], resolver: &mut Resolver) -> V
             let pick = match files.len() {
                 0 => return None,
                 1 => 0,
-                _ => files.iter().position(|f| is_elf(f)).unwrap_or(0),
+                _ => files.iter().position(|f| is_elf(&f.fd)).unwrap_or(0),
             };
             Some(Found {
-                host: files.swap_remove(pick),
+                host: files.swap_remove(pick).host,
                 name: name.to_string(),
             })
         })
         .collect()
 }
 
-/// Whether `path`, a regular file just resolved, starts with the ELF magic. `O_NOFOLLOW`: had
-/// a link replaced it since, it is not opened through that link.
-fn is_elf(path: &Path) -> bool {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+/// Whether the regular file whose `O_PATH` fd a lookup in the root gave starts with the ELF
+/// magic: the inode that lookup checked is opened (through the fd, never by its host path
+/// again, which a link swapped in since could lead out of the root) and 4 bytes are read.
+fn is_elf(fd: &OwnedFd) -> bool {
     let mut magic = [0u8; 4];
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && magic == *b"\x7fELF"
+    let Ok(file) = reopen(fd, OFlags::RDONLY | OFlags::NONBLOCK) else {
+        return false;
+    };
+    rustix::io::pread(&file, &mut magic, 0).is_ok_and(|n| n == magic.len()) && magic == *b"\x7fELF"
 }
 
 #[cfg(test)]
@@ -595,8 +604,29 @@ mod tests {
         );
     }
 
-    /// Ascend's driver libraries have unversioned sonames (`libascend_hal.so`): they are the
-    /// soname and must be found; a dev link next to a versioned soname must not.
+    /// The ELF check reads the inode the lookup in the root found, not whatever its host path
+    /// names by then: a script swapped for a link to a host ELF (outside the root) after the
+    /// lookup is still the script.
+    #[test]
+    fn elf_magic_is_read_from_the_file_the_lookup_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::write(dir.path().join("host-elf"), b"\x7fELF\x02\x01").unwrap();
+        std::fs::write(root.join("usr/bin/tool"), "#!/bin/sh\n").unwrap();
+        std::fs::write(root.join("usr/bin/real"), b"\x7fELF\x02\x01").unwrap();
+        std::fs::write(root.join("usr/bin/short"), b"\x7fEL").unwrap();
+        let mut r = Resolver::new(&root);
+        let script = r.entry(Path::new("/usr/bin/tool")).unwrap();
+        let elf = r.entry(Path::new("/usr/bin/real")).unwrap();
+        let short = r.entry(Path::new("/usr/bin/short")).unwrap();
+        std::fs::rename(root.join("usr/bin/tool"), root.join("usr/bin/tool.old")).unwrap();
+        symlink(dir.path().join("host-elf"), root.join("usr/bin/tool")).unwrap();
+        assert!(!is_elf(&script.fd));
+        assert!(is_elf(&elf.fd));
+        assert!(!is_elf(&short.fd));
+    }
+
     #[test]
     fn elf_binary_wins_over_an_earlier_wrapper_script() {
         let dir = tempfile::tempdir().unwrap();
@@ -719,6 +749,8 @@ mod tests {
         );
     }
 
+    /// Ascend's driver libraries have unversioned sonames (`libascend_hal.so`): they are the
+    /// soname and must be found; a dev link next to a versioned soname must not.
     #[test]
     fn unversioned_soname_is_kept_dev_link_is_not() {
         let root = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
 //! What the image's dynamic loader sees of the injected libraries: the container's
-//! `/etc/ld.so.cache`, development links (`libcuda.so`), forward-compatibility libraries the
-//! image carries, and the image's driver requirements (`NVIDIA_REQUIRE_*`).
+//! `/etc/ld.so.cache`, forward-compatibility libraries the image carries, and the image's
+//! driver requirements (`NVIDIA_REQUIRE_*`). (Development links, `libcuda.so`, are planned
+//! with the driver's mounts: `plan::dev_links`.)
 //!
 //! Frameworks find driver libraries through the loader cache: Triton runs `ldconfig -p` and
 //! looks for `libcuda.so.1`. NVIDIA's toolkit gets there by running `ldconfig` in the
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::constraints::{self, RequireError};
 use crate::discovery;
 use crate::ldcache::{self, Record};
-use crate::plan::{BindMount, Plan};
+use crate::plan::{self, BindMount, Plan};
 use crate::profile::Profile;
 use crate::rootfs::{Kind, Rootfs};
 
@@ -63,16 +64,14 @@ pub struct Compat {
 /// One vendor's share of the image-side work, from [`prepare`].
 #[derive(Debug, Default)]
 pub struct VendorLibs {
-    /// Development names, mounted from the same host files as their sonames.
-    pub dev_links: Vec<BindMount>,
     /// Cache entries for the mounted libraries.
     pub records: Vec<Record>,
     pub compat: Option<Compat>,
 }
 
 /// For one vendor whose driver edits are `driver` (libraries mounted in `lib_dir`): checks
-/// the image's requirements (the one error), finds compat libraries, and lists the dev links
-/// and cache entries to add. Reads the image only through `image`'s rootfs fd.
+/// the image's requirements (the one error), finds compat libraries, and lists the cache
+/// entries to add for the mounted libraries. Reads the image only through `image`'s rootfs fd.
 pub fn prepare(
     profile: &Profile,
     image: &Image,
@@ -113,21 +112,12 @@ pub fn prepare(
         compat,
         ..VendorLibs::default()
     };
-    for m in library_mounts(driver, lib_dir) {
+    for m in plan::library_mounts(driver, lib_dir) {
         if let Some(dest) = m.destination.to_str() {
             out.records.push(Record::native(&soname_of(m), dest));
         }
     }
-    out.dev_links = dev_links(profile, driver, lib_dir);
     Ok(out)
-}
-
-/// The driver's mounts of libraries (those in `lib_dir`).
-fn library_mounts<'a>(driver: &'a Plan, lib_dir: &'a Path) -> impl Iterator<Item = &'a BindMount> {
-    driver
-        .mounts
-        .iter()
-        .filter(move |m| m.destination.parent() == Some(lib_dir))
 }
 
 fn soname_of(m: &BindMount) -> String {
@@ -135,23 +125,6 @@ fn soname_of(m: &BindMount) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-/// The profile's development names (`libcuda.so`) for the sonames `driver` mounts in
-/// `lib_dir`: read-only mounts of the same host files, next to them. Pure; the variable path
-/// and `accel-ctk cdi generate` both add them, so both inject the same.
-pub fn dev_links(profile: &Profile, driver: &Plan, lib_dir: &Path) -> Vec<BindMount> {
-    let mut out = Vec::new();
-    for m in library_mounts(driver, lib_dir) {
-        let name = soname_of(m);
-        for (dev, _) in profile.dev_links.iter().filter(|(_, s)| **s == name) {
-            out.push(BindMount {
-                source: m.source.clone(),
-                destination: lib_dir.join(dev),
-            });
-        }
-    }
-    out
 }
 
 /// The compat libraries in the image's `c.dir` (resolved inside the rootfs), if any: their
@@ -364,7 +337,6 @@ mod tests {
         std::fs::write(d.path().join("etc/ld.so.cache"), &own).unwrap();
         let lib = "/usr/lib/x86_64-linux-gnu";
         let vendor = VendorLibs {
-            dev_links: vec![],
             records: vec![Record::native(
                 "libcuda.so.1",
                 &format!("{lib}/libcuda.so.1"),

@@ -1,9 +1,9 @@
 //! The edits a container gets, decided before anything is written.
 //!
 //! A [`Plan`] is plain data: device nodes (with type/major/minor/mode/owner taken from the
-//! host node), read-only bind mounts and extra group ids. The runtime builds one from the
-//! variable, `accel-ctk cdi generate` builds the same pieces for a CDI spec, and
-//! `spec::apply` writes one into config.json. Sources of mounts are host files inside the
+//! host node), read-only bind mounts and extra group ids. A create and every CDI spec plan
+//! through [`vendor`], in the same steps ([`crate::pipeline`]); `spec::apply` writes a plan
+//! into config.json, `cdi::generate` into a spec. Sources of mounts are host files inside the
 //! profile's driver root; destinations are fixed directories plus a file name.
 //!
 //! Planning is a pure function of the profile, what the container asked for and the host
@@ -47,6 +47,113 @@ pub enum PlanError {
     UnsafeMount { path: PathBuf, why: String },
     #[error(transparent)]
     HostNode(Arc<DiscoveryError>),
+    #[error("no {vendor} devices found under {} (is the driver loaded?)", root.display())]
+    NoDevices { vendor: String, root: PathBuf },
+    #[error(
+        "no {vendor} driver library found under {} (looked for {wanted}): a spec without them \
+         gives containers devices their frameworks cannot use; point the profile's driver-root \
+         at the driver's files (in the device plugin's pod: mount the host's / and pass \
+         --host-root)",
+        root.display()
+    )]
+    NoLibraries {
+        vendor: String,
+        root: PathBuf,
+        wanted: String,
+    },
+}
+
+/// What a vendor's plan is for: the one thing besides the facts that its refusals depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A container's create, from its variable or device-list mounts.
+    Create,
+    /// A CDI spec of every device (`accel-ctk cdi generate`, the device plugin's spec, a DRA
+    /// claim's): written once, then handed to every container that names a device of it.
+    Spec,
+}
+
+// The refusals that depend on what was asked and for what, in one place. A create and a spec
+// go through the same steps ([`crate::pipeline`]); each refusal below says where it applies
+// and why. (The others, the same for both, are where their fact is judged: a device's node
+// missing or refused in [`device_edits`], a control node refused and a mount outside the
+// driver root in [`driver_edits`], an unknown capability in [`capabilities`].)
+
+/// Every device asked for (a create's `all`, every spec), and discovery found none: refused
+/// for both. A create would start a container without the devices it asked for; a spec would
+/// be written without devices. (A create that names devices is refused by
+/// [`crate::request::select`] for each it cannot find; `none`, the driver alone, needs none.)
+pub fn refuse_no_devices(profile: &Profile, every: bool, found: usize) -> Result<(), PlanError> {
+    if every && found == 0 {
+        return Err(PlanError::NoDevices {
+            vendor: profile.name.clone(),
+            root: profile.dev_root().to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Capability groups that name libraries, and not one of them found in the driver root:
+/// refused for a spec only. That is the mark of a process that sees the nodes but not the
+/// driver's files (the device plugin's or the DRA driver's pod given `/dev` only, a wrong
+/// `--host-root`), and a spec it wrote would hand devices without libraries to every
+/// container that names them, silently and for as long as it stays. A create looks at the
+/// host itself, for one container whose image may carry the user-space libraries (as CUDA
+/// forward-compatibility images do, and as NVIDIA's toolkit allows: a library it does not
+/// find is left out, not an error); it gets the nodes, as it always has (tests/hostile.rs
+/// creates on driver roots that hold no library).
+pub fn refuse_no_libraries(purpose: Purpose, facts: &facts::Vendor) -> Result<(), PlanError> {
+    if purpose != Purpose::Spec || !facts.driver.libraries.is_empty() {
+        return Ok(());
+    }
+    let profile = facts.profile;
+    let stems: Vec<&str> = facts
+        .caps
+        .iter()
+        .filter_map(|c| profile.capabilities.get(c))
+        .flat_map(|g| g.libraries.iter().map(String::as_str))
+        .collect();
+    if stems.is_empty() {
+        return Ok(());
+    }
+    let mut wanted = stems.iter().take(4).copied().collect::<Vec<_>>().join(", ");
+    if stems.len() > 4 {
+        wanted.push_str(", ...");
+    }
+    Err(PlanError::NoLibraries {
+        vendor: profile.name.clone(),
+        root: profile.driver_root.clone(),
+        wanted,
+    })
+}
+
+/// One vendor's plan: what a create adds for it, and what a spec writes.
+#[derive(Debug, Default)]
+pub struct Vendor {
+    /// Each covered device's nodes, in the order of the facts' devices.
+    pub devices: Vec<Plan>,
+    /// The driver's control and capability nodes, libraries and binaries.
+    pub driver: Plan,
+    /// The profile's development names (`libcuda.so`) of the libraries `driver` mounts.
+    pub dev_links: Vec<BindMount>,
+}
+
+/// The plan of one vendor, from its facts alone; `lib_dir` is where the container gets the
+/// driver's libraries.
+pub fn vendor(facts: &facts::Vendor, lib_dir: &Path) -> Result<Vendor, PlanError> {
+    let profile = facts.profile;
+    let devices = facts
+        .devices
+        .iter()
+        .map(|d| device_edits(profile, &[d], &facts.nodes))
+        .collect::<Result<Vec<Plan>, PlanError>>()?;
+    let driver = driver_edits(profile, &facts.caps, &facts.driver, lib_dir)?;
+    let dev_links = dev_links(profile, &driver, lib_dir);
+    Ok(Vendor {
+        devices,
+        driver,
+        dev_links,
+    })
 }
 
 /// The node at `container` in the container, from the host node at `host` as stat saw it.
@@ -197,6 +304,37 @@ pub fn driver_edits(
     Ok(plan)
 }
 
+/// The driver's mounts of libraries (those in `lib_dir`).
+pub fn library_mounts<'a>(
+    driver: &'a Plan,
+    lib_dir: &'a Path,
+) -> impl Iterator<Item = &'a BindMount> {
+    driver
+        .mounts
+        .iter()
+        .filter(move |m| m.destination.parent() == Some(lib_dir))
+}
+
+/// The profile's development names (`libcuda.so`) for the sonames `driver` mounts in
+/// `lib_dir`: read-only mounts of the same host files, next to them.
+pub fn dev_links(profile: &Profile, driver: &Plan, lib_dir: &Path) -> Vec<BindMount> {
+    let mut out = Vec::new();
+    for m in library_mounts(driver, lib_dir) {
+        let name = m
+            .destination
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        for (dev, _) in profile.dev_links.iter().filter(|(_, s)| **s == name) {
+            out.push(BindMount {
+                source: m.source.clone(),
+                destination: lib_dir.join(dev),
+            });
+        }
+    }
+    out
+}
+
 fn bind(profile: &Profile, f: &Found, dir: &Path) -> Result<BindMount, PlanError> {
     let unsafe_mount = |path: &Path, why: &str| PlanError::UnsafeMount {
         path: path.into(),
@@ -263,6 +401,7 @@ mod tests {
             minor: Some(index),
             aliases: vec![],
             model: None,
+            duplicate_uuid: None,
         }
     }
 
@@ -695,5 +834,110 @@ mod tests {
             assert_eq!(m.destination, Path::new(dir).join("x.so.1"), "{dir}");
             assert_eq!(m.source, f.host);
         }
+    }
+
+    fn vendor_facts<'a>(
+        p: &'a Profile,
+        devices: Vec<&'a Device>,
+        caps: &[&str],
+        nodes: facts::Nodes<'a>,
+        libraries: Vec<Found>,
+    ) -> facts::Vendor<'a> {
+        facts::Vendor {
+            profile: p,
+            devices,
+            caps: caps.iter().map(|c| c.to_string()).collect(),
+            nodes,
+            driver: facts::Driver {
+                libraries,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The one refusal a create and a spec do not share: a spec whose driver has none of the
+    /// libraries its groups name (`refuse_no_libraries` says why only a spec).
+    #[test]
+    fn only_a_spec_is_refused_without_the_drivers_libraries() {
+        let p = profile();
+        let none = vendor_facts(&p, vec![], &["compute", "utility"], nodes(vec![]), vec![]);
+        assert!(refuse_no_libraries(Purpose::Create, &none).is_ok());
+        let e = refuse_no_libraries(Purpose::Spec, &none).unwrap_err();
+        assert!(matches!(e, PlanError::NoLibraries { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with(
+                "no nvidia driver library found under /run/nvidia/driver (looked for libcuda, \
+                 libcudadebugger, libnvidia-opencl, libnvidia-gpucomp, ...): "
+            ),
+            "{e}"
+        );
+        let lib = found("/run/nvidia/driver/usr/lib64/libcuda.so.1", "libcuda.so.1");
+        let one = vendor_facts(&p, vec![], &["compute"], nodes(vec![]), vec![lib]);
+        assert!(refuse_no_libraries(Purpose::Spec, &one).is_ok());
+        // Groups that name no library have none to miss.
+        let empty = vendor_facts(&p, vec![], &["compat32"], nodes(vec![]), vec![]);
+        assert!(refuse_no_libraries(Purpose::Spec, &empty).is_ok());
+    }
+
+    #[test]
+    fn every_device_asked_and_none_found_is_refused() {
+        let p = profile();
+        let e = refuse_no_devices(&p, true, 0).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "no nvidia devices found under /run/nvidia/driver (is the driver loaded?)"
+        );
+        assert!(refuse_no_devices(&p, true, 1).is_ok());
+        assert!(refuse_no_devices(&p, false, 0).is_ok());
+    }
+
+    /// A vendor's plan is one plan per device (a spec names each), which together are the
+    /// plan of all of them (a create's `all`, a spec's `all`), the driver's edits and the dev
+    /// links of its libraries.
+    #[test]
+    fn vendor_plan_per_device_adds_up_to_all_devices() {
+        let p = profile();
+        let (g0, g1) = (gpu(0, None), gpu(1, None));
+        let facts = vendor_facts(
+            &p,
+            vec![&g0, &g1],
+            &["compute"],
+            nodes(vec![
+                ("/dev/nvidia0", at("/dev/nvidia0", char_dev(0, 0o660, 44))),
+                ("/dev/nvidia1", at("/dev/nvidia1", char_dev(1, 0o660, 45))),
+            ]),
+            vec![found(
+                "/run/nvidia/driver/usr/lib64/libcuda.so.550",
+                "libcuda.so.1",
+            )],
+        );
+        let v = vendor(&facts, Path::new("/usr/lib64")).unwrap();
+        assert_eq!(v.devices.len(), 2);
+        assert_eq!(v.devices[1].nodes[0].path, Path::new("/dev/nvidia1"));
+        let mut merged = Plan::default();
+        for d in v.devices.clone() {
+            merged.extend(d);
+        }
+        assert_eq!(merged, device_edits(&p, &[&g0, &g1], &facts.nodes).unwrap());
+        assert_eq!(merged.additional_gids, [44, 45]);
+        assert_eq!(
+            v.driver.mounts[0].destination,
+            Path::new("/usr/lib64/libcuda.so.1")
+        );
+        assert_eq!(
+            v.dev_links,
+            [BindMount {
+                source: "/run/nvidia/driver/usr/lib64/libcuda.so.550".into(),
+                destination: "/usr/lib64/libcuda.so".into(),
+            }]
+        );
+        // A device whose node is missing fails the whole plan.
+        let g2 = gpu(2, None);
+        let facts = facts::Vendor {
+            devices: vec![&g0, &g2],
+            ..facts
+        };
+        let e = vendor(&facts, Path::new("/usr/lib64")).unwrap_err();
+        assert!(matches!(e, PlanError::MissingNode { .. }), "{e:?}");
     }
 }

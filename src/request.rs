@@ -292,6 +292,7 @@ mod tests {
                 minor: Some(i as u32),
                 aliases: vec![format!("GCU-{i}")],
                 model: None,
+                duplicate_uuid: None,
             })
             .collect()
     }

@@ -226,7 +226,7 @@ fn remove_temp_leftovers(dfd: &OwnedFd, name: &str) {
 }
 
 /// What a non-regular file is, for messages.
-fn kind_name(kind: rustix::fs::FileType) -> &'static str {
+pub fn kind_name(kind: rustix::fs::FileType) -> &'static str {
     use rustix::fs::FileType;
     match kind {
         FileType::RegularFile => "a regular file",

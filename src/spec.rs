@@ -23,11 +23,13 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::OFlags;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::atomic;
 use crate::edits::{BindMount, DeviceNode, Plan, MOUNT_OPTIONS};
+use crate::inroot::{Root, Scope};
 
 /// Larger than any real spec (docker's are ~10 KB); a bigger file is refused, not parsed.
 pub const MAX_SIZE: u64 = 64 << 20;
@@ -333,21 +335,25 @@ pub const MULTIARCH_LIBRARY_DIR: &str = if cfg!(target_arch = "aarch64") {
 };
 
 /// Where glibc in the image looks for libraries by default: the Debian multiarch directory
-/// when the image has it as a real directory, else /usr/lib64 (RHEL family). Each component
-/// is checked with lstat, so no symlink in the image is ever followed on the host.
+/// when the image has it as a real directory, else /usr/lib64 (RHEL family). The path is
+/// resolved in the rootfs by [`crate::inroot`] with no symlink allowed on it
+/// ([`Scope::NoSymlinks`], `O_PATH | O_DIRECTORY`): a link in the image is never followed,
+/// on the host or in the image.
 pub fn default_library_dir(rootfs: Option<&Path>) -> PathBuf {
-    let multiarch = MULTIARCH_LIBRARY_DIR.trim_start_matches('/');
-    if let Some(root) = rootfs {
-        let mut cur = root.to_path_buf();
-        let real_dir = multiarch.split('/').all(|c| {
-            cur.push(c);
-            std::fs::symlink_metadata(&cur).is_ok_and(|m| m.file_type().is_dir())
-        });
-        if real_dir {
-            return Path::new("/").join(multiarch);
-        }
+    let multiarch = Path::new(MULTIARCH_LIBRARY_DIR);
+    let real_dir = rootfs.and_then(|r| Root::open(r).ok()).is_some_and(|root| {
+        root.open_at(
+            multiarch,
+            OFlags::PATH | OFlags::DIRECTORY,
+            Scope::NoSymlinks,
+        )
+        .is_ok()
+    });
+    if real_dir {
+        multiarch.to_path_buf()
+    } else {
+        PathBuf::from("/usr/lib64")
     }
-    PathBuf::from("/usr/lib64")
 }
 
 /// A `linux.devices` entry (OCI `LinuxDevice`), fields in runc's order.
@@ -891,6 +897,30 @@ mod tests {
             PathBuf::from("/usr/lib64")
         );
         std::fs::remove_file(r.path().join("usr")).unwrap();
+        // The last component a link to a real directory, or a file: not a real directory.
+        std::fs::create_dir_all(r.path().join("usr/lib")).unwrap();
+        for last in ["aarch64-linux-gnu", "x86_64-linux-gnu"] {
+            std::os::unix::fs::symlink(
+                "/real/lib/x86_64-linux-gnu",
+                r.path().join("usr/lib").join(last),
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            default_library_dir(Some(r.path())),
+            PathBuf::from("/usr/lib64")
+        );
+        for last in ["aarch64-linux-gnu", "x86_64-linux-gnu"] {
+            std::fs::remove_file(r.path().join("usr/lib").join(last)).unwrap();
+            std::fs::write(r.path().join("usr/lib").join(last), "").unwrap();
+        }
+        assert_eq!(
+            default_library_dir(Some(r.path())),
+            PathBuf::from("/usr/lib64")
+        );
+        for last in ["aarch64-linux-gnu", "x86_64-linux-gnu"] {
+            std::fs::remove_file(r.path().join("usr/lib").join(last)).unwrap();
+        }
         std::fs::create_dir_all(r.path().join("usr/lib/x86_64-linux-gnu")).unwrap();
         if cfg!(target_arch = "x86_64") {
             assert_eq!(

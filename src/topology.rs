@@ -2,9 +2,11 @@
 //! and the PCIe bridges above it, all read from sysfs under the profile's `driver-root`.
 //!
 //! Only host paths are read (the PCI bus id comes from the driver's procfs or from
-//! `/sys/dev/char`, never from a container), and every sysfs link is parsed as text rather
-//! than followed, so a fake tree made of directories and relative symlinks describes a
-//! machine completely and a link can never lead outside the root.
+//! `/sys/dev/char`, never from a container), each resolved inside the root as if it were `/`
+//! ([`crate::inroot`]). Every sysfs link is parsed as text rather than followed, so a fake
+//! tree made of directories and relative symlinks describes a machine completely and a link
+//! can never lead outside the root; `numa_node` is read by
+//! [`crate::discovery::open_in_root`]'s rule (a regular file, bounded; issue 32, class 6).
 //!
 //! Ref: Documentation/ABI/stable/sysfs-bus-pci (`numa_node`), sysfs-dev (`/sys/dev/char`).
 
@@ -12,9 +14,11 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
+use rustix::fs::OFlags;
 use serde::Serialize;
 
-use crate::discovery::{discover, Device, DiscoveryError};
+use crate::discovery::{discover, read_in_root, read_link_in_root, Device, DiscoveryError};
+use crate::inroot::{Root, Scope};
 use crate::profile::Profile;
 
 const PCI_DEVICES: &str = "sys/bus/pci/devices";
@@ -62,10 +66,10 @@ pub fn normalize_bdf(s: &str) -> String {
     }
 }
 
-/// Reads a sysfs link's target as text and keeps its normal components, so
-/// `../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0` becomes those names.
-fn link_components(link: &Path) -> Option<Vec<String>> {
-    let target = std::fs::read_link(link).ok()?;
+/// Reads a sysfs link (`link`, under the root) as text and keeps its target's normal
+/// components, so `../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0` becomes those names.
+fn link_components(root: &Root, link: &Path) -> Option<Vec<String>> {
+    let target = read_link_in_root(root, link).ok()?;
     Some(
         target
             .components()
@@ -80,18 +84,22 @@ fn link_components(link: &Path) -> Option<Vec<String>> {
 /// The PCI location of function `bdf`: `sys/bus/pci/devices/<bdf>` is a symlink into
 /// `sys/devices/pci<dom>:<bus>/<bridge>/.../<bdf>`; its components are the path from the root
 /// complex down. `None` when sysfs does not know the function.
-pub fn pci_location(root: &Path, bdf: &str) -> Option<PciLocation> {
+pub fn pci_location(root: &Root, bdf: &str) -> Option<PciLocation> {
     let bdf = normalize_bdf(bdf);
     if !is_bdf(&bdf) {
         return None;
     }
-    let dev = root.join(PCI_DEVICES).join(&bdf);
+    let dev = Path::new(PCI_DEVICES).join(&bdf);
     // A sysfs file reports its size as 4096 whatever it holds; a number needs a few bytes.
-    let numa_node = crate::bounded::read_text(&dev.join("numa_node"), 4096)
+    let numa_node = read_in_root(root, &dev.join("numa_node"), 4096)
         .ok()
-        .and_then(|t| t.trim().parse::<i64>().ok())
+        .and_then(|t| std::str::from_utf8(&t).ok()?.trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());
-    let (pci_root, bridges) = match link_components(&dev) {
+    let is_dir = || {
+        root.open_at(&dev, OFlags::PATH | OFlags::DIRECTORY, Scope::InRoot)
+            .is_ok()
+    };
+    let (pci_root, bridges) = match link_components(root, &dev) {
         Some(parts) => {
             let pos = parts.iter().rposition(|p| *p == bdf)?;
             let above = &parts[..pos];
@@ -100,7 +108,7 @@ pub fn pci_location(root: &Path, bdf: &str) -> Option<PciLocation> {
             (pci_root, bridges)
         }
         // A plain directory (some containers' sysfs): the function exists, the path is unknown.
-        None if dev.is_dir() => (None, Vec::new()),
+        None if is_dir() => (None, Vec::new()),
         None => return None,
     };
     Some(PciLocation {
@@ -114,9 +122,9 @@ pub fn pci_location(root: &Path, bdf: &str) -> Option<PciLocation> {
 /// The PCI function that owns char device `major:minor`: `/sys/dev/char/M:m` links to the
 /// device's class directory, which sits under its PCI function (Enflame:
 /// `.../<bdf>/enflame/gcu0`). Vendor-neutral, so profiles need no sysfs knowledge.
-pub fn bdf_of_char_device(root: &Path, major: u64, minor: u64) -> Option<String> {
-    let link = root.join(format!("sys/dev/char/{major}:{minor}"));
-    link_components(&link)?
+pub fn bdf_of_char_device(root: &Root, major: u64, minor: u64) -> Option<String> {
+    let link = PathBuf::from(format!("sys/dev/char/{major}:{minor}"));
+    link_components(root, &link)?
         .into_iter()
         .rev()
         .find(|p| is_bdf(p))
@@ -135,9 +143,15 @@ fn stat_node(host: &Path) -> (Option<u64>, Option<u64>) {
     }
 }
 
-/// Adds host facts to a discovered device: node numbers, and the PCI location (filling in
-/// the bus id for vendors whose discovery has none).
+/// Adds host facts to a discovered device: node numbers, the PCI location (filling in the
+/// bus id for vendors whose discovery has none) and a DRM-class device's model.
 pub fn locate(profile: &Profile, device: Device) -> Located {
+    let root = Root::open(&profile.driver_root).ok();
+    locate_in(root.as_ref(), profile, device)
+}
+
+/// [`locate`] with the driver root opened once for all devices (`None`: it cannot be).
+fn locate_in(root: Option<&Root>, profile: &Profile, device: Device) -> Located {
     let nodes: Vec<Node> = device
         .nodes
         .iter()
@@ -151,23 +165,35 @@ pub fn locate(profile: &Profile, device: Device) -> Located {
         })
         .collect();
     let mut device = device;
+    let Some(root) = root else {
+        return Located {
+            device,
+            nodes,
+            pci: None,
+        };
+    };
     if device.pci_bus_id.is_none() {
         device.pci_bus_id = nodes
             .first()
-            .and_then(|n| bdf_of_char_device(&profile.driver_root, n.major?, n.minor?));
+            .and_then(|n| bdf_of_char_device(root, n.major?, n.minor?));
+    }
+    if device.model.is_none() {
+        device.model = crate::discovery::drm::model_in(root, profile, &device);
     }
     let pci = device
         .pci_bus_id
         .as_deref()
-        .and_then(|b| pci_location(&profile.driver_root, b));
+        .and_then(|b| pci_location(root, b));
     Located { device, nodes, pci }
 }
 
 /// Every device the profile finds (shared discovery), with its host facts.
 pub fn discover_located(profile: &Profile) -> Result<Vec<Located>, DiscoveryError> {
-    Ok(discover(profile)?
+    let found = discover(profile)?;
+    let root = Root::open(&profile.driver_root).ok();
+    Ok(found
         .into_iter()
-        .map(|d| locate(profile, d))
+        .map(|d| locate_in(root.as_ref(), profile, d))
         .collect())
 }
 
@@ -241,7 +267,8 @@ mod tests {
             "0000:81:00.0",
             -1,
         );
-        let loc = pci_location(root.path(), "00000000:03:00.0").unwrap();
+        let root = Root::open(root.path()).unwrap();
+        let loc = pci_location(&root, "00000000:03:00.0").unwrap();
         assert_eq!(loc.bus_id, "0000:03:00.0");
         assert_eq!(loc.numa_node, Some(1));
         assert_eq!(loc.root.as_deref(), Some("pci0000:00"));
@@ -249,10 +276,10 @@ mod tests {
             loc.bridges,
             ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0"]
         );
-        let loc = pci_location(root.path(), "0000:81:00.0").unwrap();
+        let loc = pci_location(&root, "0000:81:00.0").unwrap();
         assert_eq!(loc.numa_node, None, "-1 means no affinity");
-        assert_eq!(pci_location(root.path(), "0000:99:00.0"), None);
-        assert_eq!(pci_location(root.path(), "../../../etc"), None);
+        assert_eq!(pci_location(&root, "0000:99:00.0"), None);
+        assert_eq!(pci_location(&root, "../../../etc"), None);
     }
 
     #[test]
@@ -289,10 +316,11 @@ mod tests {
             root.path().join("sys/dev/char/240:0"),
         )
         .unwrap();
+        let root = Root::open(root.path()).unwrap();
         assert_eq!(
-            bdf_of_char_device(root.path(), 240, 0).as_deref(),
+            bdf_of_char_device(&root, 240, 0).as_deref(),
             Some("0000:05:00.0")
         );
-        assert_eq!(bdf_of_char_device(root.path(), 240, 1), None);
+        assert_eq!(bdf_of_char_device(&root, 240, 1), None);
     }
 }

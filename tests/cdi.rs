@@ -394,7 +394,7 @@ fn generated_specs_validate_and_list() {
         .remove("path");
     assert!(!schema_errors(&v, &broken).is_empty());
 
-    // nvidia: devices by index, UUID and `all`; shared edits: control node, libraries by
+    // nvidia: devices by index, UUID, PCI function and `all`; shared edits: control node, libraries by
     // soname under the multiarch dir, binaries; group 44 for nvidiactl, hence 0.7.0.
     assert_eq!(nvidia["kind"], "nvidia.com/gpu");
     assert_eq!(nvidia["cdiVersion"], "0.7.0");
@@ -404,10 +404,17 @@ fn generated_specs_validate_and_list() {
         .iter()
         .map(|d| d["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["0", GPUS[0].2, "1", GPUS[1].2, "all"]);
+    assert_eq!(
+        names,
+        ["0", GPUS[0].2, GPUS[0].0, "1", GPUS[1].2, GPUS[1].0, "all"]
+    );
     let root = node.root.to_str().unwrap();
     assert_eq!(
-        nvidia["devices"][2]["containerEdits"],
+        nvidia["devices"][4]["containerEdits"],
+        nvidia["devices"][3]["containerEdits"]
+    );
+    assert_eq!(
+        nvidia["devices"][3]["containerEdits"],
         json!({"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": format!("{root}/dev/nvidia1")}]})
     );
     let shared = &nvidia["containerEdits"];

@@ -249,6 +249,11 @@ fn list_json_has_nodes_numa_and_shared_switch() {
     assert_eq!(gcu["switch"], Value::Null, "alone under its root port");
     assert_eq!(gcu["uuid"], Value::Null);
     assert_eq!(gcu["driver_version"], "1.2.3");
+    // Stable names: the DRA name from the node's number, what answers and CDI name it by.
+    assert_eq!(gcu["name"], "gcu-0");
+    assert_eq!(gcu["stable_id"], "0");
+    assert_eq!(gpu1["name"], "gpu-1");
+    assert_eq!(gpu1["stable_id"], UUID2);
     assert_eq!(v["errors"], serde_json::json!([]));
 }
 
@@ -261,8 +266,9 @@ fn list_table_groups_by_switch_and_numa() {
     assert!(t.starts_with("VENDOR"), "{t}");
     assert!(t.contains("/dev/nvidia0 (195:0)"), "{t}");
     assert!(t.contains("/dev/gcu0 (240:0)"), "{t}");
-    assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
-    assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
+    // Devices by their stable names: NVIDIA's by minor, Enflame's by node number.
+    assert!(t.contains("S1 = 0000:01:00.0: gpu-0, gpu-1"), "{t}");
+    assert!(t.contains("  0: gpu-0, gpu-1\n  1: gcu-0"), "{t}");
 }
 
 #[test]

@@ -126,8 +126,8 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
         let s = wait_slices(&api, "gcu5 back", |s| devices(s).len() == 8).await;
         let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
 
-        // kubelet deletes the node's slices when it starts: the resync publishes them again,
-        // at a generation above the last.
+        // kubelet deletes the node's slices when it starts: the watch sees it and the driver
+        // publishes them again, at a generation above the last.
         api.wipe();
         let s = wait_slices(&api, "republished", |s| devices(s).len() == 8).await;
         assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
@@ -412,7 +412,7 @@ fn concurrent_claims_get_their_own_devices() {
         let t = prepare(&ch, PREPARE_V1, vec![claim("ns", "thief", &uid(99))]).await;
         let e = &t.claims[&uid(99)].error;
         assert!(
-            e.contains("device gcu-2 is prepared for claim ns/c2"),
+            e.contains("device gcu-2 (nodes ") && e.contains(" is prepared for claim ns/c2 "),
             "{e}"
         );
         assert!(!drv.spec_path(&uid(99)).exists());
@@ -463,4 +463,206 @@ fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
         assert!(spec.contains("/dev/gcu6"), "{spec}");
         drv.stop().await;
     });
+}
+
+/// Issue 36, quiet at fleet scale: a steady driver sends no request to the API server over a
+/// minute (it listed every resync), and a slice deleted or changed behind its back is written
+/// back within seconds, seen through its watch.
+#[test]
+fn a_steady_driver_sends_nothing_and_puts_back_what_others_change() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(100),
+        );
+        let s = wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let name = s[0]["metadata"]["name"].as_str().unwrap().to_string();
+        // Settled: the watch's own events have come back.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = api.requests().len();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let during: Vec<String> = api.requests()[before..]
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect();
+        assert!(during.is_empty(), "a steady driver sent {during:#?}");
+
+        let generation = s[0]["spec"]["pool"]["generation"].as_i64().unwrap();
+        let t = std::time::Instant::now();
+        api.delete_slice(&name);
+        let s = wait_slices(&api, "put back after a delete", |s| !s.is_empty()).await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(s[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
+
+        let t = std::time::Instant::now();
+        api.edit_slice(&name, |s| {
+            s["spec"]["devices"].as_array_mut().unwrap().truncate(2);
+        });
+        let s = wait_slices(&api, "put back after an edit", |s| {
+            s.len() == 1 && s[0]["spec"]["devices"].as_array().unwrap().len() == 8
+        })
+        .await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(devices(&s)[7]["name"], "gcu-7");
+        drv.stop().await;
+    });
+}
+
+/// The DRA DaemonSet's admission policy, evaluated as kube-apiserver evaluates it (CEL, its
+/// variables in order, every validation) on the writes a driver can make.
+mod policy {
+    use std::collections::HashMap;
+
+    use accel_container_runtime::dra::names::driver_name;
+    use accel_container_runtime::profile::Profile;
+    use serde_json::{json, Value};
+
+    const MANIFEST: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/kubernetes/accel-dra-driver-daemonset.yaml"
+    );
+
+    fn policy() -> Value {
+        let text = std::fs::read_to_string(MANIFEST).unwrap();
+        let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        docs.into_iter()
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .expect("the DaemonSet's ValidatingAdmissionPolicy")
+    }
+
+    fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
+        cel::Program::compile(expr)
+            .unwrap_or_else(|e| panic!("{expr}: {e}"))
+            .execute(ctx)
+            .unwrap_or_else(|e| panic!("{expr}: {e}"))
+    }
+
+    /// What the policy answers a request: `Err` with the first failing validation's message.
+    fn admit(op: &str, node: Option<&str>, object: Value, old: Value) -> Result<(), String> {
+        let p = policy();
+        let extra = match node {
+            Some(n) => json!({"authentication.kubernetes.io/node-name": [n]}),
+            None => json!({}),
+        };
+        let request = json!({
+            "operation": op,
+            "userInfo": {
+                "username": "system:serviceaccount:accel-system:accel-dra-driver",
+                "extra": extra,
+            },
+        });
+        let mut ctx = cel::Context::default();
+        ctx.add_variable("request", cel::to_value(&request).unwrap())
+            .unwrap();
+        ctx.add_variable("object", cel::to_value(&object).unwrap())
+            .unwrap();
+        ctx.add_variable("oldObject", cel::to_value(&old).unwrap())
+            .unwrap();
+        for m in p["spec"]["matchConditions"].as_array().unwrap() {
+            assert_eq!(
+                cel(m["expression"].as_str().unwrap(), &ctx),
+                cel::Value::Bool(true)
+            );
+        }
+        let mut vars: HashMap<String, cel::Value> = HashMap::new();
+        for v in p["spec"]["variables"].as_array().unwrap() {
+            let got = cel(v["expression"].as_str().unwrap(), &ctx);
+            vars.insert(v["name"].as_str().unwrap().to_string(), got);
+            ctx.add_variable_from_value("variables", vars.clone());
+        }
+        for v in p["spec"]["validations"].as_array().unwrap() {
+            if cel(v["expression"].as_str().unwrap(), &ctx) != cel::Value::Bool(true) {
+                let msg = match v.get("messageExpression") {
+                    Some(m) => match cel(m.as_str().unwrap(), &ctx) {
+                        cel::Value::String(s) => s.to_string(),
+                        other => format!("{other:?}"),
+                    },
+                    None => v["message"].as_str().unwrap().to_string(),
+                };
+                return Err(msg);
+            }
+        }
+        Ok(())
+    }
+
+    fn slice(driver: &str, node: &str) -> Value {
+        json!({"spec": {"driver": driver, "nodeName": node}})
+    }
+
+    /// Every driver name the shipped profiles give, as the driver derives them.
+    fn shipped_drivers() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/profiles");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let text = std::fs::read_to_string(&path).unwrap();
+                let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+                let (p, _) = Profile::from_table(toml::from_str(&text).unwrap(), &name).unwrap();
+                driver_name(&p, None).unwrap()
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Issue 32 class 11: the driver's account could replace or delete another driver's
+    /// slices on its node, and publish under any driver's name.
+    #[test]
+    fn class11_the_driver_writes_only_its_own_drivers_slices_of_its_own_node() {
+        let drivers = shipped_drivers();
+        assert_eq!(drivers.len(), 11, "{drivers:?}");
+        for d in &drivers {
+            let mine = slice(d, "n1");
+            assert_eq!(
+                admit("CREATE", Some("n1"), mine.clone(), Value::Null),
+                Ok(()),
+                "{d}"
+            );
+            assert_eq!(
+                admit("UPDATE", Some("n1"), mine.clone(), mine.clone()),
+                Ok(())
+            );
+            assert_eq!(
+                admit("DELETE", Some("n1"), Value::Null, mine.clone()),
+                Ok(())
+            );
+        }
+        let theirs = slice("gpu.example.com", "n1");
+        let e = admit("CREATE", Some("n1"), theirs.clone(), Value::Null).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        let e = admit("DELETE", Some("n1"), Value::Null, theirs.clone()).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        // Taking over another driver's slice by replacing it with one of ours.
+        let ours = slice("gcu.enflame.com", "n1");
+        let e = admit("UPDATE", Some("n1"), ours.clone(), theirs).unwrap_err();
+        assert!(e.contains("not of gpu.example.com"), "{e}");
+        // Another node's slice, written or moved here.
+        let other_node = slice("gcu.enflame.com", "n2");
+        for (op, new, old) in [
+            ("CREATE", other_node.clone(), Value::Null),
+            ("DELETE", Value::Null, other_node.clone()),
+            ("UPDATE", ours.clone(), other_node.clone()),
+            ("UPDATE", other_node, ours.clone()),
+        ] {
+            let e = admit(op, Some("n1"), new, old).unwrap_err();
+            assert!(
+                e.contains("may only write that node's ResourceSlices"),
+                "{op}: {e}"
+            );
+        }
+        assert_eq!(
+            admit("CREATE", None, ours, Value::Null).unwrap_err(),
+            "the driver's token names no node"
+        );
+    }
 }

@@ -184,6 +184,228 @@ fn amd_runc(sim: &SimRoot) -> (DrmHost, Runc) {
     (host, runc)
 }
 
+/// `cmd` under coreutils' `timeout`: a run that blocks (discovery opening a FIFO) ends after
+/// 20 s with `timeout`'s exit code 124 instead of hanging the test.
+fn within_20s(cmd: &mut std::process::Command) -> Out {
+    let mut t = std::process::Command::new("timeout");
+    t.arg("20").arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            t.env(k, v);
+        }
+    }
+    let out = output(&mut t);
+    assert_ne!(
+        out.code, 124,
+        "{cmd:?} did not finish within 20 s: {out:#?}"
+    );
+    out
+}
+
+/// `accel-ctk list --json` with `runc`'s config, within 20 s.
+fn list_json(runc: &Runc) -> (Out, Value) {
+    let out = within_20s(
+        std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+            .args(["list", "--json"])
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
+    );
+    let v = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:#?}"));
+    (out, v)
+}
+
+/// The listing's devices of `vendor`.
+fn vendor_rows<'v>(v: &'v Value, vendor: &str) -> Vec<&'v Value> {
+    v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["vendor"] == vendor)
+        .collect()
+}
+
+/// Issue 32, class 6: a sysfs `vendor` that is a FIFO. Opened for reading, it blocks until
+/// a writer comes, which none does: discovery, and with it every create for the vendor and
+/// `accel-ctk list`, would hang. It is refused without being opened, naming the file.
+#[test]
+fn class6_drm_vendor_fifo_does_not_hang_discovery() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let gpu = host.offered("0x1002", "amdgpu")[1].clone();
+    let vendor = drm::sysfs_dir(sim.path(), &gpu).join("vendor");
+    std::fs::remove_file(&vendor).unwrap();
+    nix::unistd::mkfifo(&vendor, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let (out, v) = list_json(&runc);
+    assert_eq!(out.code, 1, "{out:#?}");
+    let errors = v["errors"].as_array().unwrap();
+    let amd = errors
+        .iter()
+        .find(|e| e["vendor"] == "amd")
+        .unwrap_or_else(|| panic!("no amd error: {out:#?}"));
+    let msg = amd["error"].as_str().unwrap();
+    assert!(
+        msg.contains(&vendor.display().to_string())
+            && msg.contains("a FIFO, not a regular file; not opened"),
+        "{msg}"
+    );
+}
+
+/// Issue 32, class 6: a sysfs `vendor` that is a character device is not opened (its
+/// driver's open would run as root). strace shows every open of a `vendor` file: each is an
+/// `O_PATH` lookup; the refusal names the file.
+#[test]
+fn class6_drm_vendor_char_device_not_opened() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let gpu = host.offered("0x1002", "amdgpu")[1].clone();
+    let vendor = drm::sysfs_dir(sim.path(), &gpu).join("vendor");
+    std::fs::remove_file(&vendor).unwrap();
+    mknod(&vendor, common::free_majors(1)[0], 0, 0o644);
+    let trace = runc.scratch().join("list.strace");
+    let out = within_20s(
+        std::process::Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=open,openat,openat2", "-o"])
+            .arg(&trace)
+            .arg(env!("CARGO_BIN_EXE_accel-ctk"))
+            .args(["list", "--json"])
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
+    );
+    let trace = std::fs::read_to_string(&trace).expect("strace's output (apt-get install strace)");
+    let opens: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("/vendor\"") || l.contains("\"vendor\""))
+        .collect();
+    assert!(
+        !opens.is_empty(),
+        "no open of a vendor file traced:\n{trace}"
+    );
+    for l in opens {
+        assert!(l.contains("O_PATH"), "a vendor file opened for real: {l}");
+    }
+    assert_eq!(out.code, 1, "{out:#?}");
+    assert!(
+        out.stderr.contains(&format!(
+            "{}: a character device, not a regular file; not opened",
+            vendor.display()
+        )),
+        "{out:#?}"
+    );
+}
+
+/// Issue 32, class 6: sysfs files that are symlinks out of the driver root (`vendor`,
+/// `numa_node`, a KFD node's `properties`) are resolved inside it, as the kernel would if the
+/// root were `/`: the host files they name are never read.
+#[test]
+fn class6_drm_sysfs_symlink_out_of_root_not_followed() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let (host, runc) = amd_runc(&sim);
+    let gpus = host.offered("0x1002", "amdgpu");
+    let outside = tempfile::tempdir().unwrap();
+    let plant = |file: &Path, name: &str, text: &str| {
+        let target = outside.path().join(name);
+        std::fs::write(&target, text).unwrap();
+        std::fs::remove_file(file).unwrap();
+        std::os::unix::fs::symlink(&target, file).unwrap();
+    };
+    // GPU 1's vendor says AMD only outside the root; GPU 0's NUMA node is 7 only there; GPU
+    // 2's KFD node names its render minor and a unique id only there.
+    plant(
+        &drm::sysfs_dir(sim.path(), gpus[1]).join("vendor"),
+        "vendor",
+        "0x1002\n",
+    );
+    plant(
+        &drm::sysfs_dir(sim.path(), gpus[0]).join("numa_node"),
+        "numa_node",
+        "7\n",
+    );
+    let (node, _) = gpus[2].kfd.unwrap();
+    plant(
+        &sim.path().join(format!(
+            "sys/class/kfd/kfd/topology/nodes/{node}/properties"
+        )),
+        "properties",
+        &format!(
+            "simd_count 1216\ndrm_render_minor {}\nunique_id 3735928559\n",
+            gpus[2].render.unwrap()
+        ),
+    );
+    let (out, v) = list_json(&runc);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let amd = vendor_rows(&v, "amd");
+    let buses: Vec<&str> = amd
+        .iter()
+        .map(|d| d["pci_bus_id"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = gpus
+        .iter()
+        .filter(|g| g.bdf != gpus[1].bdf)
+        .map(|g| g.bdf.as_str())
+        .collect();
+    assert_eq!(buses, want, "{}", out.stdout);
+    let row = |bdf: &str| *amd.iter().find(|d| d["pci_bus_id"] == bdf).unwrap();
+    assert_eq!(
+        row(&gpus[0].bdf)["numa_node"],
+        Value::Null,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(row(&gpus[2].bdf)["uuid"], Value::Null, "{}", out.stdout);
+    assert!(!out.stdout.contains("0xdeadbeef"), "{}", out.stdout);
+}
+
+/// Issue 32, class 3: two GPUs whose KFD nodes report the same `unique_id`. That id names
+/// neither: `accel-ctk list` shows it as not unique, with no `uuid`; a container asking for
+/// it is refused rather than given one of the two.
+#[test]
+fn class3_duplicate_unique_id_is_not_a_key() {
+    require_root();
+    let sim = SimRoot::builder().build();
+    let mut funcs = drm::amd_funcs();
+    let shared = funcs[1].kfd.unwrap().1;
+    let node = funcs[2].kfd.unwrap().0;
+    funcs[2].kfd = Some((node, shared));
+    let host = drm::build(sim.path(), funcs, true, &[]);
+    let runc = Runc::new(&sim);
+    drm::install_profiles(&runc, &sim, &["amd"]);
+    let gpus = host.offered("0x1002", "amdgpu");
+    let (out, v) = list_json(&runc);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let amd = vendor_rows(&v, "amd");
+    assert_eq!(amd.len(), 8, "{}", out.stdout);
+    let id = format!("0x{shared:x}");
+    for (d, g) in amd.iter().zip(&gpus) {
+        if [&gpus[1].bdf, &gpus[2].bdf].contains(&&g.bdf) {
+            assert_eq!(d["uuid"], Value::Null, "{d}");
+            assert_eq!(d["duplicate_uuid"], id.as_str(), "{d}");
+        } else {
+            assert_eq!(
+                d["uuid"],
+                format!("0x{:x}", g.kfd.unwrap().1).as_str(),
+                "{d}"
+            );
+            assert_eq!(d["duplicate_uuid"], Value::Null, "{d}");
+        }
+    }
+    let table = ctk(&runc, &["list"]);
+    assert!(
+        table.stdout.contains(&format!("{id} (not unique)")),
+        "{table:#?}"
+    );
+
+    let mut b = Bundle::busybox();
+    b.env(&format!("AMD_VISIBLE_DEVICES={id}")).sh("true");
+    let out = runc.run(&b, &runc.id("drm-dup"));
+    assert_ne!(out.code, 0, "{out:#?}");
+    assert!(
+        out.stderr.contains(&format!("no device \"{id}\"")),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn list_shows_order_numa_and_switches() {
     require_root();
@@ -443,6 +665,36 @@ mod plugin {
             "{text}"
         );
         assert!(second > first, "{first} then {second}");
+    }
+
+    /// Issue 32, class 6: the device plugin's first discovery meets a `vendor` FIFO. It
+    /// ends with one line naming the file, which the DaemonSet shows in its restarts,
+    /// instead of hanging before it ever registers.
+    #[test]
+    fn class6_drm_vendor_fifo_does_not_hang_the_device_plugin() {
+        require_root();
+        let sim = SimRoot::builder().build();
+        let (host, runc) = amd_runc(&sim);
+        let gpu = host.offered("0x1002", "amdgpu")[3].clone();
+        let vendor = drm::sysfs_dir(sim.path(), &gpu).join("vendor");
+        std::fs::remove_file(&vendor).unwrap();
+        nix::unistd::mkfifo(&vendor, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let kubelet_dir = runc.scratch().join("device-plugins");
+        std::fs::create_dir_all(&kubelet_dir).unwrap();
+        let out = within_20s(
+            std::process::Command::new(env!("CARGO_BIN_EXE_accel-device-plugin"))
+                .arg("--kubelet-dir")
+                .arg(&kubelet_dir)
+                .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
+        );
+        assert_eq!(out.code, 1, "{out:#?}");
+        assert!(
+            out.stderr.contains(&format!(
+                "{}: a FIFO, not a regular file; not opened",
+                vendor.display()
+            )),
+            "{out:#?}"
+        );
     }
 
     /// Each strategy's answer for two GPUs, applied as containerd would and run: the

@@ -46,9 +46,6 @@ struct Args {
     /// Seconds between device and health checks.
     #[arg(long, default_value_t = 2.0)]
     poll_seconds: f64,
-    /// Seconds between comparisons of the API server's slices with this node's.
-    #[arg(long, default_value_t = 60.0)]
-    resync_seconds: f64,
     /// Serve the driver's own metrics (registrations, prepare/unprepare counts and latency,
     /// failures, slice publishes) at http://<address>/metrics (docs/exporter.md). Off by
     /// default.
@@ -96,8 +93,8 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.state_dir = args.state_dir;
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
-    opts.resync = seconds("resync-seconds", args.resync_seconds)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
+    let metrics_address = args.metrics_address;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -107,7 +104,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
             .await
             .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
         let stop = daemon::stop_on_signals()?;
-        if let Some(addr) = args.metrics_address {
+        if let Some(addr) = metrics_address {
             use accel_container_runtime::kubelet::metrics;
             metrics::dra();
             let bound = metrics::serve(addr, metrics::daemon_render(), stop.clone())

@@ -1,10 +1,10 @@
 //! Building a CDI spec for one vendor profile from what is on this host.
 //!
-//! The edits are exactly the runtime's: `discovery::discover` finds the devices,
-//! `plan::device_edits` gives each device's nodes, `plan::capabilities` +
-//! `plan::driver_edits` (from `facts::driver`, with the driver root's `ld.so.cache`) give the
-//! shared control nodes, libraries and binaries. The host's nodes are gathered once for all
-//! devices and every device's edits are planned from them. Device nodes are written with `path` and `hostPath` only: type,
+//! The edits are exactly the runtime's: the spec goes through the create's own steps
+//! ([`crate::pipeline`], for every device, as [`Purpose::Spec`]): discovery, the host's nodes,
+//! libraries and binaries gathered once, each device's edits and the shared ones (control
+//! nodes, libraries, binaries, dev links) planned from them, and the same refusals. Device
+//! nodes are written with `path` and `hostPath` only: type,
 //! numbers, mode and owner are read from the host node when a container is created (by this
 //! runtime and by any CDI consumer), so a reloaded driver with new majors does not make the
 //! file stale. Devices are named by index, by UUID where the vendor has one, and `all`.
@@ -16,42 +16,32 @@
 use std::path::{Path, PathBuf};
 
 use super::model::{ContainerEdits, Device, DeviceNode as CdiNode, Mount, Spec};
-use crate::discovery::{self, Device as HostDevice, DiscoveryError};
-use crate::facts;
-use crate::ldcache;
-use crate::plan::{self, Plan, PlanError};
+use crate::pipeline::{self, PipelineError, Purpose, Wanted};
+use crate::plan::{self, Plan};
 use crate::profile::Profile;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
     #[error("profile {vendor} has no cdi-kind")]
     NoKind { vendor: String },
-    #[error("no {vendor} devices found under {} (is the driver loaded?)", root.display())]
-    NoDevices { vendor: String, root: PathBuf },
+    /// No device of the vendor on this host (`accel-ctk cdi generate` of every vendor skips
+    /// those).
     #[error(transparent)]
-    Discovery(#[from] DiscoveryError),
+    NoDevices(PipelineError),
     #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error("cannot read the driver's ld.so.cache under {}: {source}", root.display())]
-    LdCache {
-        root: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "no {vendor} driver library found under {} (looked for {wanted}): a spec without them \
-         gives containers devices their frameworks cannot use; point the profile's driver-root \
-         at the driver's files (in the device plugin's pod: mount the host's / and pass \
-         --host-root)",
-        root.display()
-    )]
-    NoLibraries {
-        vendor: String,
-        root: PathBuf,
-        wanted: String,
-    },
+    Pipeline(PipelineError),
     #[error("generated {vendor} spec is invalid: {msg}")]
     Invalid { vendor: String, msg: String },
+}
+
+impl From<PipelineError> for GenerateError {
+    fn from(e: PipelineError) -> GenerateError {
+        if e.is_no_devices() {
+            GenerateError::NoDevices(e)
+        } else {
+            GenerateError::Pipeline(e)
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -70,57 +60,35 @@ pub fn generate(profile: &Profile, opts: &Options) -> Result<Spec, GenerateError
         .ok_or_else(|| GenerateError::NoKind {
             vendor: profile.name.clone(),
         })?;
-    let found = discovery::discover(profile)?;
-    if found.is_empty() {
-        return Err(GenerateError::NoDevices {
-            vendor: profile.name.clone(),
-            root: profile.dev_root().to_path_buf(),
-        });
-    }
-    let all: Vec<&HostDevice> = found.iter().collect();
-    let dev_root = discovery::DevRoot::new(profile);
-    let nodes = facts::device_nodes(&dev_root, &all);
-    let mut devices = Vec::new();
-    for d in &found {
-        let edits = edits(&plan::device_edits(profile, &[d], &nodes)?);
-        devices.push(device(d.index.to_string(), &edits));
-        if let Some(uuid) = d.uuid.as_deref().filter(|u| super::valid_device_name(u)) {
-            devices.push(device(uuid.to_string(), &edits));
-        }
-    }
-    devices.push(device(
-        "all".into(),
-        &edits(&plan::device_edits(profile, &all, &nodes)?),
-    ));
-
-    let caps = plan::capabilities(profile, opts.capabilities.as_deref())?;
-    let cache = ldcache::load(&profile.driver_root).map_err(|source| GenerateError::LdCache {
-        root: profile.driver_root.clone(),
-        source,
+    let planned = pipeline::run(&pipeline::Ask {
+        profile,
+        wanted: Wanted::All,
+        capabilities: opts.capabilities.as_deref(),
+        lib_dir: &opts.library_dir,
+        purpose: Purpose::Spec,
     })?;
-    let driver = facts::driver(&dev_root, &caps, &cache);
-    // Every node but none of the libraries means the driver's files are somewhere this
-    // process cannot see (a plugin pod given /dev only): refused, never written silently.
-    let stems: Vec<&str> = caps
-        .iter()
-        .filter_map(|c| profile.capabilities.get(c))
-        .flat_map(|g| g.libraries.iter().map(String::as_str))
-        .collect();
-    if !stems.is_empty() && driver.libraries.is_empty() {
-        let mut wanted = stems.iter().take(4).copied().collect::<Vec<_>>().join(", ");
-        if stems.len() > 4 {
-            wanted.push_str(", ...");
+    let mut devices = Vec::new();
+    let mut all = Plan::default();
+    for (d, nodes) in planned.devices {
+        let edits = edits(&nodes);
+        devices.push(device(d.index.to_string(), &edits));
+        // The names that stay the device's whatever else leaves the node (the device
+        // plugin's answers and the DRA driver's claim specs use them): its UUID, unique on
+        // the node, and its PCI function.
+        let stable = [d.uuid.as_deref(), d.pci_bus_id.as_deref()];
+        for (i, name) in stable.iter().enumerate() {
+            if let Some(n) = name.filter(|n| super::valid_device_name(n)) {
+                if !stable[..i].contains(&Some(n)) {
+                    devices.push(device(n.to_string(), &edits));
+                }
+            }
         }
-        return Err(GenerateError::NoLibraries {
-            vendor: profile.name.clone(),
-            root: profile.driver_root.clone(),
-            wanted,
-        });
+        all.extend(nodes);
     }
-    let mut shared = plan::driver_edits(profile, &caps, &driver, &opts.library_dir)?;
+    devices.push(device("all".into(), &edits(&all)));
+    let mut shared = planned.driver;
     // Development names (`libcuda.so`), as the variable path mounts them.
-    let links = crate::loader::dev_links(profile, &shared, &opts.library_dir);
-    shared.mounts.extend(links);
+    shared.mounts.extend(planned.dev_links);
 
     let mut spec = Spec {
         cdi_version: String::new(),

@@ -4,9 +4,17 @@
 //! Discovery is the runtime's own (`discovery::discover`), so what this prints is what a
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
-//! pci_root, switch, driver_version, resource, replicas, model}], "errors":[{vendor, error}]}`;
-//! absent values are `null`, fields are only ever added. `resource` and `replicas` say how
-//! accel-device-plugin lists the device to kubelet (`replicas` > 1: as `<id>::<k>`).
+//! pci_root, switch, driver_version, resource, replicas, model, duplicate_uuid, name,
+//! stable_id}], "errors":[{vendor, error}]}`; absent values are `null`, fields are only ever
+//! added. `name` is the device's stable name (`gpu-0` by NVIDIA's minor, `gcu-3`,
+//! `gpu-0000-c3-00-0` by PCI function: the DRA driver's device name), `stable_id` what the
+//! device plugin's answers and CDI specs name it by (its UUID, node number or PCI bus id);
+//! neither changes when another device leaves the node, unlike `index` for NVIDIA and
+//! DRM-class devices.
+//! `resource` and `replicas` say how accel-device-plugin lists the device to kubelet
+//! (`replicas` > 1: as `<id>::<k>`). `uuid` is set only where it is unique on the node; an
+//! id several devices report is their `duplicate_uuid`, shown in the table as
+//! `<id> (not unique)`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,7 +28,7 @@ use crate::topology::{discover_located, shared_switches, Node};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Print JSON (stable schema, see the README) instead of a table.
+    /// Print JSON (stable schema, see docs/operating.md) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -45,6 +53,12 @@ pub struct Row {
     pub replicas: u32,
     /// See [`crate::discovery::Device::model`].
     pub model: Option<String>,
+    /// See [`crate::discovery::Device::duplicate_uuid`].
+    pub duplicate_uuid: Option<String>,
+    /// The device's stable name ([`crate::kubelet::inventory::dra_name`]).
+    pub name: String,
+    /// See [`crate::discovery::Device::stable_name`].
+    pub stable_id: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -83,12 +97,18 @@ pub fn collect(config: &Config) -> Listing {
                 (r, _) => r.clone(),
             };
             bridges.push(d.pci.as_ref().map(|p| p.bridges.clone()));
+            let name =
+                crate::kubelet::inventory::dra_name(profile, &d.device.key(&profile.discovery));
+            let stable_id = d.device.stable_name(&profile.discovery);
             devices.push(Row {
+                name,
+                stable_id,
                 vendor: profile.name.clone(),
                 index: d.device.index,
                 nodes: d.nodes,
                 uuid: d.device.uuid,
                 model: d.device.model,
+                duplicate_uuid: d.device.duplicate_uuid,
                 pci_bus_id: d.device.pci_bus_id,
                 numa_node: d.pci.as_ref().and_then(|p| p.numa_node),
                 pci_root: d.pci.as_ref().and_then(|p| p.root.clone()),
@@ -121,6 +141,7 @@ pub fn table(listing: &Listing) -> String {
     }
     let header = [
         "VENDOR",
+        "NAME",
         "IDX",
         "NODES",
         "UUID",
@@ -129,7 +150,7 @@ pub fn table(listing: &Listing) -> String {
         "SWITCH",
         "DRIVER",
     ];
-    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
+    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
     for r in &listing.devices {
         let nodes = r
             .nodes
@@ -142,9 +163,14 @@ pub fn table(listing: &Listing) -> String {
             .join(", ");
         rows.push([
             r.vendor.clone(),
+            r.name.clone(),
             r.index.to_string(),
             nodes,
-            or_dash(r.uuid.clone()),
+            match (&r.uuid, &r.duplicate_uuid) {
+                (Some(u), _) => u.clone(),
+                (None, Some(d)) => format!("{d} (not unique)"),
+                (None, None) => "-".into(),
+            },
             or_dash(r.pci_bus_id.clone()),
             or_dash(r.numa_node.map(|n| n.to_string())),
             or_dash(r.switch.as_deref().map(|s| labels[s].clone())),
@@ -152,7 +178,7 @@ pub fn table(listing: &Listing) -> String {
         ]);
     }
     let mut out = super::columns(&rows);
-    let name = |r: &Row| format!("{} {}", r.vendor, r.index);
+    let name = |r: &Row| r.name.clone();
     if !labels.is_empty() {
         out.push_str("\nPCIe switches (devices behind the same switch talk peer-to-peer without crossing the CPU):\n");
         for (sw, label) in &labels {
@@ -246,6 +272,9 @@ mod tests {
             resource: None,
             replicas: 1,
             model: None,
+            duplicate_uuid: None,
+            name: format!("{}-{index}", &vendor[..3]),
+            stable_id: index.to_string(),
         }
     }
 
@@ -261,9 +290,23 @@ mod tests {
         };
         let t = table(&listing);
         assert!(t.contains("/dev/x1 (195:1)"), "{t}");
-        assert!(t.contains("S1 = 0000:01:00.0: nvidia 0, nvidia 1"), "{t}");
-        assert!(t.contains("  0: nvidia 0, nvidia 1\n  1: enflame 0"), "{t}");
+        assert!(t.contains("S1 = 0000:01:00.0: nvi-0, nvi-1"), "{t}");
+        assert!(t.contains("  0: nvi-0, nvi-1\n  1: enf-0"), "{t}");
         assert!(!t.contains("Shared devices"), "{t}");
+    }
+
+    #[test]
+    fn table_marks_an_id_two_devices_report() {
+        let mut a = row("amd", 0, None, None);
+        a.duplicate_uuid = Some("0xabc".into());
+        let mut b = row("amd", 1, None, None);
+        b.uuid = Some("0xdef".into());
+        let t = table(&Listing {
+            devices: vec![a, b],
+            errors: vec![],
+        });
+        assert!(t.contains("0xabc (not unique)"), "{t}");
+        assert!(t.contains("0xdef ") && !t.contains("0xdef (not"), "{t}");
     }
 
     #[test]
@@ -280,7 +323,7 @@ mod tests {
         };
         let t = table(&listing);
         assert!(
-            t.contains("  enflame.com/shared-gcu, 4 replicas each: enflame 2, enflame 3\n"),
+            t.contains("  enflame.com/shared-gcu, 4 replicas each: enf-2, enf-3\n"),
             "{t}"
         );
     }

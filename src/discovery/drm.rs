@@ -2,11 +2,14 @@
 //! render node, told apart from any other GPU on the node (a BMC's or an iGPU's display
 //! controller) by PCI vendor id and bound kernel driver, both read from sysfs.
 //!
-//! Everything is read under the profile's `driver-root`. A `/sys/class/drm/<node>` entry is a
-//! symlink into `/sys/devices/pci…/<bdf>/drm/<node>`; its target is read as text and
-//! resolved lexically under `<driver-root>/sys`, never followed, so a link can neither lead
-//! out of the root nor make one function's files stand for another's. The function's own
-//! directory (`vendor`, the `driver` link) is then a plain directory of that tree.
+//! Everything is read under the profile's `driver-root`, resolved by [`crate::inroot`] as if
+//! it were `/`. A `/sys/class/drm/<node>` entry is a symlink into
+//! `/sys/devices/pci…/<bdf>/drm/<node>`; the function is the PCI address on the path it
+//! resolves to, so a link can neither lead out of the root nor make one function's files
+//! stand for another's. The function's attributes (`vendor`, `device`, KFD's `properties`)
+//! are read by [`super::open_in_root`]'s rule and its `driver` link read, not followed
+//! (issue 32, class 6). `vendor` is read once, for the filter; `device` only for the model
+//! ([`model_of`]), which a create never needs.
 //!
 //! Ref: Documentation/ABI/testing/sysfs-class-drm, sysfs-bus-pci (`vendor`, `driver`);
 //! KFD topology: drivers/gpu/drm/amd/amdkfd/kfd_topology.c (`drm_render_minor`,
@@ -15,7 +18,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{is_bdf, is_device_node, read_dir_names, Device, DiscoveryError};
+use super::{
+    dir_names_in, is_bdf, is_device_node, read_in_root, read_link_in_root, Device, DiscoveryError,
+};
 use crate::inroot::{Root, Scope};
 use crate::profile::{DrmOrder, Profile};
 
@@ -38,7 +43,7 @@ pub struct Filter<'a> {
 struct Function {
     render: Option<u32>,
     card: Option<u32>,
-    /// `<root>/sys/devices/…/<bdf>`, lexically resolved.
+    /// `/sys/devices/…/<bdf>`: its directory, as a path under the root.
     dir: PathBuf,
 }
 
@@ -56,45 +61,59 @@ fn node_name(name: &str) -> Option<(bool, u32)> {
 }
 
 /// The PCI function a class entry (`sys/class/drm/<name>`) belongs to: its bus address and its
-/// host directory. The entry is resolved by [`crate::inroot`] as if `driver-root` were `/`, so
-/// no link leads out of the root; `None` when it resolves nowhere or passes no PCI function.
+/// directory as a path under the root. The entry is resolved by [`crate::inroot`] as if
+/// `driver-root` were `/`, so no link leads out of the root; `None` when it resolves nowhere
+/// or passes no PCI function.
 fn function_of(root: &Root, name: &str) -> Option<(String, PathBuf)> {
     let entry = Path::new("/").join(CLASS_DRM).join(name);
     let host = root.lookup(&entry, Scope::InRoot).ok()?.host;
     // Only the part under the root may name the function: a driver root that itself sits
     // under a directory named like a PCI address does not make one.
     let rel = root.rel_of(&host)?;
-    let up = rel
+    let dir = rel
         .ancestors()
-        .position(|a| a.file_name().and_then(|n| n.to_str()).is_some_and(is_bdf))?;
-    let dir = host.ancestors().nth(up)?;
+        .find(|a| a.file_name().and_then(|n| n.to_str()).is_some_and(is_bdf))?;
     Some((dir.file_name()?.to_str()?.to_string(), dir.to_path_buf()))
 }
 
-fn attr(path: &Path) -> Option<String> {
-    crate::bounded::read_text(path, MAX_ATTR)
-        .ok()
-        .map(|t| t.trim().to_string())
+/// Attribute `name` of the function in `dir`, trimmed; `None` when it does not exist. Any
+/// other failure (not a regular file, over the limit, not text) names the file.
+fn attr(root: &Root, dir: &Path, name: &str) -> Result<Option<String>, DiscoveryError> {
+    let rel = dir.join(name);
+    match read_in_root(root, &rel, MAX_ATTR).and_then(crate::bounded::text) {
+        Ok(t) => Ok(Some(t.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(DiscoveryError::Read {
+            path: root.display(&rel),
+            source,
+        }),
+    }
 }
 
 /// The kernel driver bound to the function in `dir`: the last name of its `driver` link.
-fn bound_driver(dir: &Path) -> Option<String> {
-    let target = std::fs::read_link(dir.join("driver")).ok()?;
+fn bound_driver(root: &Root, dir: &Path) -> Option<String> {
+    let target = read_link_in_root(root, &dir.join("driver")).ok()?;
     target.file_name()?.to_str().map(str::to_string)
 }
 
-/// KFD topology: each GPU node's render minor, with its node number and unique id.
-fn kfd_nodes(dir: &Path) -> Result<BTreeMap<u32, (u32, Option<u64>)>, DiscoveryError> {
+/// KFD topology (directory `dir` under the root): each GPU node's render minor, with its
+/// node number and unique id.
+fn kfd_nodes(root: &Root, dir: &Path) -> Result<BTreeMap<u32, (u32, Option<u64>)>, DiscoveryError> {
     let mut out = BTreeMap::new();
-    for name in read_dir_names(dir)? {
+    for name in dir_names_in(root, dir)? {
         let Ok(node) = name.parse::<u32>() else {
             continue;
         };
-        let path = dir.join(&name).join("properties");
-        let text = match crate::bounded::read_text(&path, MAX_PROPERTIES) {
+        let rel = dir.join(&name).join("properties");
+        let text = match read_in_root(root, &rel, MAX_PROPERTIES).and_then(crate::bounded::text) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(DiscoveryError::Read { path, source }),
+            Err(source) => {
+                return Err(DiscoveryError::Read {
+                    path: root.display(&rel),
+                    source,
+                })
+            }
         };
         let (mut minor, mut unique) = (None, None);
         for (k, v) in text.lines().filter_map(|l| l.split_once(' ')) {
@@ -113,13 +132,11 @@ fn kfd_nodes(dir: &Path) -> Result<BTreeMap<u32, (u32, Option<u64>)>, DiscoveryE
 }
 
 pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, DiscoveryError> {
-    let root = &profile.driver_root;
-    let class = root.join(CLASS_DRM);
-    let Ok(opened) = Root::open(root) else {
+    let Ok(opened) = Root::open(&profile.driver_root) else {
         return Ok(Vec::new());
     };
     let mut functions: BTreeMap<String, Function> = BTreeMap::new();
-    for name in read_dir_names(&class)? {
+    for name in dir_names_in(&opened, Path::new(CLASS_DRM))? {
         let Some((render, num)) = node_name(&name) else {
             continue;
         };
@@ -133,25 +150,31 @@ pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, D
         *slot = Some(slot.map_or(num, |s| s.min(num)));
     }
     let kfd = match filter.kfd_topology {
-        Some(dir) => kfd_nodes(&Profile::under(root, dir))?,
+        Some(dir) => kfd_nodes(&opened, dir)?,
         None => BTreeMap::new(),
     };
-    let mut found: Vec<(String, Function)> = functions
-        .into_iter()
-        .filter(|(_, f)| f.render.is_some())
-        .filter(|(_, f)| {
-            attr(&f.dir.join("vendor")).is_some_and(|v| {
-                filter
-                    .pci_vendors
-                    .iter()
-                    .any(|w| w.eq_ignore_ascii_case(&v))
-            })
-        })
-        .filter(|(_, f)| {
-            filter.drivers.is_empty()
-                || bound_driver(&f.dir).is_some_and(|d| filter.drivers.contains(&d))
-        })
-        .collect();
+    let mut found: Vec<(String, Function)> = Vec::new();
+    for (bdf, f) in functions {
+        if f.render.is_none() {
+            continue;
+        }
+        // A function without a `vendor` is no vendor's; one whose `vendor` cannot be read
+        // could be any vendor's, so that is an error, naming the file.
+        let ours = attr(&opened, &f.dir, "vendor")?.is_some_and(|v| {
+            filter
+                .pci_vendors
+                .iter()
+                .any(|w| w.eq_ignore_ascii_case(&v))
+        });
+        if !ours {
+            continue;
+        }
+        if filter.drivers.is_empty()
+            || bound_driver(&opened, &f.dir).is_some_and(|d| filter.drivers.contains(&d))
+        {
+            found.push((bdf, f));
+        }
+    }
     let kfd_of = |f: &Function| f.render.and_then(|r| kfd.get(&r));
     match filter.order {
         // Already in PCI address order (the map's key).
@@ -181,10 +204,32 @@ pub fn discover(profile: &Profile, filter: &Filter<'_>) -> Result<Vec<Device>, D
                 pci_bus_id: Some(bdf.clone()),
                 minor: f.card,
                 aliases: Vec::new(),
-                model: pci_id(&f.dir),
+                model: None,
+                duplicate_uuid: None,
             }
         })
         .collect())
+}
+
+/// The model of a device a DRM-class profile found: its PCI vendor and device id as
+/// `1002-74a1` ([`pci_model`]), read through the class entry of its render node (its first
+/// node). `None` for other profiles' devices, and where sysfs does not say.
+pub fn model_of(profile: &Profile, device: &Device) -> Option<String> {
+    let root = Root::open(&profile.driver_root).ok()?;
+    model_in(&root, profile, device)
+}
+
+/// [`model_of`] with the driver root already open.
+pub(crate) fn model_in(root: &Root, profile: &Profile, device: &Device) -> Option<String> {
+    if !matches!(profile.discovery, crate::profile::Discovery::Drm { .. }) {
+        return None;
+    }
+    let name = device.nodes.first()?.file_name()?.to_str()?;
+    let (bdf, dir) = function_of(root, name)?;
+    if device.pci_bus_id.as_deref() != Some(bdf.as_str()) {
+        return None;
+    }
+    pci_id(root, &dir)
 }
 
 /// The PCI vendor and device id of function `bdf` as `1002-74a1` (lspci's `1002:74a1` in
@@ -194,22 +239,24 @@ pub fn pci_model(profile: &Profile, bdf: &str) -> Option<String> {
     if !is_bdf(bdf) {
         return None;
     }
-    let class = profile.driver_root.join(CLASS_DRM);
     let root = Root::open(&profile.driver_root).ok()?;
-    read_dir_names(&class).ok()?.iter().find_map(|name| {
-        node_name(name)?;
-        let (b, dir) = function_of(&root, name)?;
-        if b != bdf {
-            return None;
-        }
-        pci_id(&dir)
-    })
+    dir_names_in(&root, Path::new(CLASS_DRM))
+        .ok()?
+        .iter()
+        .find_map(|name| {
+            node_name(name)?;
+            let (b, dir) = function_of(&root, name)?;
+            if b != bdf {
+                return None;
+            }
+            pci_id(&root, &dir)
+        })
 }
 
 /// `vendor-device` of the PCI function whose sysfs directory is `dir` (`1002-74a1`).
-fn pci_id(dir: &Path) -> Option<String> {
+fn pci_id(root: &Root, dir: &Path) -> Option<String> {
     let id = |f: &str| {
-        let v = attr(&dir.join(f))?;
+        let v = attr(root, dir, f).ok()??;
         let hex = v.strip_prefix("0x")?.to_ascii_lowercase();
         (hex.len() == 4 && hex.bytes().all(|c| c.is_ascii_hexdigit())).then_some(hex)
     };
@@ -267,12 +314,11 @@ mod tests {
             Path::new("../../devices/platform/simple-framebuffer.0/drm/card9"),
         );
         let root = Root::open(&r).unwrap();
-        let canon = r.canonicalize().unwrap();
         let (bdf, dir) = function_of(&root, "renderD128").unwrap();
         assert_eq!(bdf, "0000:03:00.0");
         assert_eq!(
             dir,
-            canon.join("sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0")
+            Path::new("/sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0")
         );
         assert_eq!(function_of(&root, "renderD129").unwrap().0, "0000:04:00.0");
         assert_eq!(function_of(&root, "renderD130"), None);
@@ -286,6 +332,7 @@ mod tests {
         let dir = root.join("sys/devices").join(&rel);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
+        std::fs::write(dir.join("device"), "0x74A1\n").unwrap();
         std::os::unix::fs::symlink(
             format!("../../../bus/pci/drivers/{driver}"),
             dir.join("driver"),
@@ -363,6 +410,20 @@ mod tests {
         assert_eq!(pci[0].minor, Some(3));
         assert_eq!(pci[0].uuid, None, "not in KFD's topology");
         assert_eq!(pci[1].uuid.as_deref(), Some("0xabc"));
+        // The model is read only when asked for: a create never needs it.
+        assert_eq!(pci[1].model, None);
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/profiles/amd.toml"
+        ))
+        .unwrap();
+        let (mut p, _) = Profile::from_table(toml::from_str(&text).unwrap(), "amd").unwrap();
+        p.driver_root = r.to_path_buf();
+        assert_eq!(model_of(&p, &pci[1]).as_deref(), Some("1002-74a1"));
+        assert_eq!(pci_model(&p, "0000:43:00.0").as_deref(), Some("1002-74a1"));
+        let mut elsewhere = pci[1].clone();
+        elsewhere.pci_bus_id = Some("0000:c3:00.0".into());
+        assert_eq!(model_of(&p, &elsewhere), None, "not that function's");
         let card = found(r, &["0x1002"], &["amdgpu"], DrmOrder::Card);
         assert_eq!(
             buses(&card),

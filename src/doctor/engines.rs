@@ -5,7 +5,7 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
-use super::system::{CgroupVersion, System};
+use super::system::{CgroupDriver, CgroupVersion, System};
 use super::{is_executable, Ctx, Finding, BIN_DIRS, RUNTIME_BIN};
 use crate::engine::{self, containerd, docker, Host, Kind};
 
@@ -37,24 +37,6 @@ fn registered_path_missing(ctx: &Ctx, binary: &str) -> bool {
     }
 }
 
-/// How an engine's runc sets up cgroups: `cgroupfs` writes the cgroup files itself,
-/// `systemd` asks systemd for a transient unit (and so is exposed to systemd re-applying its
-/// own device list on `systemctl daemon-reload`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupDriver {
-    Cgroupfs,
-    Systemd,
-}
-
-impl CgroupDriver {
-    pub fn name(self) -> &'static str {
-        match self {
-            CgroupDriver::Cgroupfs => "cgroupfs",
-            CgroupDriver::Systemd => "systemd",
-        }
-    }
-}
-
 /// One engine as found on the node.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -71,6 +53,13 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// (engine name, cgroup driver, where it was read), for [`super::Exposure::new`]; `None`
+    /// where the engine is not installed or its file cannot be read.
+    pub fn driver(&self) -> Option<(&'static str, CgroupDriver, String)> {
+        let (d, why) = self.cgroup_driver.clone()?;
+        Some((self.kind.name(), d, why))
+    }
+
     fn new(kind: Kind, finding: Finding) -> Engine {
         Engine {
             kind,

@@ -13,12 +13,15 @@
 //! Topics, one module each: `config` (the runtime's files), `vendors` (drivers, device nodes,
 //! their `/dev/char` links), `engines` (registration and cgroup driver, read with
 //! `crate::engine`'s readers), `system` (cgroup version, systemd, runc and their device
-//! bugs), `kubelet` (CPU manager, checkpoint, plugin sockets). A finding about a known bug is
-//! graded by what this node runs: a failure only where it can bite.
+//! bugs), `mounts` (whether `/` propagates as the DaemonSets need), `kubelet` (CPU manager,
+//! checkpoint, plugin sockets). `engines` uses `system`'s facts, `vendors` its `Exposure`;
+//! none uses another back. A finding about a known bug is graded by what this node runs: a
+//! failure only where it can bite.
 
 mod config;
 mod engines;
 mod kubelet;
+mod mounts;
 mod system;
 mod vendors;
 
@@ -33,12 +36,13 @@ use crate::profile::Profile;
 pub use config::{check_config, check_profile_files, load_config};
 pub use engines::{
     check_containerd, check_containerd_cdi, check_default_runtime, check_docker,
-    check_runtime_installed, CgroupDriver, Engine,
+    check_runtime_installed, Engine,
 };
 pub use kubelet::{check_checkpoint, check_cpu_manager, check_plugin_sockets};
+pub use mounts::{check_mount_propagation, root_propagation};
 pub use system::{
     check_cgroups, check_low_level, check_systemd, parse_runc_version, parse_systemd_version,
-    CgroupVersion, Exposure, System,
+    CgroupDriver, CgroupVersion, Exposure, System,
 };
 pub use vendors::{check_dev_char_links, check_driver, dev_char_links, LinkState, Links};
 
@@ -144,8 +148,6 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Every check, in the order an operator fixes things: config, driver, binaries, engines,
-/// cgroups and runc, `/dev/char` links, kubelet.
 /// The fix for a file a check could not read: its mode, or (over the size limit, or not
 /// UTF-8) what the file must be.
 fn unreadable_fix(file: &Path, e: &std::io::Error, limit: u64) -> String {
@@ -159,6 +161,8 @@ fn unreadable_fix(file: &Path, e: &std::io::Error, limit: u64) -> String {
     }
 }
 
+/// Every check, in the order an operator fixes things: config, driver, binaries, engines,
+/// cgroups and runc, `/dev/char` links, mount propagation, kubelet.
 pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     let (loaded, config) = load_config(ctx);
     let mut out = check_config(ctx, &loaded);
@@ -179,7 +183,10 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
         .map(|p| dev_char_links(ctx, p))
         .collect();
     let missing = links.iter().map(Links::missing).sum();
-    let mut exposure = Exposure::new(sys, &[&docker, &containerd]);
+    let mut exposure = Exposure::new(
+        sys,
+        [&docker, &containerd].iter().filter_map(|e| e.driver()),
+    );
     out.push(check_cgroups(&exposure));
     out.push(check_low_level(ctx, &config, &mut exposure, missing));
     out.push(check_systemd(&exposure, missing));
@@ -188,6 +195,7 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
             .iter()
             .filter_map(|l| check_dev_char_links(l, &exposure)),
     );
+    out.push(check_mount_propagation(ctx));
     out.push(check_cpu_manager(ctx, containerd.is_default));
     out.push(check_checkpoint(ctx, &config));
     out.extend(check_plugin_sockets(ctx));

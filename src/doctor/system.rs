@@ -17,7 +17,6 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 
-use super::engines::{CgroupDriver, Engine};
 use super::{is_executable, Ctx, Finding, RUNC_MIN};
 use crate::config::Config;
 
@@ -26,7 +25,7 @@ use crate::config::Config;
 pub const RUNC_BUG_FROM: (u64, u64, u64) = (1, 1, 3);
 /// First systemd that accepts runc 1.1.7's rules for devices without `/dev/char` links.
 pub const SYSTEMD_MIN: u64 = 240;
-/// The command that creates the missing `/dev/char` links (branch i13 adds it).
+/// The command that creates the missing `/dev/char` links.
 pub const CREATE_LINKS: &str = "accel-ctk system create-dev-char-symlinks";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +47,25 @@ impl CgroupVersion {
             CgroupVersion::Hybrid => "cgroup v1 (hybrid: v2 mounted at /sys/fs/cgroup/unified)",
             CgroupVersion::V2 => "cgroup v2",
             CgroupVersion::Unknown => "cgroup version unknown (nothing under /sys/fs/cgroup)",
+        }
+    }
+}
+
+/// How an engine's runc sets up cgroups: `cgroupfs` writes the cgroup files itself,
+/// `systemd` asks systemd for a transient unit (and so is exposed to systemd re-applying its
+/// own device list on `systemctl daemon-reload`). Which one an engine uses is read by
+/// `engines`, above this module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+impl CgroupDriver {
+    pub fn name(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
         }
     }
 }
@@ -111,16 +129,14 @@ pub struct Exposure {
 }
 
 impl Exposure {
-    pub fn new(system: System, engines: &[&Engine]) -> Exposure {
+    /// `drivers`: each engine found with its cgroup driver (`engines::Engine::driver`).
+    pub fn new(
+        system: System,
+        drivers: impl IntoIterator<Item = (&'static str, CgroupDriver, String)>,
+    ) -> Exposure {
         Exposure {
             system,
-            drivers: engines
-                .iter()
-                .filter_map(|e| {
-                    let (d, why) = e.cgroup_driver.clone()?;
-                    Some((e.kind.name(), d, why))
-                })
-                .collect(),
+            drivers: drivers.into_iter().collect(),
             runc: None,
         }
     }

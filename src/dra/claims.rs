@@ -8,9 +8,20 @@
 //! A failed prepare leaves nothing behind and caches nothing: kubelet retries, and the retry
 //! looks at the host afresh. A record whose spec file is gone (a reboot emptied a tmpfs
 //! `/var/run/cdi`) is prepared again rather than answered from the record.
+//!
+//! A device is what it is, not the name it goes by: each record keeps, per device, what the
+//! device was when prepared ([`Identity`]: its nodes' device numbers, PCI bus id, UUID) and
+//! the boot it was prepared in. Two claims may never hold one device: that is decided by
+//! identity (the same PCI function, or within one boot the same device node), not by name.
+//! A claim prepared again (kubelet after a reboot or its own restart) gets its device only if
+//! the name it was allocated still stands for the device the record names; otherwise the
+//! prepare is refused with both identities named, and nothing of the old record is reused:
+//! its CDI spec is removed (the record stays, so the claim still unprepares).
+//! Records written before identities were kept have theirs read back from the device nodes
+//! their CDI spec gave the container.
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -51,6 +62,48 @@ pub struct Prepared {
     pub admin_access: bool,
     #[serde(default)]
     pub share_id: Option<String>,
+    /// What the device was when prepared; `None` in records of older versions until
+    /// [`Claims::open`] reads it back from their CDI spec.
+    #[serde(default)]
+    pub identity: Option<Identity>,
+}
+
+/// What a device is, to tell it from every other device of the node now and after a reboot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// `major:minor` of each of its nodes, as dev-root had them when it was prepared.
+    pub rdevs: Vec<String>,
+    /// The PCI function (`0000:c3:00.0`), where discovery knows it.
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
+    /// The vendor's UUID, where discovery found it unique on the node.
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+impl Identity {
+    /// Whether `self` and `other` are one device: the same PCI function where both know
+    /// theirs (it survives reboots and driver reloads); else, only within one boot, a node in
+    /// common (minors are handed out again at every driver load).
+    pub fn same(&self, other: &Identity, same_boot: bool) -> bool {
+        if let (Some(a), Some(b)) = (&self.pci_bus_id, &other.pci_bus_id) {
+            return a.eq_ignore_ascii_case(b);
+        }
+        same_boot && self.rdevs.iter().any(|r| other.rdevs.contains(r))
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "nodes {}", self.rdevs.join(","))?;
+        if let Some(b) = &self.pci_bus_id {
+            write!(f, ", PCI {b}")?;
+        }
+        if let Some(u) = &self.uuid {
+            write!(f, ", UUID {u}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What is kept on disk per prepared claim.
@@ -58,6 +111,36 @@ pub struct Prepared {
 pub struct Record {
     pub claim: ClaimRef,
     pub devices: Vec<Prepared>,
+    /// The boot it was prepared in (the kernel's `boot_id`); `None` in records of older
+    /// versions.
+    #[serde(default)]
+    pub boot_id: Option<String>,
+}
+
+impl Record {
+    fn same_boot(&self, boot_id: &str) -> bool {
+        // An older record's boot is not known: taken as this one, so its nodes still count
+        // against other claims (a false conflict refuses a prepare; a missed one would give
+        // a device twice).
+        self.boot_id.as_deref().is_none_or(|b| b == boot_id)
+    }
+}
+
+/// A claim record is a few hundred bytes per device; anything near this is not one (and a
+/// huge file must not put the driver in an out-of-memory loop at every start).
+const MAX_RECORD: u64 = 1 << 20;
+/// A per-claim CDI spec names a few dozen files per device.
+const MAX_SPEC: u64 = 4 << 20;
+
+/// The kernel's id of this boot, where the driver reads it by default.
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// This boot's id read from `path` (a line of 36 characters); empty when it cannot be read,
+/// which makes every record look as if made in another boot (prepared again, never reused).
+pub fn boot_id(path: &Path) -> String {
+    crate::bounded::read_text(path, 64)
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Where and how one driver prepares claims.
@@ -71,12 +154,16 @@ pub struct Claims {
     pub state_dir: PathBuf,
     pub library_dir: PathBuf,
     pub host_root: HostRoot,
+    /// This boot's id ([`boot_id`]).
+    pub boot_id: String,
     records: Mutex<HashMap<String, Record>>,
 }
 
 impl Claims {
     /// The driver's claims, with the records a previous run left in `state_dir`. A record
-    /// not owned by this user or writable by others is not trusted (skipped, and said so).
+    /// not owned by this user, writable by others, larger than a record can be or not a
+    /// regular file is not trusted (skipped, and said so). Records of older versions get
+    /// their devices' identities from the device nodes of their CDI spec.
     pub fn open(
         driver: String,
         pool: String,
@@ -84,8 +171,9 @@ impl Claims {
         state_dir: PathBuf,
         library_dir: PathBuf,
         host_root: HostRoot,
+        boot_id: String,
     ) -> std::io::Result<Claims> {
-        std::fs::create_dir_all(&state_dir)?;
+        crate::atomic::make_dirs(&state_dir)?;
         std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o700))?;
         let mut records = HashMap::new();
         let me = nix::unistd::geteuid().as_raw();
@@ -94,10 +182,11 @@ impl Claims {
             if path.extension().is_none_or(|e| e != "json") {
                 continue;
             }
-            let trusted = std::fs::symlink_metadata(&path)
-                .is_ok_and(|m| m.is_file() && m.uid() == me && m.mode() & 0o022 == 0);
+            let trusted = std::fs::symlink_metadata(&path).is_ok_and(|m| {
+                m.is_file() && m.uid() == me && m.mode() & 0o022 == 0 && m.len() <= MAX_RECORD
+            });
             let record = trusted
-                .then(|| std::fs::read(&path).ok())
+                .then(|| crate::bounded::read_file(&path, MAX_RECORD).ok())
                 .flatten()
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
                 .filter(|r| {
@@ -108,21 +197,73 @@ impl Claims {
                 Some(r) => {
                     records.insert(r.claim.uid.clone(), r);
                 }
-                None => log::info!(
-                    "{driver}: ignoring claim record {} (unreadable, not ours, or writable by others)",
+                None => log::warn!(
+                    "{driver}: ignoring claim record {} (unreadable, not ours, writable by others, or over {MAX_RECORD} bytes)",
                     path.display()
                 ),
             }
         }
-        Ok(Claims {
+        let claims = Claims {
             driver,
             pool,
             cdi_dir,
             state_dir,
             library_dir,
             host_root,
-            records: Mutex::new(records),
-        })
+            boot_id,
+            records: Mutex::new(HashMap::new()),
+        };
+        for (uid, mut r) in records {
+            if r.devices.iter().any(|d| d.identity.is_none()) {
+                claims.identify_from_spec(&mut r);
+            }
+            claims.lock().insert(uid, r);
+        }
+        Ok(claims)
+    }
+
+    /// Fills in the identities an older record lacks from the device nodes its CDI spec gave
+    /// the container (what it holds, whatever name the device now goes by). Devices whose
+    /// spec is gone stay unknown; they are then compared by nothing, and the claim is
+    /// prepared afresh when kubelet asks again.
+    fn identify_from_spec(&self, r: &mut Record) {
+        let path = self.spec_path(&r.claim.uid);
+        let Some(spec) = crate::bounded::read_file(&path, MAX_SPEC)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Spec>(&b).ok())
+        else {
+            log::warn!(
+                "{}: {}: a record of an older version without its CDI spec {}; its devices are not known",
+                self.driver,
+                r.claim,
+                path.display()
+            );
+            return;
+        };
+        for p in r.devices.iter_mut().filter(|p| p.identity.is_none()) {
+            let name = format!("{}-{}", r.claim.uid, p.device);
+            let Some(d) = spec.devices.iter().find(|d| d.name == name) else {
+                continue;
+            };
+            let rdevs: Vec<String> = d
+                .container_edits
+                .device_nodes
+                .iter()
+                .filter_map(|n| {
+                    let host = self.host_root.path().join(
+                        Path::new(n.host_path.as_deref().unwrap_or(&n.path))
+                            .strip_prefix("/")
+                            .ok()?,
+                    );
+                    let m = std::fs::symlink_metadata(host).ok()?;
+                    m.file_type().is_char_device().then(|| rdev(m.rdev()))
+                })
+                .collect();
+            p.identity = Some(Identity {
+                rdevs,
+                ..Identity::default()
+            });
+        }
     }
 
     pub fn spec_path(&self, uid: &str) -> PathBuf {
@@ -181,12 +322,27 @@ impl Claims {
                     res.device, self.driver
                 )
             })?;
+            // No device is published as shareable: a share on one is a wrong allocation, and
+            // must never let the claim in beside another.
+            if let Some(share) = &res.share_id {
+                return Err(format!(
+                    "{r}: device {} was allocated with share {:?}, but is not published as shareable; nothing prepared",
+                    res.device,
+                    share.chars().take(64).collect::<String>()
+                ));
+            }
             if let Some(p) = node_problem(profile, &dev.dev) {
                 return Err(format!(
                     "{r}: device {}: {p}; nothing prepared (kubelet retries)",
                     res.device
                 ));
             }
+            let identity = identity_of(profile, dev).map_err(|p| {
+                format!(
+                    "{r}: device {}: {p}; nothing prepared (kubelet retries)",
+                    res.device
+                )
+            })?;
             let request = res
                 .request
                 .split('/')
@@ -211,7 +367,8 @@ impl Claims {
                             &res.device,
                         )],
                         admin_access: admin,
-                        share_id: res.share_id.clone(),
+                        share_id: None,
+                        identity: Some(identity),
                     },
                     dev,
                 )),
@@ -219,13 +376,22 @@ impl Claims {
         }
         let devices: Vec<Prepared> = wanted.iter().map(|(p, _)| p.clone()).collect();
         let spec_path = self.spec_path(&r.uid);
-        if self
-            .lock()
-            .get(&r.uid)
-            .is_some_and(|rec| rec.devices == devices)
-            && spec_path.exists()
-        {
-            return Ok(devices);
+        if let Some(rec) = self.lock().get(&r.uid) {
+            if let Err(e) = self.check_again(r, rec, &devices) {
+                // The old spec names the nodes of what the device was: left in place, it
+                // would give them to any container started with the claim's CDI IDs, which
+                // kubelet keeps in its checkpoint. The record stays, so the claim unprepares.
+                return Err(match std::fs::remove_file(&spec_path) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => format!(
+                        "{e}; its CDI spec {} could not be removed: {err}",
+                        spec_path.display()
+                    ),
+                    _ => e,
+                });
+            }
+            if rec.devices == devices && rec.same_boot(&self.boot_id) && spec_path.exists() {
+                return Ok(devices);
+            }
         }
         let spec = if wanted.is_empty() {
             None
@@ -236,21 +402,28 @@ impl Claims {
 
         let mut records = self.lock();
         for p in devices.iter().filter(|p| !p.admin_access) {
-            if let Some(other) = records.values().find(|o| {
-                o.claim.uid != r.uid
-                    && o.devices
-                        .iter()
-                        .any(|d| d.device == p.device && !d.admin_access && d.share_id.is_none())
-            }) {
-                return Err(format!(
-                    "{r}: device {} is prepared for {} already",
-                    p.device, other.claim
-                ));
+            let mine = p.identity.as_ref().expect("set above");
+            for other in records.values().filter(|o| o.claim.uid != r.uid) {
+                let same_boot = other.same_boot(&self.boot_id);
+                let held = other.devices.iter().find(|d| {
+                    !d.admin_access && d.identity.as_ref().is_some_and(|i| i.same(mine, same_boot))
+                });
+                if let Some(d) = held {
+                    let as_named = if d.device == p.device {
+                        String::new()
+                    } else {
+                        format!(" (as {})", d.device)
+                    };
+                    return Err(format!(
+                        "{r}: device {} ({mine}) is prepared for {}{as_named} already",
+                        p.device, other.claim
+                    ));
+                }
             }
         }
         if let Some(spec) = spec {
             let text = serde_json::to_vec_pretty(&spec).map_err(|e| format!("{r}: {e}"))?;
-            std::fs::create_dir_all(&self.cdi_dir)
+            crate::atomic::make_dirs(&self.cdi_dir)
                 .and_then(|()| crate::atomic::replace(&spec_path, &text, 0o644))
                 .map_err(|e| {
                     format!(
@@ -262,6 +435,7 @@ impl Claims {
         let record = Record {
             claim: r.clone(),
             devices: devices.clone(),
+            boot_id: Some(self.boot_id.clone()),
         };
         let rec_path = self.record_path(&r.uid);
         let text = serde_json::to_vec(&record).map_err(|e| format!("{r}: {e}"))?;
@@ -274,6 +448,33 @@ impl Claims {
         }
         records.insert(r.uid.clone(), record);
         Ok(devices)
+    }
+
+    /// A claim prepared before (a record of `r`) is prepared again: each device it was
+    /// allocated must still be the device the record names, by [`Identity::same`] (across a
+    /// reboot only the PCI function can say so). Otherwise the name has come to stand for
+    /// another device (a card gone and the driver reloaded): refused, naming both.
+    fn check_again(&self, r: &ClaimRef, rec: &Record, devices: &[Prepared]) -> Result<(), String> {
+        let same_boot = rec.same_boot(&self.boot_id);
+        for p in devices {
+            let Some(was) = rec
+                .devices
+                .iter()
+                .find(|d| d.device == p.device)
+                .and_then(|d| d.identity.as_ref())
+            else {
+                continue;
+            };
+            let now = p.identity.as_ref().expect("set by prepare");
+            if !was.same(now, same_boot) {
+                return Err(format!(
+                    "{r}: device {} was prepared for it as {was}{} and is now {now}: not the same device; nothing prepared (delete the pod to release the claim)",
+                    p.device,
+                    if same_boot { "" } else { " in an earlier boot" }
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The claim's CDI spec: `accel-ctk cdi generate`'s edits of the chosen devices under
@@ -295,11 +496,12 @@ impl Claims {
         .map_err(|e| format!("{r}: {e}"))?;
         let mut devices = Vec::new();
         for d in chosen {
-            let index = d.dev.index.to_string();
+            // By the name that stays the device's: the table may be a poll older than the
+            // spec just generated, and an index may have moved in between.
             let g = full
                 .devices
                 .iter()
-                .find(|g| g.name == index)
+                .find(|g| g.name == d.dev.name)
                 .ok_or_else(|| format!("{r}: device {} is no longer found on this node", d.name))?;
             for n in &g.container_edits.device_nodes {
                 let host = n.host_path.as_deref().unwrap_or(&n.path);
@@ -346,4 +548,25 @@ impl Claims {
         records.remove(uid);
         Ok(())
     }
+}
+
+/// `major:minor` of a device number.
+fn rdev(r: u64) -> String {
+    format!("{}:{}", nix::sys::stat::major(r), nix::sys::stat::minor(r))
+}
+
+/// What `dev` is now: each node resolved beneath dev-root as the runtime resolves it, with
+/// its device number, and discovery's PCI bus id and UUID.
+pub fn identity_of(profile: &Profile, dev: &DraDevice) -> Result<Identity, String> {
+    let root = crate::discovery::DevRoot::new(profile);
+    let mut rdevs = Vec::new();
+    for n in &dev.dev.nodes {
+        let (_, st) = root.host_node(&n.path, true).map_err(|e| e.to_string())?;
+        rdevs.push(rdev(st.st_rdev));
+    }
+    Ok(Identity {
+        rdevs,
+        pci_bus_id: dev.dev.pci_bus_id.clone(),
+        uuid: dev.dev.uuid.clone(),
+    })
 }

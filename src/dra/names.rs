@@ -1,9 +1,14 @@
 //! The names a profile's driver goes by: its driver name (`gcu.enflame.com` from the
 //! profile's `cdi-kind` `enflame.com/gcu`, the style NVIDIA's and AMD's drivers use), its
-//! devices' names in a ResourceSlice (DNS labels: `gcu-0`), and the per-claim CDI names
-//! (vendor `k8s.<driver>`, class `claim`, device `<claim UID>-<device>`, as the example
+//! devices' names in a ResourceSlice (DNS labels made from what each device keeps: `gcu-3`
+//! for `/dev/gcu3`, `gpu-0` for NVIDIA's minor 0 as NVIDIA's driver names it,
+//! `gpu-0000-c3-00-0` for a DRM-class device's PCI function; never a position, which the
+//! scheduler would count for whatever device comes to stand there), and the per-claim CDI
+//! names (vendor `k8s.<driver>`, class `claim`, device `<claim UID>-<device>`, as the example
 //! driver and NVIDIA's write them, so runtimes never see a name reused for other edits).
 
+use crate::kubelet::inventory::dns_label as label;
+pub use crate::kubelet::inventory::dra_name as device_name;
 use crate::profile::Profile;
 
 /// The standard attribute domain of Kubernetes (`resource.kubernetes.io/pciBusID`).
@@ -57,34 +62,6 @@ pub fn driver_name(profile: &Profile, override_name: Option<&str>) -> Result<Str
     Ok(name)
 }
 
-/// `s` as a DNS label's characters: lower case, anything else than a letter or digit a `-`.
-fn label(s: &str) -> String {
-    let l: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    l.trim_matches('-').to_string()
-}
-
-/// The slice name of device `index` of `profile`: `<class>-<index>` (`gcu-3`), the class
-/// from `cdi-kind`, else the profile's name.
-pub fn device_name(profile: &Profile, index: u32) -> String {
-    let class = profile
-        .cdi_kind
-        .as_deref()
-        .and_then(|k| k.split_once('/'))
-        .map(|(_, c)| label(c))
-        .filter(|c| !c.is_empty() && c.len() <= 50)
-        .unwrap_or_else(|| label(&profile.name));
-    format!("{class}-{index}")
-}
-
 /// The CDI kind of `driver`'s per-claim specs.
 pub fn claim_kind(driver: &str) -> String {
     format!("k8s.{driver}/claim")
@@ -122,7 +99,6 @@ mod tests {
             .find(|p| p.name == "nvidia")
             .unwrap();
         assert_eq!(driver_name(&p, None).unwrap(), "gpu.nvidia.com");
-        assert_eq!(device_name(&p, 3), "gpu-3");
         assert_eq!(
             driver_name(&p, Some("gpu.example.com")).unwrap(),
             "gpu.example.com"

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
@@ -89,10 +89,11 @@ pub struct Options {
     pub host_root: HostRoot,
     /// Devices and health are looked at this often.
     pub poll: Duration,
-    /// The API server's slices are compared with ours this often.
-    pub resync: Duration,
     /// Driver names by profile name, where not derived from the profile.
     pub driver_names: BTreeMap<String, String>,
+    /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
+    /// they were made in.
+    pub boot_id_file: PathBuf,
 }
 
 impl Options {
@@ -106,8 +107,8 @@ impl Options {
             library_dir: crate::spec::MULTIARCH_LIBRARY_DIR.into(),
             host_root: HostRoot::default(),
             poll: Duration::from_secs(2),
-            resync: Duration::from_secs(60),
             driver_names: BTreeMap::new(),
+            boot_id_file: super::claims::BOOT_ID.into(),
         }
     }
 }
@@ -141,6 +142,7 @@ impl Driver {
             state.clone(),
             opts.library_dir.clone(),
             opts.host_root.clone(),
+            super::claims::boot_id(&opts.boot_id_file),
         )
         .map_err(|source| DraError::State {
             path: state,
@@ -415,7 +417,34 @@ struct Running {
     /// The DRA socket and the registration socket: removed when dropped.
     _serving: [Serving; 2],
     publisher: Publisher,
-    resync: bool,
+    /// What the last look found: the pool's devices and the driver's version.
+    devices: Vec<k8s_openapi::api::resource::v1::Device>,
+    driver_version: Option<String>,
+}
+
+impl Running {
+    /// Makes the API server's copy of the pool what the last look found.
+    async fn publish(&mut self, node: &str) {
+        let pool = Pool {
+            driver: &self.driver.name,
+            node,
+            vendor: &self.driver.profile.name,
+            driver_version: self.driver_version.as_deref(),
+        };
+        match self.publisher.publish(&pool, &self.devices).await {
+            Ok(true) => log::info!(
+                "{}: published {} device(s), pool generation {}",
+                self.driver.name,
+                self.devices.len(),
+                self.publisher.generation()
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!(
+                "{}: cannot publish the ResourceSlices: {e}",
+                self.driver.name
+            ),
+        }
+    }
 }
 
 /// Starts `profile`'s driver: claim records loaded, DRA socket served, then the registration
@@ -457,7 +486,7 @@ pub fn start(
     let reg = opts.registry_dir.join(format!("{}-reg.sock", driver.name));
     for path in [&driver.endpoint, &reg] {
         if let Some(dir) = path.parent() {
-            socket::make_dirs(dir).map_err(listen(path))?;
+            crate::atomic::make_dirs(dir).map_err(listen(path))?;
         }
     }
     let dra = socket::serve(routes, &driver.endpoint).map_err(listen(&driver.endpoint))?;
@@ -473,48 +502,28 @@ pub fn start(
     Ok((driver, [dra, registration]))
 }
 
-/// Looks at `driver`'s devices now and publishes them when they changed (or, with `resync`,
-/// when the API server's copy differs).
+/// Looks at `driver`'s devices now and publishes them where the API server's copy differs.
 async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
     let p = &run.driver.profile;
-    let version = crate::discovery::driver_version(p);
+    run.driver_version = crate::discovery::driver_version(p);
     let pool = Pool {
         driver: &run.driver.name,
         node: &opts.node,
         vendor: &p.name,
-        driver_version: version.as_deref(),
+        driver_version: run.driver_version.as_deref(),
     };
     let healthy: Vec<bool> = table
         .iter()
         .map(|d| inventory::healthy(p, &d.dev))
         .collect();
-    let devices: Vec<_> = table
+    run.devices = table
         .iter()
         .zip(&healthy)
         .map(|(d, &ok)| slices::device(&pool, d, ok))
         .collect();
     run.driver.report_health(&opts.node, &table, &healthy);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
-    match run.publisher.publish(&pool, &devices, run.resync).await {
-        Ok(written) => {
-            run.resync = false;
-            if written {
-                log::info!(
-                    "{}: published {} device(s), pool generation {}",
-                    run.driver.name,
-                    devices.len(),
-                    run.publisher.generation()
-                );
-            }
-        }
-        Err(e) => {
-            run.resync = true;
-            log::warn!(
-                "{}: cannot publish the ResourceSlices: {e}",
-                run.driver.name
-            );
-        }
-    }
+    run.publish(&opts.node).await;
 }
 
 /// Runs every profile's driver until `stop` turns true. Profiles without devices now are
@@ -526,12 +535,8 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), DraError> {
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    let mut last_resync = Instant::now();
+    let changed = Arc::new(tokio::sync::Notify::new());
     loop {
-        let resync = last_resync.elapsed() >= opts.resync;
-        if resync {
-            last_resync = Instant::now();
-        }
         for p in &profiles {
             let table = match table::discover(p) {
                 Ok(t) => t,
@@ -545,26 +550,47 @@ pub async fn run(
                     continue;
                 }
                 let (driver, serving) = start(p.clone(), client.clone(), &opts)?;
-                let publisher = Publisher::new(client.clone(), &driver.name, &opts.node);
+                let publisher = Publisher::new(
+                    client.clone(),
+                    &driver.name,
+                    &opts.node,
+                    Arc::clone(&changed),
+                );
                 running.insert(
                     p.name.clone(),
                     Running {
                         driver,
                         _serving: serving,
                         publisher,
-                        resync: true,
+                        devices: Vec::new(),
+                        driver_version: None,
                     },
                 );
             }
             let Some(run) = running.get_mut(&p.name) else {
                 continue;
             };
-            run.resync |= resync;
             refresh(run, &opts, table).await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(opts.poll) => {}
-            _ = stop.wait_for(|s| *s) => break,
+        // Until the next look, a watch event (a slice written, deleted or changed by anyone)
+        // only has the pools compared again with what the last look found.
+        let next = tokio::time::sleep(opts.poll);
+        tokio::pin!(next);
+        let stopping = loop {
+            let woken = tokio::select! {
+                _ = &mut next => false,
+                _ = changed.notified() => true,
+                _ = stop.wait_for(|s| *s) => break true,
+            };
+            if !woken {
+                break false;
+            }
+            for run in running.values_mut() {
+                run.publish(&opts.node).await;
+            }
+        };
+        if stopping {
+            break;
         }
     }
     // The servers stop and their sockets go with the handles.

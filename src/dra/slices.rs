@@ -97,9 +97,28 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
     }
 }
 
-/// The name of slice `i` of the pool.
+/// The longest object name the API accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The name of slice `i` of the pool: `<node>-<driver>-<i>`. Where a long node name (node
+/// names may have 253 characters, the driver's 63) makes that longer than the API accepts,
+/// the node's name is cut and a hash of all of it put after, so every node's names stay
+/// apart and each still fits (the API would refuse every publish forever).
 pub fn slice_name(pool: &Pool, i: usize) -> String {
-    format!("{}-{}-{i}", pool.node, pool.driver)
+    let whole = format!("{}-{}-{i}", pool.node, pool.driver);
+    if whole.len() <= MAX_NAME {
+        return whole;
+    }
+    // FNV-1a: stable across versions and platforms (std's hasher is neither).
+    let hash = pool.node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let tail = format!("-{hash:016x}-{}-{i}", pool.driver);
+    let keep = MAX_NAME.saturating_sub(tail.len());
+    // A node name is lower-case letters, digits, '-' and '.': cut on a character, and end
+    // the cut on a letter or digit as a DNS label must.
+    let head = pool.node[..keep.min(pool.node.len())].trim_end_matches(['-', '.']);
+    format!("{head}{tail}")
 }
 
 /// The pool's slices at `generation`: none when there are no devices (the profile has
@@ -142,6 +161,7 @@ mod tests {
             name: format!("gcu-{i}"),
             dev: NodeDevice {
                 index: i,
+                key: crate::discovery::Key::Number(i),
                 name: i.to_string(),
                 uuid: None,
                 pci_bus_id: None,
@@ -164,6 +184,50 @@ mod tests {
                 host_nodes: vec![],
             },
         }
+    }
+
+    /// Issue 32 class 10: a valid node name of 253 characters made every slice name longer
+    /// than the API accepts.
+    #[test]
+    fn class10_slice_names_fit_any_valid_node_name() {
+        let long = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61)
+        );
+        assert_eq!(long.len(), 253);
+        let other = format!("{}e", &long[..252]);
+        for node in [long.as_str(), other.as_str(), "n1"] {
+            let pool = Pool {
+                driver: "i915.gpu.intel.com",
+                node,
+                vendor: "intel",
+                driver_version: None,
+            };
+            for i in [0, 1, 12] {
+                let name = slice_name(&pool, i);
+                assert!(name.len() <= MAX_NAME, "{} characters: {name}", name.len());
+                assert!(
+                    super::super::names::is_dns_subdomain(&name, MAX_NAME),
+                    "{name}"
+                );
+            }
+        }
+        let at = |node: &str| {
+            slice_name(
+                &Pool {
+                    driver: "gcu.enflame.com",
+                    node,
+                    vendor: "enflame",
+                    driver_version: None,
+                },
+                0,
+            )
+        };
+        assert_ne!(at(&long), at(&other), "two nodes, one name");
+        assert_eq!(at("n1"), "n1-gcu.enflame.com-0");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::names;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraDevice {
-    /// The device's name in the slice (`gcu-3`).
+    /// The device's name in the slice (`gcu-3`, `gpu-0000-c3-00-0`): from what it keeps.
     pub name: String,
     pub dev: NodeDevice,
 }
@@ -20,7 +20,7 @@ pub fn discover(profile: &Profile) -> Result<Vec<DraDevice>, DiscoveryError> {
     Ok(inventory::discover(profile)?
         .into_iter()
         .map(|dev| DraDevice {
-            name: names::device_name(profile, dev.index),
+            name: names::device_name(profile, &dev.key),
             dev,
         })
         .collect())

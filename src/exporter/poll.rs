@@ -15,7 +15,7 @@ use super::sources::{command, files, nvml::NvmlSource, DeviceRef};
 /// The DRA driver's name for `dev` in its ResourceSlice: the driver's own naming
 /// ([`crate::dra::names`]), so a claim kubelet reports maps back to the device.
 pub fn dra_device_name(profile: &Profile, dev: &NodeDevice) -> String {
-    crate::dra::names::device_name(profile, dev.index)
+    crate::dra::names::device_name(profile, &dev.key)
 }
 
 /// What polls one profile, with what it keeps between polls (NVML, once loaded).

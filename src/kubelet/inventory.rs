@@ -7,7 +7,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::discovery::DiscoveryError;
+use crate::discovery::{DiscoveryError, Key};
 use crate::profile::Profile;
 use crate::topology::{discover_located, shared_switches, Node, PciLocation};
 
@@ -22,12 +22,16 @@ pub struct Place {
 }
 
 /// One device of the table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeDevice {
-    /// The device's index, as the runtime's variable names it.
+    /// The device's index, as the runtime's variable names it: for NVIDIA and DRM-class
+    /// devices a position in discovery's order, never a name that outlives the moment.
     pub index: u32,
-    /// What our runtime and the CDI spec name it by: the UUID where there is one, else the
-    /// index (both are names `accel-ctk cdi generate` writes and the runtime resolves).
+    /// What it keeps while it is on the node ([`Key`]); the DRA driver's names come from it.
+    pub key: Key,
+    /// What Allocate's answers and the CDI spec name it by
+    /// ([`crate::discovery::Device::stable_name`]: its UUID, else its node's number or PCI bus
+    /// id), a name the runtime resolves to this device whatever else leaves the node.
     pub name: String,
     pub uuid: Option<String>,
     /// See [`crate::discovery::Device`].
@@ -44,6 +48,60 @@ pub struct NodeDevice {
     pub nodes: Vec<Node>,
     /// Host path of each node (under the profile's dev root).
     pub host_nodes: Vec<PathBuf>,
+}
+
+/// `s` as a DNS label's characters: lower case, anything else than a letter or digit a `-`.
+pub fn dns_label(s: &str) -> String {
+    let l: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    l.trim_matches('-').to_string()
+}
+
+/// The device's name in the DRA driver's ResourceSlices (and so in claims' allocations), from
+/// what it keeps: `<class>-<key>` (`gcu-3`, `gpu-0000-c3-00-0`), the class from `cdi-kind`, else the profile's name. At most 63
+/// characters: the class is cut to 50, a key's label is at most 12.
+pub fn dra_name(profile: &Profile, key: &Key) -> String {
+    let class = profile
+        .cdi_kind
+        .as_deref()
+        .and_then(|k| k.split_once('/'))
+        .map(|(_, c)| dns_label(c))
+        .filter(|c| !c.is_empty() && c.len() <= 50)
+        .unwrap_or_else(|| {
+            let mut l = dns_label(&profile.name);
+            l.truncate(50);
+            l.trim_end_matches('-').to_string()
+        });
+    format!("{class}-{}", key.label())
+}
+
+impl NodeDevice {
+    /// A device known by its node's number only, `index` both (how a device-node profile's
+    /// devices are found): tables for tests and benchmarks start from it.
+    pub fn numbered(index: u32) -> NodeDevice {
+        NodeDevice {
+            index,
+            key: Key::Number(index),
+            name: index.to_string(),
+            uuid: None,
+            pci_bus_id: None,
+            minor: None,
+            model: None,
+            pci: None,
+            switch: None,
+            place: Place::default(),
+            nodes: Vec::new(),
+            host_nodes: Vec::new(),
+        }
+    }
 }
 
 /// The profile's devices, ordered by index; none when the driver's nodes are absent.
@@ -65,7 +123,8 @@ pub fn discover(profile: &Profile) -> Result<Vec<NodeDevice>, DiscoveryError> {
             let d = l.device;
             NodeDevice {
                 index: d.index,
-                name: d.uuid.clone().unwrap_or_else(|| d.index.to_string()),
+                key: d.key(&profile.discovery),
+                name: d.stable_name(&profile.discovery),
                 host_nodes: l
                     .nodes
                     .iter()
@@ -182,4 +241,23 @@ pub fn watched_paths<'a>(
         .chain(template.map(|t| Profile::under(profile.dev_root(), Path::new(t))))
         .chain(table.into_iter().flat_map(|d| d.host_nodes.iter().cloned()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dra_names_are_made_of_what_a_device_keeps() {
+        let p = crate::config::builtin_nvidia();
+        assert_eq!(dra_name(&p, &Key::Number(3)), "gpu-3");
+        assert_eq!(
+            dra_name(&p, &Key::Bus("0000:C3:00.0".into())),
+            "gpu-0000-c3-00-0"
+        );
+        let mut q = p.clone();
+        q.cdi_kind = None;
+        q.name = "Vendor_X".into();
+        assert_eq!(dra_name(&q, &Key::Number(0)), "vendor-x-0");
+    }
 }

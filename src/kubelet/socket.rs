@@ -47,24 +47,6 @@ impl FileId {
     }
 }
 
-/// Makes `dir` and the directories above it that are missing, each `0755` whatever the
-/// process's umask (under umask 0 `create_dir_all` makes them `0777`, and anyone could then
-/// rename a socket over ours or drop a file there). Directories already there are left as
-/// they are: they are the node's.
-pub fn make_dirs(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
-    for d in missing.into_iter().rev() {
-        match std::fs::DirBuilder::new().mode(0o755).create(d) {
-            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?,
-            // Made meanwhile by someone else: theirs, as above.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(feature = "plugin")]
 pub use serving::{bind_private, serve, Serving};
 

@@ -14,12 +14,8 @@ pub enum DevicesError {
     NoResource { vendor: String },
     #[error("profile {vendor}: no device-plugin-id, so devices cannot be named to kubelet")]
     NoIdTemplate { vendor: String },
-    #[error("profile {vendor}: device {index} has no ID for template {template:?} (e.g. no UUID)")]
-    NoId {
-        vendor: String,
-        index: u32,
-        template: String,
-    },
+    #[error("profile {vendor}: device-plugin-id {template:?} names a device by {{index}}, its position in discovery's order here; kubelet keeps IDs across restarts, so use {{uuid}}, {{bus}} or {{minor}}")]
+    PositionalId { vendor: String, template: String },
     #[error("profile {vendor}: device ID {id:?} is longer than kubelet's 63 characters")]
     IdTooLong { vendor: String, id: String },
     #[error(transparent)]
@@ -44,7 +40,21 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
         .device_plugin_id
         .as_deref()
         .ok_or_else(|| DevicesError::NoIdTemplate { vendor: vendor() })?;
-    let mut out = Vec::new();
+    // `{index}` is the device node's own number only where devices are found by their nodes;
+    // elsewhere it is a position, and kubelet's checkpoint would give a restarted container
+    // whatever device comes to stand there.
+    if template.contains("{index}")
+        && !matches!(
+            profile.discovery,
+            crate::profile::Discovery::DeviceNodes { .. }
+        )
+    {
+        return Err(DevicesError::PositionalId {
+            vendor: vendor(),
+            template: template.to_string(),
+        });
+    }
+    let mut out: Vec<PluginDevice> = Vec::new();
     for dev in inventory::discover(profile)? {
         let found = crate::discovery::Device {
             index: dev.index,
@@ -54,14 +64,17 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
             minor: dev.minor,
             aliases: Vec::new(),
             model: None,
+            duplicate_uuid: None,
         };
-        let id = found
-            .plugin_id(template)
-            .ok_or_else(|| DevicesError::NoId {
-                vendor: vendor(),
-                index: dev.index,
-                template: template.to_string(),
-            })?;
+        // A device the template cannot name (its UUID not unique on the node, say) is left
+        // out, not the profile: the others are still offered.
+        let Some(id) = found.plugin_id(template) else {
+            said_once(
+                profile,
+                &format!("{} (no ID for {template:?}; not offered)", dev.name),
+            );
+            continue;
+        };
         if id.len() > 63 {
             return Err(DevicesError::IdTooLong {
                 vendor: vendor(),
@@ -70,7 +83,42 @@ pub fn discover(profile: &Profile) -> Result<Vec<PluginDevice>, DevicesError> {
         }
         out.push(PluginDevice { id, dev });
     }
+    // An ID two devices get would hand out one for the other: neither is offered.
+    let mut ids: Vec<&str> = out.iter().map(|d| d.id.as_str()).collect();
+    ids.sort_unstable();
+    let twice: Vec<String> = ids
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0].to_string())
+        .collect();
+    if !twice.is_empty() {
+        out.retain(|d| {
+            let dup = twice.contains(&d.id);
+            if dup {
+                said_once(
+                    profile,
+                    &format!(
+                        "{} (ID {:?} shared with another device; not offered)",
+                        d.dev.name, d.id
+                    ),
+                );
+            }
+            !dup
+        });
+    }
     Ok(out)
+}
+
+/// Logs that a device is not offered, once per process for each device and reason (the
+/// plugin discovers again every poll).
+fn said_once(profile: &Profile, what: &str) {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static SAID: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.insert((profile.name.clone(), what.to_string())) {
+        log::warn!("{}: device {what}", profile.name);
+    }
 }
 
 /// One resource a profile's devices are offered under: `resource-name`, and with

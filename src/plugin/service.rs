@@ -67,7 +67,7 @@ impl CdiTarget {
         if crate::bounded::read_file(&path, text.len() as u64).is_ok_and(|old| old == text) {
             return Ok(false);
         }
-        std::fs::create_dir_all(&self.cdi_dir).map_err(|e| err(e.into()))?;
+        crate::atomic::make_dirs(&self.cdi_dir).map_err(|e| err(e.into()))?;
         crate::atomic::replace(&path, &text, 0o644).map_err(|e| err(e.into()))?;
         log::info!("{}: CDI spec written to {}", profile.name, path.display());
         Ok(true)
@@ -727,7 +727,7 @@ mod tests {
                             format!("0000:1{}:00.0", i / 4),
                         ],
                     },
-                    ..NodeDevice::default()
+                    ..NodeDevice::numbered(i)
                 },
             })
             .collect();

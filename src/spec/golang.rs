@@ -137,7 +137,7 @@ pub fn check(data: &[u8]) -> Result<(), String> {
     let mut de = serde_json::Deserializer::from_slice(data);
     Walk {
         shape: &SPEC,
-        at: String::new(),
+        at: At::Top,
     }
     .deserialize(&mut de)
     .map_err(|e| {
@@ -151,44 +151,67 @@ pub fn check(data: &[u8]) -> Result<(), String> {
 }
 
 /// The refusal of a key given twice where runc merges the two values.
-fn repeated(key: &str, place: &str) -> String {
+fn repeated(key: &str, place: &At<'_>) -> String {
     format!(
         "key {} repeated in {place} (runc merges the two, the rewritten spec would keep only the last); refused",
         crate::quote::quote(key)
     )
 }
 
-/// Reads one value of `shape` at `at` (a dotted path for messages).
-struct Walk {
+/// Where a value is in the spec, written out (`linux.seccomp.syscalls[3]`) only for a
+/// message: a spec has hundreds of keys and list entries, and only a refusal names one.
+#[derive(Clone, Copy)]
+enum At<'p> {
+    Top,
+    Key(&'p At<'p>, &'p str),
+    Index(&'p At<'p>, usize),
+}
+
+impl At<'_> {
+    fn path(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            At::Top => Ok(()),
+            At::Key(At::Top, name) => f.write_str(name),
+            At::Key(parent, name) => {
+                parent.path(f)?;
+                write!(f, ".{name}")
+            }
+            At::Index(parent, n) => {
+                parent.path(f)?;
+                write!(f, "[{n}]")
+            }
+        }
+    }
+}
+
+/// The place for a message: "the spec's top level" or the path in backquotes.
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            At::Top => f.write_str("the spec's top level"),
+            _ => {
+                f.write_str("`")?;
+                self.path(f)?;
+                f.write_str("`")
+            }
+        }
+    }
+}
+
+/// Reads one value of `shape` at `at`.
+struct Walk<'p> {
     shape: &'static Shape,
-    at: String,
+    at: At<'p>,
 }
 
-impl Walk {
-    fn child(&self, name: &str) -> String {
-        if self.at.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{name}", self.at)
-        }
-    }
-    fn place(&self) -> String {
-        if self.at.is_empty() {
-            "the spec's top level".into()
-        } else {
-            format!("`{}`", self.at)
-        }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Walk {
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Walk {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -203,13 +226,14 @@ impl<'de> Visitor<'de> for Walk {
                 let mut seen_other: HashSet<String> = HashSet::new();
                 while let Some(key) = map.next_key::<String>()? {
                     let Some(i) = fields.iter().position(|(f, _)| go_fold_eq(&key, f)) else {
-                        if !seen_other.insert(key.clone()) {
-                            return Err(A::Error::custom(repeated(&key, &self.place())));
+                        if seen_other.contains(&key) {
+                            return Err(A::Error::custom(repeated(&key, &self.at)));
                         }
                         map.next_value_seed(Walk {
                             shape: &Leaf,
-                            at: self.child(&key),
+                            at: At::Key(&self.at, &key),
                         })?;
+                        seen_other.insert(key);
                         continue;
                     };
                     let (field, shape) = &fields[i];
@@ -217,20 +241,20 @@ impl<'de> Visitor<'de> for Walk {
                         return Err(A::Error::custom(format!(
                             "key {} in {} is `{field}` to runc (Go's encoding/json matches keys case-insensitively); refused: the spec would not be read as runc reads it",
                             crate::quote::quote(&key),
-                            self.place()
+                            self.at
                         )));
                     }
                     let bit = 1u64 << i;
                     if seen & bit != 0 {
                         return Err(A::Error::custom(format!(
                             "key `{field}` repeated in {} (runc merges or replaces, the shim would read only one); refused",
-                            self.place()
+                            self.at
                         )));
                     }
                     seen |= bit;
                     map.next_value_seed(Walk {
                         shape,
-                        at: self.child(field),
+                        at: At::Key(&self.at, field),
                     })?;
                 }
                 Ok(())
@@ -242,14 +266,14 @@ impl<'de> Visitor<'de> for Walk {
                     if keys.len() == *max {
                         return Err(A::Error::custom(format!(
                             "{} has more than {max} entries; refused",
-                            self.place()
+                            self.at
                         )));
                     }
                     if keys.contains(&key) {
                         return Err(A::Error::custom(format!(
                             "key {} repeated in {}; refused",
                             crate::quote::quote(&key),
-                            self.place()
+                            self.at
                         )));
                     }
                     keys.insert(key);
@@ -262,11 +286,11 @@ impl<'de> Visitor<'de> for Walk {
                 let mut keys: HashSet<String> = HashSet::new();
                 while let Some(key) = map.next_key::<String>()? {
                     if keys.contains(&key) {
-                        return Err(A::Error::custom(repeated(&key, &self.place())));
+                        return Err(A::Error::custom(repeated(&key, &self.at)));
                     }
                     map.next_value_seed(Walk {
                         shape: &Leaf,
-                        at: self.child(&key),
+                        at: At::Key(&self.at, &key),
                     })?;
                     keys.insert(key);
                 }
@@ -290,7 +314,7 @@ impl<'de> Visitor<'de> for Walk {
                 while seq
                     .next_element_seed(Walk {
                         shape: &Leaf,
-                        at: format!("{}[{n}]", self.at),
+                        at: At::Index(&self.at, n),
                     })?
                     .is_some()
                 {
@@ -309,7 +333,7 @@ impl<'de> Visitor<'de> for Walk {
                 _ => seq
                     .next_element_seed(Walk {
                         shape: item,
-                        at: format!("{}[{n}]", self.at),
+                        at: At::Index(&self.at, n),
                     })?
                     .is_some(),
             };
@@ -320,7 +344,7 @@ impl<'de> Visitor<'de> for Walk {
             if n > *max {
                 return Err(A::Error::custom(format!(
                     "{} has more than {max} entries; refused",
-                    self.place()
+                    self.at
                 )));
             }
         }

@@ -1,14 +1,17 @@
 //! A stand-in Kubernetes API server for the DRA driver's tests: plain HTTP/1.1 on a loopback
 //! port, speaking the JSON of `resource.k8s.io/v1` for what the driver uses (ResourceSlice
 //! list with field selectors, create, update with resourceVersion checks, delete; ResourceClaim
-//! get) and checking slices the way the real one does for the rules the driver must keep
-//! (driver and device names, devices per slice, attribute names, pool fields). Every request
-//! is recorded, so a test asserts what the driver published and in which order.
+//! get, and a watch of slices: chunked JSON events from a resourceVersion on, as the real one
+//! streams them) and checking slices the way the real one does for the rules the driver must
+//! keep (driver and device names, devices per slice, attribute names, pool fields). Every
+//! request is recorded, so a test asserts what the driver published and in which order, and
+//! how many requests it made.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -28,12 +31,25 @@ struct State {
     claims: BTreeMap<String, Value>,
     requests: Vec<Request>,
     version: u64,
+    /// Every change of a slice, in order: (resourceVersion, event type, the slice then).
+    events: Vec<(u64, &'static str, Value)>,
+}
+
+impl State {
+    fn changed(&mut self, kind: &'static str, mut slice: Value) -> Value {
+        self.version += 1;
+        slice["metadata"]["resourceVersion"] = self.version.to_string().into();
+        self.events.push((self.version, kind, slice.clone()));
+        slice
+    }
 }
 
 #[derive(Clone)]
 pub struct ApiServer {
     pub url: String,
     state: Arc<Mutex<State>>,
+    /// Woken at every change of a slice (watches wait on it).
+    changed: Arc<Condvar>,
 }
 
 impl ApiServer {
@@ -41,14 +57,19 @@ impl ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state: Arc<Mutex<State>> = Arc::default();
-        let s = Arc::clone(&state);
+        let changed: Arc<Condvar> = Arc::default();
+        let (s, c) = (Arc::clone(&state), Arc::clone(&changed));
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let s = Arc::clone(&s);
-                std::thread::spawn(move || serve(conn, &s));
+                let (s, c) = (Arc::clone(&s), Arc::clone(&c));
+                std::thread::spawn(move || serve(conn, &s, &c));
             }
         });
-        ApiServer { url, state }
+        ApiServer {
+            url,
+            state,
+            changed,
+        }
     }
 
     /// A kube client for this server. Its TLS roots are given (none): kube's rustls client
@@ -84,7 +105,36 @@ impl ApiServer {
 
     /// Deletes every slice, as kubelet does at its start.
     pub fn wipe(&self) {
-        self.state.lock().unwrap().slices.clear();
+        let mut st = self.state.lock().unwrap();
+        for (_, s) in std::mem::take(&mut st.slices) {
+            st.changed("DELETED", s);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Deletes the slice `name` behind the driver's back (an admin, another controller).
+    pub fn delete_slice(&self, name: &str) {
+        let mut st = self.state.lock().unwrap();
+        let s = st
+            .slices
+            .remove(name)
+            .unwrap_or_else(|| panic!("no slice {name}"));
+        st.changed("DELETED", s);
+        self.changed.notify_all();
+    }
+
+    /// Changes the slice `name` behind the driver's back.
+    pub fn edit_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut st = self.state.lock().unwrap();
+        let mut s = st
+            .slices
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no slice {name}"));
+        edit(&mut s);
+        let s = st.changed("MODIFIED", s);
+        st.slices.insert(name.to_string(), s);
+        self.changed.notify_all();
     }
 
     /// A claim allocated `devices` (request, device) of `driver` in pool `pool`, as the
@@ -104,10 +154,23 @@ impl ApiServer {
                 |(req, dev)| json!({"request": req, "driver": driver, "pool": pool, "device": dev}),
             )
             .collect();
+        self.put_claim_results(ns, name, uid, driver, results);
+    }
+
+    /// A claim whose allocation is `results` as given (each a `DeviceRequestAllocationResult`
+    /// as the API serves it, e.g. with a `shareID`), requesting `driver`'s devices.
+    pub fn put_claim_results(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        driver: &str,
+        results: Vec<Value>,
+    ) {
         let claim = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": "1"},
-            "spec": {"devices": {"requests": [{"name": "gcus", "exactly": {"deviceClassName": driver, "count": devices.len()}}]}},
+            "spec": {"devices": {"requests": [{"name": "gcus", "exactly": {"deviceClassName": driver, "count": results.len()}}]}},
             "status": {"allocation": {"devices": {"results": results}},
                        "reservedFor": [{"resource": "pods", "name": "p", "uid": "0b4c7f3e-0000-4000-8000-000000000001"}]}
         });
@@ -207,6 +270,91 @@ fn invalid(slice: &Value) -> Option<String> {
     None
 }
 
+/// The `fieldSelector` of a query: `(field, value)` pairs.
+fn selector(query: &str) -> Vec<(String, String)> {
+    let mut fields = Vec::new();
+    for kv in query.split('&') {
+        if let Some(v) = kv.strip_prefix("fieldSelector=") {
+            for sel in decode(v).split(',') {
+                let (k, v) = sel.split_once('=').unwrap();
+                fields.push((k.into(), v.into()));
+            }
+        }
+    }
+    fields
+}
+
+fn selects(fields: &[(String, String)], s: &Value) -> bool {
+    fields.iter().all(|(k, v)| match k.as_str() {
+        "spec.nodeName" => s["spec"]["nodeName"] == v.as_str(),
+        "spec.driver" => s["spec"]["driver"] == v.as_str(),
+        _ => false,
+    })
+}
+
+/// A query parameter's value.
+fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// A watch of slices: the events after `resourceVersion` that its selector matches, as
+/// chunks of one JSON object each, until `timeoutSeconds` passes (then the response ends, as
+/// the real server ends it, and the client watches again).
+fn watch(
+    st: &Mutex<State>,
+    changed: &Condvar,
+    target: &str,
+    w: &mut TcpStream,
+) -> std::io::Result<()> {
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    let fields = selector(query);
+    let timeout = param(query, "timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(290u64);
+    let mut seen: u64 = param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(timeout);
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+    )?;
+    let mut guard = st.lock().unwrap();
+    guard.requests.push(Request {
+        method: "WATCH".into(),
+        path: target.into(),
+        body: None,
+    });
+    loop {
+        let events: Vec<Value> = guard
+            .events
+            .iter()
+            .filter(|(v, _, s)| *v > seen && selects(&fields, s))
+            .map(|(_, kind, s)| json!({"type": kind, "object": s}))
+            .collect();
+        seen = guard.version;
+        if !events.is_empty() {
+            drop(guard);
+            for e in events {
+                let mut line = serde_json::to_vec(&e).unwrap();
+                line.push(b'\n');
+                w.write_all(format!("{:x}\r\n", line.len()).as_bytes())?;
+                line.extend_from_slice(b"\r\n");
+                w.write_all(&line)?;
+            }
+            guard = st.lock().unwrap();
+            continue;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            drop(guard);
+            return w.write_all(b"0\r\n\r\n");
+        }
+        guard = changed.wait_timeout(guard, left).unwrap().0;
+    }
+}
+
 fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) -> (u16, Value) {
     let mut st = st.lock().unwrap();
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -218,25 +366,11 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
     let rest = path.strip_prefix(SLICES);
     match (method, rest) {
         ("GET", Some("")) => {
-            let mut fields: Vec<(String, String)> = Vec::new();
-            for kv in query.split('&') {
-                if let Some(v) = kv.strip_prefix("fieldSelector=") {
-                    for sel in decode(v).split(',') {
-                        let (k, v) = sel.split_once('=').unwrap();
-                        fields.push((k.into(), v.into()));
-                    }
-                }
-            }
+            let fields = selector(query);
             let items: Vec<Value> = st
                 .slices
                 .values()
-                .filter(|s| {
-                    fields.iter().all(|(k, v)| match k.as_str() {
-                        "spec.nodeName" => s["spec"]["nodeName"] == v.as_str(),
-                        "spec.driver" => s["spec"]["driver"] == v.as_str(),
-                        _ => false,
-                    })
-                })
+                .filter(|s| selects(&fields, s))
                 .cloned()
                 .collect();
             (
@@ -254,15 +388,14 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
             if st.slices.contains_key(&name) {
                 return status(409, "AlreadyExists", &name);
             }
-            st.version += 1;
-            s["metadata"]["resourceVersion"] = st.version.to_string().into();
-            s["metadata"]["uid"] = format!("slice-uid-{}", st.version).into();
+            s["metadata"]["uid"] = format!("slice-uid-{}", st.version + 1).into();
+            let s = st.changed("ADDED", s);
             st.slices.insert(name, s.clone());
             (201, s)
         }
         ("PUT", Some(n)) if n.starts_with('/') => {
             let name = &n[1..];
-            let mut s = body.unwrap();
+            let s = body.unwrap();
             let Some(old) = st.slices.get(name) else {
                 return status(404, "NotFound", name);
             };
@@ -272,13 +405,12 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
             if let Some(e) = invalid(&s) {
                 return status(422, "Invalid", &e);
             }
-            st.version += 1;
-            s["metadata"]["resourceVersion"] = st.version.to_string().into();
+            let s = st.changed("MODIFIED", s);
             st.slices.insert(name.to_string(), s.clone());
             (200, s)
         }
         ("DELETE", Some(n)) if n.starts_with('/') => match st.slices.remove(&n[1..]) {
-            Some(s) => (200, s),
+            Some(s) => (200, st.changed("DELETED", s)),
             None => status(404, "NotFound", &n[1..]),
         },
         ("GET", None) => {
@@ -297,7 +429,7 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
     }
 }
 
-fn serve(conn: TcpStream, st: &Mutex<State>) {
+fn serve(conn: TcpStream, st: &Mutex<State>, changed: &Condvar) {
     let _ = conn.set_nodelay(true);
     let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
@@ -330,7 +462,18 @@ fn serve(conn: TcpStream, st: &Mutex<State>) {
         let mut body = vec![0; len];
         r.read_exact(&mut body).unwrap();
         let body = (len > 0).then(|| serde_json::from_slice(&body).unwrap());
+        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+        if method == "GET" && path == SLICES && matches!(param(query, "watch"), Some("true" | "1"))
+        {
+            if watch(st, changed, &target, &mut w).is_err() {
+                return;
+            }
+            continue;
+        }
         let (code, value) = handle(st, &method, &target, body);
+        if method != "GET" {
+            changed.notify_all();
+        }
         let text = serde_json::to_vec(&value).unwrap();
         let head = format!(
             "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",

@@ -37,7 +37,6 @@ pub fn options(dir: &Path, poll: Duration) -> Options {
     o.cdi_dir = dir.join("cdi");
     o.state_dir = dir.join("state");
     o.poll = poll;
-    o.resync = Duration::from_millis(200);
     o
 }
 

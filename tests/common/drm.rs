@@ -79,14 +79,25 @@ fn link(target: &str, link: &Path) {
     symlink(target, link).unwrap();
 }
 
+/// `pci<domain>:<bus>/<bridges>/<bdf>`: where `f` sits under `sys/devices`.
+fn rel_dir(f: &Func) -> PathBuf {
+    let mut rel = PathBuf::from(format!("pci{}", &f.bdf[..7]));
+    for b in &f.bridges {
+        rel.push(b);
+    }
+    rel.push(&f.bdf);
+    rel
+}
+
+/// The sysfs directory of `f` under `root` (its `vendor`, `device`, `numa_node`, `driver`).
+pub fn sysfs_dir(root: &Path, f: &Func) -> PathBuf {
+    root.join("sys/devices").join(rel_dir(f))
+}
+
 /// Lays out `funcs` under `root` as sysfs does, and makes their nodes under `root/dev`.
 pub fn build(root: &Path, funcs: Vec<Func>, kfd: bool, extra_kfd_nodes: &[&str]) -> DrmHost {
     for f in &funcs {
-        let mut rel = PathBuf::from(format!("pci{}", &f.bdf[..7]));
-        for b in &f.bridges {
-            rel.push(b);
-        }
-        rel.push(&f.bdf);
+        let rel = rel_dir(f);
         let dir = root.join("sys/devices").join(&rel);
         write(&dir.join("vendor"), &format!("{}\n", f.vendor));
         write(&dir.join("device"), &format!("{}\n", f.device));
@@ -187,6 +198,11 @@ fn amd(bdf: &str, bridges: &[&str], numa: i32, card: u32, render: u32, kfd_node:
 /// 0000:01:00.0, NUMA 0), 83, 84, 85, 86 (switch 0000:81:00.0, NUMA 1); the second switch's
 /// GPUs were probed in reverse, so their card/render numbers run backwards.
 pub fn amd_node(sim: &SimRoot) -> DrmHost {
+    build(sim.path(), amd_funcs(), true, &[])
+}
+
+/// The functions [`amd_node`] lays out, for a test to change before [`build`].
+pub fn amd_funcs() -> Vec<Func> {
     let mut funcs = Vec::new();
     for (i, bus) in ["03", "04", "05", "06"].iter().enumerate() {
         let i = i as u32;
@@ -234,7 +250,7 @@ pub fn amd_node(sim: &SimRoot) -> DrmHost {
         render: None,
         kfd: None,
     });
-    build(sim.path(), funcs, true, &[])
+    funcs
 }
 
 /// Two i915 GPUs (one integrated on the root complex, one discrete) and one xe GPU.

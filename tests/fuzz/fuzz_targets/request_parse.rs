@@ -18,6 +18,7 @@ fn devices() -> Vec<Device> {
             minor: Some(i),
             aliases: vec![format!("GCU-{i}")],
             model: None,
+            duplicate_uuid: None,
         })
         .collect()
 }
