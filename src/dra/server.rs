@@ -202,7 +202,7 @@ impl Driver {
     }
 
     async fn prepare_one(self: &Arc<Self>, c: Claim) -> NodePrepareResourceResponse {
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let r = ClaimRef {
             namespace: c.namespace,
             name: c.name,
@@ -288,7 +288,7 @@ impl Driver {
             req.claims
                 .into_iter()
                 .map(|c| {
-                    let started = Instant::now();
+                    let started = std::time::Instant::now();
                     let error = me.claims.unprepare(&c.uid).err().unwrap_or_default();
                     let failed = (!error.is_empty()).then_some(error.as_str());
                     crate::kubelet::metrics::dra().claim(&me.name, "unprepare", started, failed);
