@@ -47,9 +47,9 @@ if [ "$build" = 1 ]; then
     # binary with the feature leaves the runtime and accel-ctk above untouched.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
     # The DRA driver (feature `dra`: the API client too), for the packages and its image
-    # (packaging/Dockerfile.dra-driver).
+    # (packaging/build-images.sh builds the images of these same commands).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
-    # The exporter (feature `exporter`), for the packages and packaging/Dockerfile.exporter.
+    # The exporter (feature `exporter`), for the packages.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features exporter --bin accel-exporter
 fi
 for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver accel-exporter; do

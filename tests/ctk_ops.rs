@@ -590,8 +590,10 @@ fn packaging_unit_and_daemonset() {
     );
     assert_eq!(key("WantedBy"), ["multi-user.target kubelet.service"]);
 
-    let text =
-        std::fs::read_to_string(dir.join("kubernetes/accel-checkpoint-daemonset.yaml")).unwrap();
+    let text = std::fs::read_to_string(
+        dir.join("kubernetes/components/checkpoint/accel-ctk-checkpoint.yaml"),
+    )
+    .unwrap();
     let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();

@@ -75,7 +75,11 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
             let a = &dev["attributes"];
             assert_eq!(a["vendor"]["string"], "enflame", "{dev}");
             assert_eq!(a["index"]["int"], i, "{dev}");
-            assert_eq!(a["driverVersion"]["string"], "1.2.3.4", "{dev}");
+            assert_eq!(a["driverVersionText"]["string"], "1.2.3.4", "{dev}");
+            assert!(
+                a.get("driverVersion").is_none(),
+                "1.2.3.4 is not semver: {dev}"
+            );
             assert_eq!(
                 a["resource.kubernetes.io/pciBusID"]["string"],
                 format!("0000:{:02x}:00.0", 0x10 + i),
@@ -525,7 +529,7 @@ mod policy {
 
     const MANIFEST: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/packaging/kubernetes/accel-dra-driver-daemonset.yaml"
+        "/packaging/kubernetes/components/dra/accel-dra-driver.yaml"
     );
 
     fn policy() -> Value {

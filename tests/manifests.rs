@@ -1,10 +1,12 @@
-//! Issue 22: every container of every manifest in `packaging/kubernetes/` started by real
-//! runc the way kubelet and containerd's CRI would start it, from images made of what the
-//! recipes in `packaging/` put in them. kubernetes-validate says a manifest is well formed;
-//! only a start says whether runc accepts its mounts and whether the program finds what it
-//! needs under its securityContext (the device plugin's `/proc/driver` mount, refused by runc,
-//! and the checkpoint installer's `/usr/bin/accel-ctk`, absent from its image, both passed
-//! validation).
+//! Issue 22 and 36: every container of every workload that the Kustomize overlays of
+//! `packaging/kubernetes/` render (Debian sid's kubectl 1.36, `kubectl kustomize`, fetched by
+//! `packaging/scripts/kubectl.sh`) started by real runc the way kubelet and containerd's CRI
+//! would start it, from the images `packaging/build-images.sh` builds of this test build's
+//! binaries, unpacked as a pull would unpack them. kubernetes-validate says a manifest is well
+//! formed; only a start says whether runc accepts its mounts and whether the program finds what
+//! it needs under its securityContext (the device plugin's `/proc/driver` mount, refused by
+//! runc, and the checkpoint installer's `/usr/bin/accel-ctk`, absent from its image, both
+//! passed validation).
 //!
 //! What kubelet + containerd give a container, and this file gives it too:
 //! - `runc spec`'s mounts (/proc, a /dev tmpfs, /dev/pts, /dev/shm, /dev/mqueue, /sys, the
@@ -12,7 +14,7 @@
 //!   also the defaults below it (containerd's `WithMounts`);
 //! - each volumeMount: hostPath as an rbind (`ro` when readOnly, `rslave` for
 //!   HostToContainer), configMap as a read-only directory of the ConfigMap's data from the
-//!   same manifest;
+//!   same overlay;
 //! - kubelet's `/etc/hosts`, `/dev/termination-log` and the service-account token directory
 //!   (unless `automountServiceAccountToken: false`), containerd's `/etc/hostname` and
 //!   `/etc/resolv.conf` (read-only with a read-only root);
@@ -28,10 +30,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::kubelet::proto::deviceplugin::{
@@ -43,11 +46,28 @@ use common::{busybox_rootfs, require_root, sh_ok, unique, Bundle, SimRoot};
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
-const PLUGIN: &str = "packaging/kubernetes/accel-device-plugin-daemonset.yaml";
-const RUNTIME: &str = "packaging/kubernetes/accel-runtime-daemonset.yaml";
-const CHECKPOINT: &str = "packaging/kubernetes/accel-checkpoint-daemonset.yaml";
-const DRA: &str = "packaging/kubernetes/accel-dra-driver-daemonset.yaml";
-const EXPORTER: &str = "packaging/kubernetes/accel-exporter-daemonset.yaml";
+/// A workload as the tests start it: the overlay that renders it and its DaemonSet's name.
+type Workload = (&'static str, &'static str);
+const RUNTIME: Workload = ("runtime", "accel-runtime-installer");
+const PLUGIN: Workload = ("device-plugin", "accel-device-plugin");
+const CHECKPOINT: Workload = ("device-plugin", "accel-ctk-checkpoint");
+const PLUGIN_LABELS: Workload = ("device-plugin-labels", "accel-device-plugin");
+const DRA: Workload = ("dra", "accel-dra-driver");
+
+const KUBE: &str = "packaging/kubernetes";
+
+/// The images of `packaging/build-images.sh`, and what the base's images list makes of their
+/// names (the registry a release publishes to, the crate's version).
+const OUR_IMAGES: &[&str] = &[
+    "accel-container-runtime",
+    "accel-device-plugin",
+    "accel-dra-driver",
+];
+const REGISTRY: &str = "ghcr.io/accel-container-runtime";
+const PAUSE: &str = "registry.k8s.io/pause:3.9";
+
+/// The node's label that puts it in one mode.
+const MODE_LABEL: &str = "accel-container-runtime/mode";
 
 /// The node's name as kubelet gives it to `fieldRef: spec.nodeName` (and containerd's
 /// `/etc/hostname` below).
@@ -148,19 +168,69 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-fn yaml_docs(rel: &str) -> Vec<Yaml> {
-    serde_yaml_ng::Deserializer::from_str(&read(rel))
+fn yaml_docs(what: &str, text: &str) -> Vec<Yaml> {
+    serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| {
-            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{rel}: bad YAML: {e}"))
+            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{what}: bad YAML: {e}"))
         })
         .collect()
 }
 
-/// Shell text with `\`-continued lines joined (a Dockerfile's logical lines).
-fn logical_lines(text: &str) -> Vec<String> {
-    text.replace("\\\n", " ")
-        .lines()
-        .map(str::to_owned)
+/// Debian sid's kubectl 1.36, from `packaging/scripts/kubectl.sh` (fetched once into its
+/// cache, then used from there), as `.ci/run` renders the overlays with.
+fn kubectl() -> &'static Path {
+    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
+    KUBECTL.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo().join("packaging/scripts/kubectl.sh"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "packaging/scripts/kubectl.sh failed (it fetches kubectl from deb.debian.org once):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// `kubectl kustomize` of the kustomization in `dir`: what `kubectl apply -k` would apply.
+fn kustomize(dir: &Path) -> Result<Vec<Yaml>, String> {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(yaml_docs(
+        &dir.display().to_string(),
+        &String::from_utf8(out.stdout).unwrap(),
+    ))
+}
+
+/// The objects `packaging/kubernetes/overlays/<overlay>` renders.
+fn rendered(overlay: &str) -> Vec<Yaml> {
+    kustomize(&repo().join(KUBE).join("overlays").join(overlay))
+        .unwrap_or_else(|e| panic!("overlays/{overlay} does not render: {e}"))
+}
+
+/// The names of the overlays, sorted.
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join(KUBE).join("overlays"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every workload (an object with a pod template) an overlay renders, by name.
+fn workloads(docs: &[Yaml]) -> BTreeMap<String, Yaml> {
+    docs.iter()
+        .filter(|d| !d["spec"]["template"]["spec"].is_null())
+        .map(|d| (yaml_str(&d["metadata"], "name").to_owned(), d.clone()))
         .collect()
 }
 
@@ -187,7 +257,7 @@ fn chmod(path: &Path, mode: u32) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Images, from the recipes in packaging/
+// Images, from packaging/build-images.sh
 // ---------------------------------------------------------------------------------------------
 
 /// A root filesystem and the image config's ENTRYPOINT and CMD.
@@ -197,19 +267,166 @@ struct Image {
     cmd: Vec<String>,
 }
 
-/// The binary this test build made for a `[[bin]]` an image recipe copies out of its build
-/// stage: the same code; `.ci/run` runs this file again against the shipped static build.
-fn built_binary(name: &str) -> &'static str {
-    match name {
-        "accel-container-runtime" => env!("CARGO_BIN_EXE_accel-container-runtime"),
-        "accel-ctk" => env!("CARGO_BIN_EXE_accel-ctk"),
-        "accel-device-plugin" => env!("CARGO_BIN_EXE_accel-device-plugin"),
-        #[cfg(feature = "dra")]
-        "accel-dra-driver" => env!("CARGO_BIN_EXE_accel-dra-driver"),
-        #[cfg(feature = "exporter")]
-        "accel-exporter" => env!("CARGO_BIN_EXE_accel-exporter"),
-        other => panic!("an image copies {other}, which this test cannot build"),
+/// Whether `bin` has a program interpreter (a dynamic build; the shipped one has none).
+fn dynamic(bin: &Path) -> bool {
+    let out = Command::new("readelf")
+        .args(["-l", "-W"])
+        .arg(bin)
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "readelf {}", bin.display());
+    String::from_utf8_lossy(&out.stdout).contains("Requesting program interpreter")
+}
+
+/// This test build's accel-ctk: its directory holds every binary the images take.
+fn test_build() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_accel-ctk"))
+}
+
+/// Runs `packaging/build-images.sh` on this test build's binaries (`--bin-dir`), its archives
+/// in `out`: `--allow-dynamic` only where the build is dynamic (the debug build; `.ci/run`
+/// runs this file again on the shipped static build, which the script takes as it ships).
+fn build_images(out: &Path, images: &[&str]) {
+    // Cargo builds every binary the features allow for an integration test, in one directory.
+    let plugin = Path::new(env!("CARGO_BIN_EXE_accel-device-plugin"));
+    assert_eq!(plugin.parent(), test_build().parent());
+    #[cfg(feature = "dra")]
+    assert_eq!(
+        Path::new(env!("CARGO_BIN_EXE_accel-dra-driver")).parent(),
+        test_build().parent()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo().join("packaging/build-images.sh"))
+        .arg("--bin-dir")
+        .arg(test_build().parent().unwrap())
+        .arg("--out")
+        .arg(out);
+    if dynamic(test_build()) {
+        cmd.arg("--allow-dynamic");
     }
+    sh_ok(cmd.args(images));
+}
+
+/// The images this build can make (the DRA driver's needs `--features dra`), built once per
+/// run under cargo's scratch directory for integration tests.
+fn archives() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("manifests-images");
+        let _ = std::fs::remove_dir_all(&dir);
+        let images: Vec<&str> = OUR_IMAGES
+            .iter()
+            .copied()
+            .filter(|i| cfg!(feature = "dra") || *i != "accel-dra-driver")
+            .collect();
+        build_images(&dir, &images);
+        dir
+    })
+}
+
+fn sha256(path: &Path) -> String {
+    let out = sh_ok(Command::new("sha256sum").arg(path));
+    out.stdout[..64].to_owned()
+}
+
+/// The archive `tar` (an OCI image layout with docker's manifest.json beside its index) read
+/// as a pull reads it: the one manifest the index names as `reference`, its config and its one
+/// layer, each checked against its digest and size; the layer unpacked into `rootfs` as root
+/// (owners kept). Returns the image and its config.
+fn unpack(tar: &Path, reference: &str, rootfs: &Path) -> (Image, Value) {
+    let layout = rootfs.with_extension("layout");
+    std::fs::create_dir_all(&layout).unwrap();
+    sh_ok(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(tar)
+            .arg("-C")
+            .arg(&layout),
+    );
+    let json = |p: &Path| -> Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let blob = |d: &Value| -> PathBuf {
+        let digest = d["digest"].as_str().expect("a digest");
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        let path = layout.join("blobs/sha256").join(hex);
+        let size = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: blob {digest}: {e}", tar.display()))
+            .len();
+        assert_eq!(Some(size), d["size"].as_u64(), "{digest}: size");
+        assert_eq!(sha256(&path), hex, "{digest}: content");
+        path
+    };
+    assert_eq!(
+        json(&layout.join("oci-layout")),
+        json!({"imageLayoutVersion": "1.0.0"})
+    );
+    let index = json(&layout.join("index.json"));
+    let manifests = index["manifests"].as_array().unwrap();
+    assert_eq!(manifests.len(), 1, "{index}");
+    assert_eq!(
+        manifests[0]["annotations"]["io.containerd.image.name"],
+        reference
+    );
+    let manifest = json(&blob(&manifests[0]));
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let config_path = blob(&manifest["config"]);
+    let config = json(&config_path);
+    assert_eq!(config["os"], "linux");
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "one layer on an empty root");
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    let layer = blob(&layers[0]);
+    let diff_id = sh_ok(
+        Command::new("sh")
+            .args(["-c", "gzip -dc \"$1\" | sha256sum", "sh"])
+            .arg(&layer),
+    );
+    assert_eq!(
+        config["rootfs"],
+        json!({"type": "layers", "diff_ids": [format!("sha256:{}", &diff_id.stdout[..64])]})
+    );
+    // What docker load reads where it does not read the index: the same config and layer.
+    let rel = |p: &Path| {
+        p.strip_prefix(&layout)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        json(&layout.join("manifest.json")),
+        json!([{"Config": rel(&config_path), "RepoTags": [reference], "Layers": [rel(&layer)]}])
+    );
+    std::fs::create_dir_all(rootfs).unwrap();
+    sh_ok(
+        Command::new("tar")
+            .args(["-xzf"])
+            .arg(&layer)
+            .arg("-C")
+            .arg(rootfs)
+            .args(["--same-owner", "--numeric-owner"]),
+    );
+    let list = |k: &str| -> Vec<String> {
+        config["config"][k]
+            .as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let image = Image {
+        rootfs: rootfs.to_path_buf(),
+        entrypoint: list("Entrypoint"),
+        cmd: list("Cmd"),
+    };
+    (image, config)
 }
 
 /// The libraries `ldd` lists for `bin`, at their own paths under `rootfs`, so a dynamic test
@@ -235,77 +452,35 @@ fn copy_libraries(bin: &Path, rootfs: &Path) {
     }
 }
 
-/// The final stage of the Dockerfile `rel`, built into `rootfs`: its base, its COPY lines
-/// (a build stage's binary is this test build's), its RUN lines run in the result.
-fn dockerfile_image(rel: &str, rootfs: &Path) -> Image {
-    let lines = logical_lines(&read(rel));
-    let from = lines
-        .iter()
-        .rposition(|l| l.starts_with("FROM "))
-        .unwrap_or_else(|| panic!("{rel}: no FROM"));
-    match lines[from]["FROM ".len()..].trim() {
-        "scratch" => std::fs::create_dir_all(rootfs).unwrap(),
-        // busybox-static stands in for debian:bookworm-slim (no registry here): the
-        // installer's entrypoint needs a POSIX shell and the coreutils, both of which it
-        // has, and the binaries must need nothing from the base (they are static).
-        base if base.starts_with("debian:") => {
-            busybox_rootfs(rootfs);
-        }
-        base => panic!("{rel}: no stand-in for the base image {base}"),
-    }
-    let mut image = Image {
-        rootfs: rootfs.to_path_buf(),
-        entrypoint: Vec::new(),
-        cmd: Vec::new(),
-    };
-    for line in &lines[from + 1..] {
-        let line = line.trim();
-        if let Some(rest) = line.strip_prefix("COPY ") {
-            let mut words: Vec<&str> = rest.split_whitespace().collect();
-            let stage = words[0].strip_prefix("--from=");
-            if stage.is_some() {
-                words.remove(0);
+/// Every regular file, link and directory under `root`: path -> (kind, mode, uid, gid, link
+/// target).
+fn tree(root: &Path) -> BTreeMap<String, (char, u32, u32, u32, Option<PathBuf>)> {
+    fn walk(
+        root: &Path,
+        dir: &Path,
+        out: &mut BTreeMap<String, (char, u32, u32, u32, Option<PathBuf>)>,
+    ) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+            let kind = if m.is_symlink() {
+                'l'
+            } else if m.is_dir() {
+                'd'
+            } else {
+                'f'
+            };
+            let target = m.is_symlink().then(|| std::fs::read_link(&p).unwrap());
+            out.insert(rel, (kind, m.mode() & 0o7777, m.uid(), m.gid(), target));
+            if kind == 'd' {
+                walk(root, &p, out);
             }
-            let dest = words.pop().unwrap();
-            for src in words {
-                let name = Path::new(src).file_name().unwrap();
-                let to = if dest.ends_with('/') {
-                    rootfs.join(&dest[1..]).join(name)
-                } else {
-                    rootfs.join(&dest[1..])
-                };
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                if stage.is_some() {
-                    let bin = built_binary(name.to_str().unwrap());
-                    std::fs::copy(bin, &to).unwrap();
-                    copy_libraries(Path::new(bin), rootfs);
-                } else if repo().join(src).is_dir() {
-                    // Docker copies a directory's contents, not the directory.
-                    let to = rootfs.join(&dest[1..]);
-                    std::fs::create_dir_all(&to).unwrap();
-                    sh_ok(
-                        Command::new("cp")
-                            .arg("-a")
-                            .arg(repo().join(src).join("."))
-                            .arg(&to),
-                    );
-                } else {
-                    std::fs::copy(repo().join(src), &to).unwrap();
-                }
-            }
-        } else if let Some(script) = line.strip_prefix("RUN ") {
-            sh_ok(
-                Command::new("chroot")
-                    .arg(rootfs)
-                    .args(["/bin/sh", "-c", script]),
-            );
-        } else if let Some(json) = line.strip_prefix("ENTRYPOINT ") {
-            image.entrypoint = serde_json::from_str(json).unwrap();
-        } else if let Some(json) = line.strip_prefix("CMD ") {
-            image.cmd = serde_json::from_str(json).unwrap();
         }
     }
-    image
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
 }
 
 /// The pause image: one static program that waits for a signal.
@@ -330,21 +505,26 @@ fn pause_image(rootfs: &Path) -> Image {
     }
 }
 
-/// The image a manifest names, from the recipe that makes it.
+/// The image a rendered overlay names: one of the script's (as the base's images list names
+/// it by default), or the pause image.
 fn image(name: &str, rootfs: &Path) -> Image {
-    if name.contains("/accel-device-plugin:") {
-        dockerfile_image("packaging/Dockerfile.device-plugin", rootfs)
-    } else if name.contains("/accel-dra-driver:") {
-        dockerfile_image("packaging/Dockerfile.dra-driver", rootfs)
-    } else if name.contains("/accel-exporter:") {
-        dockerfile_image("packaging/Dockerfile.exporter", rootfs)
-    } else if name.contains("/accel-container-runtime:") {
-        dockerfile_image("packaging/Dockerfile", rootfs)
-    } else if name.starts_with("registry.k8s.io/pause:") {
-        pause_image(rootfs)
-    } else {
-        panic!("no recipe for the image {name}: add one to this test")
+    if name == PAUSE {
+        return pause_image(rootfs);
     }
+    let ours = OUR_IMAGES
+        .iter()
+        .find(|i| name == format!("{REGISTRY}/{i}:{}", env!("CARGO_PKG_VERSION")))
+        .unwrap_or_else(|| panic!("no recipe for the image {name}: add one to this test"));
+    let (img, _) = unpack(&archives().join(format!("{ours}.tar")), name, rootfs);
+    // A dynamic test build needs its libraries, which an image made for the static one lacks.
+    for (path, (kind, ..)) in tree(rootfs) {
+        let file = rootfs.join(&path);
+        let bin = file.file_name().unwrap().to_str().unwrap();
+        if kind == 'f' && bin.starts_with("accel-") && bin != "accel-entrypoint" {
+            copy_libraries(&file, rootfs);
+        }
+    }
+    img
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,11 +563,13 @@ impl Node {
     }
 }
 
-/// The pod of `rel`'s one Pod template, its containers started; deleted on drop.
+/// The pod of a workload's Pod template, its containers started; deleted on drop.
 struct Pod {
     work: tempfile::TempDir,
     state: PathBuf,
     running: BTreeMap<String, String>,
+    /// What each init container wrote (stdout, then stderr).
+    init_logs: BTreeMap<String, String>,
 }
 
 impl Drop for Pod {
@@ -402,24 +584,19 @@ impl Drop for Pod {
     }
 }
 
-/// The one Pod template of a manifest.
-fn pod_template(docs: &[Yaml]) -> &Yaml {
-    let templates: Vec<&Yaml> = docs
-        .iter()
-        .filter(|d| !d["spec"]["template"]["spec"].is_null())
-        .map(|d| &d["spec"]["template"]["spec"])
-        .collect();
-    assert_eq!(templates.len(), 1, "one workload per manifest");
-    templates[0]
-}
-
 impl Pod {
-    /// Starts `rel`'s pod on `node`: every init container to completion, in order, then every
-    /// container, detached. `env` replaces a container's variable: (container, name, value).
-    fn start(rel: &str, node: &Node, env: &[(&str, &str, &str)]) -> Pod {
+    /// Starts the pod of `workload` as its overlay renders it on `node`: every init container
+    /// to completion, in order, then every container, detached. `env` replaces a container's
+    /// variable: (container, name, value).
+    fn start(workload: Workload, node: &Node, env: &[(&str, &str, &str)]) -> Pod {
         require_root();
-        let docs = yaml_docs(rel);
-        let spec = pod_template(&docs);
+        let (overlay, name) = workload;
+        let rel = format!("overlays/{overlay}: {name}");
+        let docs = rendered(overlay);
+        let ds = workloads(&docs)
+            .remove(name)
+            .unwrap_or_else(|| panic!("overlays/{overlay} renders no {name}"));
+        let spec = &ds["spec"]["template"]["spec"];
         let work = tempfile::Builder::new()
             .prefix("accel-manifests-pod.")
             .tempdir()
@@ -428,6 +605,7 @@ impl Pod {
         let mut pod = Pod {
             state,
             running: BTreeMap::new(),
+            init_logs: BTreeMap::new(),
             work,
         };
         let volumes = pod.volumes(&docs, spec, node);
@@ -444,13 +622,17 @@ impl Pod {
                 .stdin(Stdio::null())
                 .output()
                 .unwrap();
-            assert!(
-                out.status.success(),
-                "{rel}: init container {name} failed ({}):\n{}{}",
-                out.status,
+            let log = format!(
+                "{}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
+            assert!(
+                out.status.success(),
+                "{rel}: init container {name} failed ({}):\n{log}",
+                out.status,
+            );
+            pod.init_logs.insert(name.to_owned(), log);
         }
         for c in seq(spec, "containers") {
             let name = yaml_str(c, "name").to_owned();
@@ -533,7 +715,7 @@ impl Pod {
                         d["kind"].as_str() == Some("ConfigMap")
                             && d["metadata"]["name"].as_str() == Some(cm_name)
                     })
-                    .unwrap_or_else(|| panic!("ConfigMap {cm_name} is not in the manifest"));
+                    .unwrap_or_else(|| panic!("ConfigMap {cm_name} is not in the overlay"));
                 let dir = self.work.path().join("configmaps").join(&name);
                 std::fs::create_dir_all(&dir).unwrap();
                 for (k, text) in cm["data"].as_mapping().unwrap() {
@@ -762,25 +944,287 @@ impl Pod {
 // The manifests
 // ---------------------------------------------------------------------------------------------
 
-/// A new manifest needs a test below that starts it.
+/// A new workload in an overlay needs a test below that starts it, unless another overlay
+/// renders the same object (byte for byte, as parsed) and a test starts that one.
 #[test]
-fn every_manifest_is_started_by_a_test_here() {
-    let mut files: Vec<String> = std::fs::read_dir(repo().join("packaging/kubernetes"))
-        .unwrap()
-        .map(|e| {
-            format!(
-                "packaging/kubernetes/{}",
-                e.unwrap().file_name().to_str().unwrap()
-            )
+fn every_workload_of_every_overlay_is_started_by_a_test_here() {
+    // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
+    // with `--features dra` (.ci/run runs this file so).
+    let tested = [RUNTIME, PLUGIN, CHECKPOINT, PLUGIN_LABELS, DRA];
+    let all: Vec<(String, BTreeMap<String, Yaml>)> = overlays()
+        .into_iter()
+        .map(|o| {
+            let w = workloads(&rendered(&o));
+            (o, w)
         })
         .collect();
-    files.sort();
-    // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
-    // with `--features dra`, the exporter's by `exporter_daemonset_starts_and_serves`, built
-    // with `--features exporter` (.ci/run runs this file with both).
-    let mut tested = vec![PLUGIN, RUNTIME, CHECKPOINT, DRA, EXPORTER];
-    tested.sort();
-    assert_eq!(files, tested);
+    let get = |(o, n): Workload| all.iter().find(|(x, _)| x == o).and_then(|(_, w)| w.get(n));
+    for w in tested {
+        assert!(get(w).is_some(), "{w:?} is not rendered");
+    }
+    for (o, ws) in &all {
+        for (name, object) in ws {
+            assert!(
+                tested
+                    .iter()
+                    .any(|&t| t.1 == name && get(t) == Some(object)),
+                "overlays/{o}: {name} is started by no test here (nor is an identical copy of it)"
+            );
+        }
+    }
+}
+
+/// Issue 36: every overlay renders, every container image is named by the base's one list
+/// (the release's registry, the crate's version) or is the pause image, every object carries
+/// the common label and no selector does (a DaemonSet's selector cannot change), and every
+/// namespaced object is in accel-system but the checkpoint installer's (kube-system).
+#[test]
+fn every_overlay_renders_with_one_list_of_images_and_the_common_label() {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut seen = BTreeSet::new();
+    for o in overlays() {
+        for d in rendered(&o) {
+            let kind = yaml_str(&d, "kind");
+            let name = yaml_str(&d["metadata"], "name");
+            assert_eq!(
+                d["metadata"]["labels"]["app.kubernetes.io/part-of"].as_str(),
+                Some("accel-container-runtime"),
+                "overlays/{o}: {kind} {name}"
+            );
+            if let Some(ns) = d["metadata"]["namespace"].as_str() {
+                let want = if name == "accel-ctk-checkpoint" || name == "accel-ctk-checkpoint-unit"
+                {
+                    "kube-system"
+                } else {
+                    "accel-system"
+                };
+                assert_eq!(ns, want, "overlays/{o}: {kind} {name}");
+            }
+            let spec = &d["spec"]["template"]["spec"];
+            if spec.is_null() {
+                continue;
+            }
+            assert!(
+                d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/part-of"].is_null(),
+                "overlays/{o}: {name}'s selector"
+            );
+            for c in seq(spec, "initContainers")
+                .iter()
+                .chain(seq(spec, "containers"))
+            {
+                let image = yaml_str(c, "image");
+                assert!(
+                    image == PAUSE
+                        || OUR_IMAGES
+                            .iter()
+                            .any(|i| image == format!("{REGISTRY}/{i}:{version}")),
+                    "overlays/{o}: {name} runs {image}"
+                );
+                seen.insert(image.to_owned());
+            }
+        }
+    }
+    assert_eq!(seen.len(), OUR_IMAGES.len() + 1, "{seen:?}");
+}
+
+/// Issue 36: no overlay runs the device plugin and the DRA driver, and where either runs, it
+/// runs only on the nodes whose mode label names it: a node has one value for a label, so
+/// applying both overlays to one cluster still puts one mode on each node. Each mode comes with
+/// the runtime installer.
+#[test]
+fn a_node_runs_one_mode_whatever_the_overlays() {
+    let mode = |w: &Yaml| {
+        w["spec"]["template"]["spec"]["nodeSelector"][MODE_LABEL]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let mut modes = BTreeSet::new();
+    for o in overlays() {
+        let w = workloads(&rendered(&o));
+        let plugin = w.get("accel-device-plugin");
+        let dra = w.get("accel-dra-driver");
+        assert!(plugin.is_none() || dra.is_none(), "overlays/{o} runs both");
+        if let Some(p) = plugin {
+            assert_eq!(mode(p).as_deref(), Some("device-plugin"), "overlays/{o}");
+            modes.insert("device-plugin");
+        }
+        if let Some(d) = dra {
+            assert_eq!(mode(d).as_deref(), Some("dra"), "overlays/{o}");
+            modes.insert("dra");
+        }
+        assert!(w.contains_key("accel-runtime-installer"), "overlays/{o}");
+        for (name, x) in &w {
+            if name != "accel-device-plugin" && name != "accel-dra-driver" {
+                assert_eq!(mode(x), None, "overlays/{o}: {name} is in no mode");
+            }
+        }
+    }
+    assert_eq!(modes.len(), 2);
+}
+
+/// Issue 36: the labels component patches the device plugin's DaemonSet; composed without it
+/// (with the DRA driver, say), the build fails and names the DaemonSet, instead of rendering
+/// without labels.
+#[test]
+fn the_labels_component_needs_the_device_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    // kustomize takes no absolute path: from the temp dir up to `/`, then down to the repo.
+    let up = "../".repeat(dir.path().components().count() - 1);
+    let kube = format!(
+        "{up}{}",
+        repo().join(KUBE).to_str().unwrap().trim_start_matches('/')
+    );
+    let mut k = String::from(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n",
+    );
+    for c in ["runtime", "dra", "nfd-labels"] {
+        k.push_str(&format!("- {kube}/components/{c}\n"));
+    }
+    k.push_str(&format!("- {kube}/base\n"));
+    std::fs::write(dir.path().join("kustomization.yaml"), &k).unwrap();
+    let err = kustomize(dir.path()).expect_err("nfd-labels without the device plugin rendered");
+    assert!(
+        err.contains("DaemonSet.v1.apps/accel-device-plugin.accel-system"),
+        "{err}"
+    );
+    // The same kustomization with the device plugin in place of the driver renders.
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        k.replace("/components/dra\n", "/components/device-plugin\n"),
+    )
+    .unwrap();
+    kustomize(dir.path()).unwrap();
+}
+
+/// Issue 36: each image is exactly what `packaging/build-images.sh` says it is, every entry
+/// root's: the plugin's and the driver's the binary alone at /usr/bin; the installer's the
+/// runtime and accel-ctk, the config and every profile as in the repository, the entrypoint,
+/// and busybox with its applet links (its shell and tools). The archives are reproducible.
+#[test]
+fn images_hold_what_the_script_says_and_nothing_else() {
+    let version = env!("CARGO_PKG_VERSION");
+    let work = tempfile::tempdir().unwrap();
+    let unpacked = |image: &str| {
+        let root = work.path().join(image);
+        let (img, config) = unpack(
+            &archives().join(format!("{image}.tar")),
+            &format!("{REGISTRY}/{image}:{version}"),
+            &root,
+        );
+        assert_eq!(
+            config["config"]["Labels"]["org.opencontainers.image.version"],
+            version
+        );
+        (img, tree(&root))
+    };
+    let dirs_of = |files: &[&str]| -> BTreeSet<String> {
+        files
+            .iter()
+            .flat_map(|f| {
+                Path::new(f)
+                    .ancestors()
+                    .skip(1)
+                    .map(|a| a.to_str().unwrap().to_owned())
+            })
+            .filter(|a| !a.is_empty())
+            .collect()
+    };
+    let mut single = vec!["accel-device-plugin"];
+    if cfg!(feature = "dra") {
+        single.push("accel-dra-driver");
+    }
+    for bin in single {
+        let (img, tree) = unpacked(bin);
+        let file = format!("usr/bin/{bin}");
+        let mut want: BTreeSet<String> = dirs_of(&[&file]);
+        want.insert(file.clone());
+        assert_eq!(tree.keys().cloned().collect::<BTreeSet<_>>(), want, "{bin}");
+        assert_eq!(tree[&file], ('f', 0o755, 0, 0, None), "{bin}");
+        assert_eq!(img.entrypoint, [format!("/{file}")]);
+        assert!(img.cmd.is_empty());
+        if !dynamic(test_build()) {
+            assert!(!dynamic(&img.rootfs.join(&file)), "{file} is not static");
+        }
+    }
+
+    let (img, tree) = unpacked("accel-container-runtime");
+    assert_eq!(img.entrypoint, ["/usr/local/bin/accel-entrypoint"]);
+    assert_eq!(img.cmd, ["install"]);
+    let mut want: BTreeMap<String, (u32, Vec<u8>)> = BTreeMap::new();
+    let repo_file = |rel: &str| std::fs::read(repo().join(rel)).unwrap();
+    want.insert(
+        "opt/accel-container-runtime/etc/config.toml".into(),
+        (0o644, repo_file("config/config.toml")),
+    );
+    for p in std::fs::read_dir(repo().join("config/profiles")).unwrap() {
+        let p = p.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap();
+        want.insert(
+            format!("opt/accel-container-runtime/etc/profiles/{name}"),
+            (0o644, std::fs::read(&p).unwrap()),
+        );
+    }
+    want.insert(
+        "usr/local/bin/accel-entrypoint".into(),
+        (0o755, repo_file("packaging/container/entrypoint.sh")),
+    );
+    want.insert(
+        "bin/busybox".into(),
+        (0o755, std::fs::read("/bin/busybox").unwrap()),
+    );
+    let bins = ["accel-container-runtime", "accel-ctk"];
+    let mut files: Vec<String> = want.keys().cloned().collect();
+    files.extend(
+        bins.iter()
+            .map(|b| format!("opt/accel-container-runtime/bin/{b}")),
+    );
+    let applets = sh_ok(Command::new("/bin/busybox").arg("--list"));
+    let applets: Vec<&str> = applets.stdout.lines().filter(|a| *a != "busybox").collect();
+    assert!(applets.contains(&"sh") && applets.contains(&"nsenter"));
+    let mut expected: BTreeSet<String> =
+        dirs_of(&files.iter().map(String::as_str).collect::<Vec<_>>());
+    expected.extend(files.iter().cloned());
+    expected.extend(applets.iter().map(|a| format!("bin/{a}")));
+    assert_eq!(tree.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    for (path, (mode, bytes)) in &want {
+        assert_eq!(tree[path].0, 'f', "{path}");
+        assert_eq!(
+            (tree[path].1, tree[path].2, tree[path].3),
+            (*mode, 0, 0),
+            "{path}"
+        );
+        assert_eq!(
+            &std::fs::read(img.rootfs.join(path)).unwrap(),
+            bytes,
+            "{path}"
+        );
+    }
+    for b in bins {
+        let path = format!("opt/accel-container-runtime/bin/{b}");
+        assert_eq!(tree[&path], ('f', 0o755, 0, 0, None), "{path}");
+        sh_ok(Command::new(img.rootfs.join(&path)).arg("--version"));
+    }
+    for a in &applets {
+        assert_eq!(
+            tree[&format!("bin/{a}")],
+            ('l', 0o777, 0, 0, Some(PathBuf::from("busybox"))),
+            "bin/{a}"
+        );
+    }
+    for (path, (kind, mode, uid, gid, _)) in &tree {
+        if *kind == 'd' {
+            assert_eq!((*mode, *uid, *gid), (0o755, 0, 0), "{path}");
+        }
+    }
+
+    // Built again, byte for byte the same archive.
+    let again = work.path().join("again");
+    build_images(&again, &["accel-device-plugin"]);
+    assert_eq!(
+        sha256(&again.join("accel-device-plugin.tar")),
+        sha256(&archives().join("accel-device-plugin.tar")),
+        "the archive is not reproducible"
+    );
 }
 
 /// Issue 22, item 1: the device plugin starts under its own securityContext (no privilege,
@@ -878,6 +1322,63 @@ fn device_plugin_daemonset_starts_and_registers() {
     pod.assert_stays_running("accel-device-plugin");
 }
 
+/// Issue 36, the labels overlay: the device plugin keeps Node Feature Discovery's feature file
+/// in the node's features.d (mounted read-write under its read-only root), with the labels of
+/// the simulated GCUs it finds through its view of the host's `/`.
+#[test]
+fn device_plugin_labels_overlay_keeps_the_nfd_feature_file() {
+    require_root();
+    let sim = SimRoot::builder().enflame(8).build();
+    enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _rt = rt.enter();
+    let kubelet = Kubelet::started();
+    let mut node = Node::new();
+    node.map("/", Path::new("/"));
+    node.map("/var/lib/kubelet/device-plugins", kubelet.dir());
+    let etc = node.path("/etc/accel-container-runtime");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true\n\
+             [profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    let features = node.path("/etc/kubernetes/node-feature-discovery/features.d");
+    let file = features.join("accel-container-runtime");
+
+    let pod = Pod::start(PLUGIN_LABELS, &node, &[]);
+    let t = Instant::now();
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            break text;
+        }
+        let status = pod.status("accel-device-plugin");
+        assert!(
+            status == "running" && t.elapsed() < Duration::from_secs(20),
+            "no {}; the plugin ({status}):\n{}",
+            file.display(),
+            pod.log("accel-device-plugin")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        text.lines().any(|l| l.starts_with("# +expiry-time=")),
+        "{text}"
+    );
+    for want in ["accel-enflame.present=true", "accel-enflame.count=8"] {
+        assert!(text.lines().any(|l| l == want), "no {want} in:\n{text}");
+    }
+    pod.assert_stays_running("accel-device-plugin");
+}
+
 /// Issue 22, item 3's installer: the init container copies the runtime and accel-ctk onto
 /// the node, writes the device-plugin-only config and registers the runtime in containerd's
 /// config; the main container idles. RESTART_CONTAINERD is false here: the restart is an
@@ -910,7 +1411,30 @@ fn runtime_daemonset_installs_on_the_node_and_idles() {
     assert!(config
         .lines()
         .any(|l| l == "accept-container-devices-as-mounts = true"));
+    let changed = "containerd config changed; restart containerd on the node to apply";
+    assert!(
+        pod.init_logs["install"].contains(changed),
+        "{:?}",
+        pod.init_logs
+    );
     pod.assert_stays_running("done");
+    drop(pod);
+
+    // The pod again on the same node (a node reboot, a rollout): the installer's tools are the
+    // image's busybox, and the second install finds containerd's config as the first left
+    // it, so nothing is restarted.
+    let again = Pod::start(
+        RUNTIME,
+        &node,
+        &[("install", "RESTART_CONTAINERD", "false")],
+    );
+    let log = &again.init_logs["install"];
+    assert!(!log.contains(changed), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(node.path("/etc/containerd/config.toml")).unwrap(),
+        containerd
+    );
+    again.assert_stays_running("done");
 }
 
 /// Issue 22, item 2: the init container installs accel-ctk, the unit and its drop-in into
@@ -1035,113 +1559,4 @@ fn dra_driver_daemonset_starts_and_registers() {
     let log = pod.log("accel-dra-driver");
     assert!(log.contains("cannot publish the ResourceSlices"), "{log}");
     pod.assert_stays_running("accel-dra-driver");
-}
-
-/// The exporter starts under its own securityContext (no privilege, SYS_CHROOT alone, read-only
-/// root) with its DaemonSet's mounts, finds the simulated GCUs through its view of the host's
-/// `/`, runs the profile's efsmi chrooted there, and answers a scrape on its port inside the
-/// pod's network namespace with their values; with no kubelet socket in the mounted directory,
-/// it says so in a counter instead of failing.
-#[cfg(feature = "exporter")]
-#[test]
-fn exporter_daemonset_starts_and_serves() {
-    use std::io::{Read as _, Write as _};
-    require_root();
-    let sim = SimRoot::builder().enflame(2).build();
-    // efsmi as enflame.toml declares it, run chrooted in the driver root (busybox its shell).
-    std::fs::create_dir_all(sim.path().join("bin")).unwrap();
-    std::fs::copy("/bin/busybox", sim.path().join("bin/sh")).unwrap();
-    let efsmi = sim.path().join("usr/bin/efsmi");
-    std::fs::write(
-        &efsmi,
-        "#!/bin/sh\necho '0, -, 10, 2048, 32768, 55, N/A'\necho '1, -, 20, 4096, 32768, 56, N/A'\n",
-    )
-    .unwrap();
-    chmod(&efsmi, 0o755);
-    let mut node = Node::new();
-    node.map("/", Path::new("/"));
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
-    let pod = Pod::start(EXPORTER, &node, &[]);
-    let t = Instant::now();
-    while !pod
-        .log("accel-exporter")
-        .contains("serving http://0.0.0.0:9477/metrics")
-    {
-        assert!(
-            pod.status("accel-exporter") == "running" && t.elapsed() < Duration::from_secs(20),
-            "not serving:\n{}",
-            pod.log("accel-exporter")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    pod.assert_stays_running("accel-exporter");
-    // A scrape from inside the pod's network namespace (its loopback brought up, as a CNI
-    // would).
-    let out = Command::new("runc")
-        .arg("--root")
-        .arg(&pod.state)
-        .args(["state", &pod.running["accel-exporter"]])
-        .output()
-        .unwrap();
-    let pid = serde_json::from_slice::<Value>(&out.stdout).unwrap()["pid"]
-        .as_i64()
-        .unwrap();
-    let netns = format!("/proc/{pid}/ns/net");
-    sh_ok(
-        Command::new("nsenter")
-            .arg(format!("--net={netns}"))
-            .args(["ip", "link", "set", "lo", "up"]),
-    );
-    let scrape = move || {
-        let ns = std::fs::File::open(&netns).unwrap();
-        std::thread::spawn(move || {
-            use std::os::fd::AsRawFd as _;
-            // SAFETY: setns(2) on this thread alone, with an fd it holds open.
-            assert_eq!(
-                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9477").unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut body = String::new();
-            s.read_to_string(&mut body).unwrap();
-            body
-        })
-        .join()
-        .unwrap()
-    };
-    let t = Instant::now();
-    let page = loop {
-        let page = scrape();
-        if page.contains("accel_memory_used_bytes") || t.elapsed() > Duration::from_secs(20) {
-            break page;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-    for (device, bytes) in [("0", " 2147483648.0"), ("1", " 4294967296.0")] {
-        assert!(
-            page.lines().any(
-                |l| l.starts_with("accel_memory_used_bytes{profile=\"enflame\"")
-                    && l.contains(&format!("device=\"{device}\""))
-                    && l.ends_with(bytes)
-            ),
-            "device {device}\n{page}\n{}",
-            pod.log("accel-exporter")
-        );
-    }
-    assert!(
-        page.contains("accel_exporter_pod_resources_errors_total{reason=\"no-socket\"}"),
-        "{page}"
-    );
 }

@@ -1,10 +1,12 @@
 //! Checks of everything under `packaging/` that cannot be run for real here (no registry, no
-//! cluster): the Kubernetes manifests parse and hang together, the Dockerfile copies files
-//! that exist and runs what it copies, every accel-ctk flag a script passes exists in the
-//! clap definition, the templates parse and say what `accel-ctk runtime configure` writes, the
-//! package metadata names files that exist. And `packaging/install.sh` run for real into a
-//! temp root (`--destdir`): install, idempotent re-install, an operator's edit kept, uninstall
-//! giving back the engines' files byte for byte.
+//! cluster): the Kubernetes manifests parse and hang together, the Kustomize layout names every
+//! image in one place, the image script copies files that exist and builds what the packages
+//! ship, every accel-ctk flag a script passes exists in the clap definition, the templates
+//! parse and say what `accel-ctk runtime configure` writes, the package metadata names files
+//! that exist. And `packaging/install.sh` run for real into a temp root (`--destdir`): install,
+//! idempotent re-install, an operator's edit kept, uninstall giving back the engines' files
+//! byte for byte. (tests/manifests.rs renders the overlays with kubectl and starts their
+//! containers from the images the script builds.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
@@ -85,44 +87,82 @@ fn seq<'a>(v: &'a Yaml, key: &str) -> &'a Vec<Yaml> {
         .unwrap_or_else(|| panic!("{key} is not a list"))
 }
 
-/// `COPY` instructions of the Dockerfile: (from-stage, sources, destination).
-fn dockerfile_copies() -> Vec<(Option<String>, Vec<String>, String)> {
-    logical_lines(&read("packaging/Dockerfile"))
+const IMAGES: &str = "packaging/build-images.sh";
+const KUBE: &str = "packaging/kubernetes";
+const RUNTIME: &str = "packaging/kubernetes/components/runtime/accel-runtime-installer.yaml";
+const PLUGIN: &str = "packaging/kubernetes/components/device-plugin/accel-device-plugin.yaml";
+const DRA: &str = "packaging/kubernetes/components/dra/accel-dra-driver.yaml";
+
+/// What `packaging/build-images.sh` puts in its images from the repository: (source,
+/// destination in the image), from its `put_file SOURCE "$root/DEST" MODE` lines.
+fn image_files() -> Vec<(String, String)> {
+    logical_lines(&read(IMAGES))
         .iter()
-        .filter_map(|l| l.trim().strip_prefix("COPY "))
+        .filter_map(|l| l.trim().strip_prefix("put_file "))
+        .filter(|rest| !rest.starts_with('"'))
         .map(|rest| {
-            let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
-            let from = (words[0].starts_with("--from="))
-                .then(|| words.remove(0)["--from=".len()..].to_owned());
-            let dest = words.pop().unwrap();
-            (from, words, dest)
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let dest = words[1]
+                .trim_matches('"')
+                .strip_prefix("$root")
+                .unwrap_or_else(|| panic!("{IMAGES}: put_file outside the image root: {rest}"));
+            (words[0].to_owned(), dest.to_owned())
         })
         .collect()
 }
 
+/// Every YAML file under `packaging/kubernetes/`, relative to the repository root.
+fn kube_files() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                out.push(p.strip_prefix(repo()).unwrap().to_str().unwrap().to_owned());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo().join(KUBE), &mut files);
+    files.sort();
+    files
+}
+
+/// The directories of `packaging/kubernetes/<kind>/` (`components`, `overlays`), sorted.
+fn kube_dirs(kind: &str) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(repo().join(KUBE).join(kind))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 #[test]
 fn kubernetes_manifests_hang_together() {
-    let dir = repo().join("packaging/kubernetes");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty());
-    // Every manifest parses and every document has the basic shape.
-    for f in &files {
-        let rel = f.strip_prefix(repo()).unwrap().to_str().unwrap();
+    let files = kube_files();
+    assert!(files.len() >= 10, "{files:?}");
+    // Every manifest parses and every document has the basic shape; a kustomization has none
+    // of a resource's.
+    for rel in &files {
         for doc in yaml_docs(rel) {
             assert!(!s(&doc, &["apiVersion"]).is_empty(), "{rel}");
             assert!(!s(&doc, &["kind"]).is_empty(), "{rel}");
-            assert!(!s(&doc, &["metadata", "name"]).is_empty(), "{rel}");
+            if !rel.ends_with("/kustomization.yaml") {
+                assert!(!s(&doc, &["metadata", "name"]).is_empty(), "{rel}");
+            }
         }
     }
 
-    let docs = yaml_docs("packaging/kubernetes/accel-runtime-daemonset.yaml");
+    let base = yaml_docs("packaging/kubernetes/base/namespace.yaml");
+    let ns = s(&base[0], &["metadata", "name"]);
+    let docs = yaml_docs(RUNTIME);
     let by_kind: BTreeMap<&str, &Yaml> = docs.iter().map(|d| (s(d, &["kind"]), d)).collect();
-    let ns = s(by_kind["Namespace"], &["metadata", "name"]);
+    assert!(
+        !by_kind.contains_key("Namespace"),
+        "the namespace is the base's"
+    );
     let sa = by_kind["ServiceAccount"];
     assert_eq!(s(sa, &["metadata", "namespace"]), ns);
     let rc = by_kind["RuntimeClass"];
@@ -166,12 +206,11 @@ fn kubernetes_manifests_hang_together() {
     assert!(volumes.values().any(|p| *p == "/etc/containerd"));
 
     let entrypoint = read("packaging/container/entrypoint.sh");
-    let copies = dockerfile_copies();
-    let entry_dest = copies
-        .iter()
-        .find(|(_, src, _)| src == &["packaging/container/entrypoint.sh"])
-        .map(|(_, _, d)| d.clone())
-        .expect("Dockerfile copies the entrypoint");
+    let entry_dest = image_files()
+        .into_iter()
+        .find(|(src, _)| src == "packaging/container/entrypoint.sh")
+        .map(|(_, d)| d)
+        .expect("the installer image has the entrypoint");
     let init = &seq(pod, "initContainers")[0];
     assert_eq!(init["securityContext"]["privileged"].as_bool(), Some(true));
     let command: Vec<&str> = seq(init, "command")
@@ -221,7 +260,8 @@ fn kubernetes_manifests_hang_together() {
         .iter()
         .chain(seq(pod, "initContainers"))
     {
-        assert!(s(c, &["image"]).contains("accel-container-runtime:"));
+        // The name the base's images list turns into a registry, name and tag.
+        assert_eq!(s(c, &["image"]), "accel-container-runtime");
     }
 }
 
@@ -262,49 +302,20 @@ fn scripts_pass_only_flags_accel_ctk_has() {
     );
 }
 
+/// Issue 36: what the image script puts in its images from the repository exists.
 #[test]
-fn dockerfile_copies_what_exists_and_uses_the_msrv() {
-    let bins = bin_names();
-    let copies = dockerfile_copies();
-    assert!(copies.len() >= 4);
-    for (from, sources, _) in &copies {
-        for src in sources {
-            match from {
-                Some(stage) => {
-                    assert_eq!(stage, "build");
-                    // Where the build stage leaves the static build (see
-                    // every_image_builds_what_the_packages_ship).
-                    let name = src
-                        .strip_prefix("/out/")
-                        .unwrap_or_else(|| panic!("unexpected build-stage source {src}"));
-                    assert!(bins.contains(name), "{name} is not a [[bin]]");
-                }
-                None if src == "." => {}
-                None => assert!(
-                    repo().join(src).exists(),
-                    "COPY source {src} does not exist"
-                ),
-            }
-        }
+fn image_script_copies_what_exists() {
+    let files = image_files();
+    assert!(files.len() >= 2, "{files:?}");
+    for (src, dest) in &files {
+        assert!(repo().join(src).is_file(), "{IMAGES}: {src} does not exist");
+        assert!(dest.starts_with('/'), "{IMAGES}: {dest}");
     }
-    let docker = read("packaging/Dockerfile");
-    let msrv = cargo_toml()["package"]["rust-version"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let script = read(IMAGES);
     assert!(
-        docker.contains(&format!("FROM rust:{msrv}-")),
-        "the builder image should be the crate's rust-version ({msrv})"
+        script.contains("for p in config/profiles/*.toml; do"),
+        "the installer image carries every profile"
     );
-    let entry = docker
-        .lines()
-        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
-        .unwrap();
-    let entry: Vec<String> = serde_json::from_str(entry).unwrap();
-    assert!(copies.iter().any(|(_, _, d)| *d == entry[0]));
-    assert!(read("packaging/Dockerfile.dockerignore")
-        .lines()
-        .any(|l| l.trim() == "target"));
 }
 
 /// The words of the `cargo build` command in `line` (to the next `&&`), quotes removed.
@@ -319,203 +330,321 @@ fn cargo_build_words(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every image recipe under `packaging/` (`Dockerfile`, `Dockerfile.*`).
-fn dockerfiles() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(repo().join("packaging"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| {
-            (n == "Dockerfile" || n.starts_with("Dockerfile.")) && !n.ends_with(".dockerignore")
-        })
-        .map(|n| format!("packaging/{n}"))
-        .collect();
-    names.sort();
-    names
-}
-
-/// Issue 17 and issue 22 (item 3): "the image recipe builds a static binary". No registry
-/// here, so an image cannot be built; what can be pinned is that its build stage runs
-/// exactly a command `packaging/build-packages.sh` runs (same target from `target.sh`, same
-/// RUSTFLAGS, same flags), whose output build-packages.sh checks has no program interpreter
-/// (in `.ci/run`), and that every binary the final image takes from that stage comes out of
-/// that build, stripped. Returns the build stage's sources the final stage copies.
-fn assert_image_builds_what_the_packages_ship(rel: &str) -> Vec<String> {
+/// The `cargo build` commands of a script that builds with `RUSTFLAGS="$rustflags"`, and
+/// asserts that it takes those flags and the target from `packaging/target.sh`.
+fn shipped_builds(rel: &str) -> Vec<Vec<String>> {
     let lines = logical_lines(&read(rel));
-    let run = lines
-        .iter()
-        .find(|l| l.starts_with("RUN ") && l.contains("cargo build"))
-        .unwrap_or_else(|| panic!("{rel}: no RUN line with cargo build"));
-    assert!(
-        run.contains("triple=$(bash packaging/target.sh)"),
-        "{rel}: target from packaging/target.sh: {run}"
-    );
-    // The same RUSTFLAGS: the Dockerfile asks target.sh, build-packages.sh asked it once.
-    assert!(
-        run.contains(r#"RUSTFLAGS="$(bash packaging/target.sh --rustflags)" cargo build"#),
-        "{rel}: RUSTFLAGS not from packaging/target.sh: {run}"
-    );
-    let packages = logical_lines(&read("packaging/build-packages.sh"));
-    assert!(packages
-        .iter()
-        .any(|l| l.trim() == r#"rustflags="$(bash packaging/target.sh --rustflags)""#));
-    let shipped: Vec<Vec<String>> = packages
+    for want in [
+        r#"triple="$(bash packaging/target.sh)""#,
+        r#"rustflags="$(bash packaging/target.sh --rustflags)""#,
+    ] {
+        assert!(
+            lines.iter().any(|l| l.trim() == want),
+            "{rel}: no line {want}"
+        );
+    }
+    lines
         .iter()
         .filter(|l| l.contains(r#"RUSTFLAGS="$rustflags" cargo build"#))
         .map(|l| cargo_build_words(l))
-        .collect();
-    assert!(
-        shipped.len() >= 2,
-        "build-packages.sh's builds: {shipped:?}"
-    );
-    let words = cargo_build_words(run);
-    assert!(
-        shipped.contains(&words),
-        "{rel} builds {words:?}, which is none of build-packages.sh's {shipped:?}"
-    );
-    for w in ["--release", "--locked", "--target", "$triple"] {
+        .collect()
+}
+
+/// Issue 17, issue 22 (item 3) and issue 36: the images hold the binaries the packages ship.
+/// The image script builds exactly the commands `packaging/build-packages.sh` runs (same
+/// target and RUSTFLAGS from `target.sh`, same flags), one for each image's binaries, and
+/// refuses a binary with a program interpreter (tests/manifests.rs runs it on the shipped
+/// build in `.ci/run`).
+#[test]
+fn image_script_builds_what_the_packages_ship() {
+    let packages = shipped_builds("packaging/build-packages.sh");
+    let images = shipped_builds(IMAGES);
+    assert_eq!(images.len(), 3, "{images:?}");
+    for words in &images {
         assert!(
-            words.iter().any(|x| x == w),
-            "{rel}: {w} missing from {words:?}"
+            packages.contains(words),
+            "{IMAGES} builds {words:?}, which is none of build-packages.sh's {packages:?}"
         );
+        for w in ["--release", "--locked", "--target", "$triple"] {
+            assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
+        }
     }
-    let msrv = cargo_toml()["package"]["rust-version"]
+    let with = |feature: &str, bin: &str| {
+        images.iter().any(|w| {
+            w.windows(2).any(|p| p == ["--features", feature])
+                && w.windows(2).any(|p| p == ["--bin", bin])
+        })
+    };
+    assert!(with("plugin", "accel-device-plugin"));
+    assert!(with("dra", "accel-dra-driver"));
+    assert!(images.iter().any(|w| w.contains(&"--bins".to_owned())));
+    let script = read(IMAGES);
+    assert!(script.contains("'Requesting program interpreter'"));
+    assert!(script.contains("strip \"$2\""));
+}
+
+/// The base's `images:` list as (name, newName, newTag).
+fn base_images() -> Vec<(String, String, String)> {
+    let k = &yaml_docs("packaging/kubernetes/base/kustomization.yaml")[0];
+    seq(k, "images")
+        .iter()
+        .map(|i| {
+            (
+                s(i, &["name"]).to_owned(),
+                s(i, &["newName"]).to_owned(),
+                s(i, &["newTag"]).to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every `image:` of a container in `doc` (a workload, however deep its pod template).
+fn container_images(doc: &Yaml, out: &mut Vec<String>) {
+    match doc {
+        Yaml::Mapping(m) => {
+            for (k, v) in m {
+                if k.as_str() == Some("image") {
+                    if let Some(i) = v.as_str() {
+                        out.push(i.to_owned());
+                    }
+                }
+                container_images(v, out);
+            }
+        }
+        Yaml::Sequence(s) => s.iter().for_each(|v| container_images(v, out)),
+        _ => {}
+    }
+}
+
+/// Issue 36, "one way to deploy": the overlays are Kustomize kustomizations of components, the
+/// base (a component every overlay lists last, so its transformers reach every object) names
+/// every image and its tag in one place, with the crate's version, and the resources name
+/// images only by the names that list turns into references.
+#[test]
+fn kustomize_layout_names_every_image_in_one_place() {
+    let version = cargo_toml()["package"]["version"]
         .as_str()
         .unwrap()
         .to_owned();
-    let stages: Vec<&str> = lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("FROM "))
+    let script = read(IMAGES);
+    let ours: Vec<String> = script
+        .lines()
+        .find_map(|l| l.strip_prefix("all_images=\""))
+        .expect("build-images.sh lists its images")
+        .trim_end_matches('"')
+        .split_whitespace()
+        .map(str::to_owned)
         .collect();
-    assert_eq!(stages[0], format!("rust:{msrv}-bookworm AS build"), "{rel}");
-    let bins = bin_names();
-    let copied: Vec<String> = lines
+    assert_eq!(ours.len(), 3, "{ours:?}");
+    let listed = base_images();
+    for (name, new_name, tag) in &listed {
+        if ours.contains(name) {
+            assert_eq!(
+                new_name,
+                &format!("ghcr.io/accel-container-runtime/{name}"),
+                "the default is what a release publishes"
+            );
+            assert_eq!(tag, &version, "{name}: the tag is the crate's version");
+        } else {
+            assert_eq!(
+                (name.as_str(), new_name.as_str()),
+                ("pause", "registry.k8s.io/pause")
+            );
+        }
+    }
+    let names: BTreeSet<&str> = listed.iter().map(|(n, _, _)| n.as_str()).collect();
+    for image in &ours {
+        assert!(
+            names.contains(image.as_str()),
+            "{image} is not in the base's images"
+        );
+    }
+
+    // Every image a resource names is one the list names, and every listed one is used.
+    let mut used = BTreeSet::new();
+    for rel in kube_files() {
+        for doc in yaml_docs(&rel) {
+            let mut images = Vec::new();
+            container_images(&doc, &mut images);
+            for i in images {
+                assert!(
+                    names.contains(i.as_str()),
+                    "{rel}: image {i} is not a name of the base's images list"
+                );
+                used.insert(i);
+            }
+        }
+    }
+    assert_eq!(
+        used.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        names
+    );
+
+    // The base is the only place with images, labels or a namespace; components are
+    // Components; overlays compose components and end with the base.
+    let kustomization = |rel: String| -> Yaml { yaml_docs(&rel).remove(0) };
+    let base = kustomization(format!("{KUBE}/base/kustomization.yaml"));
+    assert_eq!(s(&base, &["kind"]), "Component");
+    let components = kube_dirs("components");
+    for c in &components {
+        let k = kustomization(format!("{KUBE}/components/{c}/kustomization.yaml"));
+        assert_eq!(s(&k, &["kind"]), "Component", "{c}");
+        for key in ["images", "labels", "commonLabels", "namespace"] {
+            assert!(
+                k[key].is_null(),
+                "components/{c} sets {key}: the base's alone"
+            );
+        }
+    }
+    let mut in_overlays = BTreeSet::new();
+    let overlays = kube_dirs("overlays");
+    assert!(overlays.len() >= 4, "{overlays:?}");
+    for o in &overlays {
+        let k = kustomization(format!("{KUBE}/overlays/{o}/kustomization.yaml"));
+        assert_eq!(s(&k, &["kind"]), "Kustomization", "{o}");
+        for key in ["resources", "images", "labels", "commonLabels", "namespace"] {
+            assert!(k[key].is_null(), "overlays/{o} sets {key}");
+        }
+        let list: Vec<&str> = seq(&k, "components")
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        assert_eq!(list.last(), Some(&"../../base"), "{o}: the base comes last");
+        for c in &list[..list.len() - 1] {
+            let name = c
+                .strip_prefix("../../components/")
+                .unwrap_or_else(|| panic!("{o}: {c} is not one of components/"));
+            assert!(components.iter().any(|x| x == name), "{o}: no {c}");
+            in_overlays.insert(name.to_owned());
+        }
+        // A node runs the runtime installer and at most one mode; an overlay never has both.
+        let has = |c: &str| list.contains(&format!("../../components/{c}").as_str());
+        assert!(has("runtime"), "{o}: every overlay installs the runtime");
+        assert!(!(has("device-plugin") && has("dra")), "{o}: two modes");
+    }
+    assert_eq!(
+        in_overlays.into_iter().collect::<Vec<_>>(),
+        components,
+        "a component no overlay uses is never rendered in CI"
+    );
+}
+
+/// Issue 36: device-plugin mode and DRA mode never run on one node, however the overlays are
+/// combined: each DaemonSet selects the nodes whose `accel-container-runtime/mode` label names
+/// it, and a label has one value.
+#[test]
+fn the_modes_select_disjoint_nodes() {
+    let mode = |rel: &str| -> String {
+        let docs = yaml_docs(rel);
+        let ds = docs
+            .iter()
+            .find(|d| s(d, &["kind"]) == "DaemonSet")
+            .unwrap();
+        let pod = &ds["spec"]["template"]["spec"];
+        assert!(pod["affinity"].is_null(), "{rel}: the label alone selects");
+        s(pod, &["nodeSelector", "accel-container-runtime/mode"]).to_owned()
+    };
+    assert_eq!(mode(PLUGIN), "device-plugin");
+    assert_eq!(mode(DRA), "dra");
+}
+
+/// `build-images.sh --set-images` in a copy of the files it reads and writes, with `args`.
+fn set_images(args: &[&str]) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = |rel: &str| {
+        let to = dir.path().join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(repo().join(rel), &to).unwrap();
+    };
+    for rel in [
+        IMAGES,
+        "Cargo.toml",
+        "packaging/kubernetes/base/kustomization.yaml",
+    ] {
+        copy(rel);
+    }
+    let out = Command::new("bash")
+        .arg(dir.path().join(IMAGES))
+        .arg("--set-images")
+        .args(args)
+        .env("PATH", "/usr/bin:/bin")
+        .env("CARGO", "/nonexistent")
+        .output()
+        .unwrap();
+    let after = std::fs::read_to_string(
+        dir.path()
+            .join("packaging/kubernetes/base/kustomization.yaml"),
+    )
+    .unwrap();
+    (
+        out.status.code(),
+        after,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 36: `build-images.sh --push` names what it pushed in the base's images list, the
+/// way `kustomize edit set image` would, and nothing else there; without images named, all
+/// three; a registry that is not one is refused before anything is written.
+#[test]
+fn set_images_names_the_pushed_images_in_the_one_list() {
+    let before = read("packaging/kubernetes/base/kustomization.yaml");
+    let version = cargo_toml()["package"]["version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (code, after, err) = set_images(&[
+        "--registry",
+        "registry.example.com:5000/team",
+        "accel-device-plugin",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let changed: Vec<(&str, &str)> = before
+        .lines()
+        .zip(after.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(
+        changed,
+        [(
+            "  newName: ghcr.io/accel-container-runtime/accel-device-plugin",
+            "  newName: registry.example.com:5000/team/accel-device-plugin"
+        )]
+    );
+    assert_eq!(before.lines().count(), after.lines().count());
+
+    let (code, after, err) = set_images(&["--registry", "r.example/x"]);
+    assert_eq!(code, Some(0), "{err}");
+    let images: BTreeMap<String, (String, String)> = serde_yaml_ng::from_str::<Yaml>(&after)
+        .unwrap()["images"]
+        .as_sequence()
+        .unwrap()
         .iter()
-        .filter_map(|l| l.strip_prefix("COPY --from=build "))
-        .flat_map(|rest| {
-            let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
-            words.pop();
-            words
+        .map(|i| {
+            (
+                s(i, &["name"]).to_owned(),
+                (s(i, &["newName"]).to_owned(), s(i, &["newTag"]).to_owned()),
+            )
         })
         .collect();
-    assert!(!copied.is_empty(), "{rel} copies nothing from its build");
-    for src in &copied {
-        let name = Path::new(src).file_name().unwrap().to_str().unwrap();
-        assert!(bins.contains(name), "{rel}: {src} is not a [[bin]]");
-        assert!(
-            run.contains(&format!("\"target/$triple/release/{name}\"")),
-            "{rel}: {src} is not the target/$triple build: {run}"
-        );
-        assert!(
-            run.split("strip ")
-                .nth(1)
-                .is_some_and(|s| s.contains(src.as_str())),
-            "{rel}: {src} is not stripped: {run}"
-        );
-    }
-    copied
-}
-
-#[test]
-fn every_image_builds_what_the_packages_ship() {
-    let files = dockerfiles();
-    assert_eq!(
-        files,
-        [
-            "packaging/Dockerfile",
-            "packaging/Dockerfile.device-plugin",
-            "packaging/Dockerfile.dra-driver",
-            "packaging/Dockerfile.exporter"
-        ],
-        "a new recipe: check that this test's reading of it still holds"
-    );
-    for rel in &files {
-        assert_image_builds_what_the_packages_ship(rel);
-    }
-}
-
-/// An image that is one binary and nothing else: `bin` built with `feature` in the build stage,
-/// a `scratch` final stage that copies it to /usr/bin and runs it, and a `.dockerignore` that
-/// keeps the host's target/ out of the build context.
-fn assert_single_binary_image(rel: &str, bin: &str, feature: &str) {
-    assert_eq!(
-        assert_image_builds_what_the_packages_ship(rel),
-        [format!("/{bin}")]
-    );
-    let lines = logical_lines(&read(rel));
-    let run = lines
-        .iter()
-        .find(|l| l.starts_with("RUN "))
-        .expect("a RUN line");
-    let words = cargo_build_words(run);
-    for w in ["--features", feature, "--bin", bin] {
-        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
-    }
-    let stages: Vec<&str> = lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("FROM "))
-        .collect();
-    assert_eq!(stages[1..], ["scratch"]);
-    let copies: Vec<&String> = lines.iter().filter(|l| l.starts_with("COPY ")).collect();
-    assert_eq!(
-        copies.last().unwrap().as_str(),
-        format!("COPY --from=build /{bin} /usr/bin/{bin}")
-    );
-    assert!(lines
-        .iter()
-        .any(|l| *l == format!(r#"ENTRYPOINT ["/usr/bin/{bin}"]"#)));
-    assert!(read(&format!("{rel}.dockerignore"))
-        .lines()
-        .any(|l| l == "target"));
-}
-
-/// The plugin's image is the binary and nothing else.
-#[test]
-fn device_plugin_image_builds_what_the_packages_ship() {
-    assert_single_binary_image(
-        "packaging/Dockerfile.device-plugin",
+    for name in [
+        "accel-container-runtime",
         "accel-device-plugin",
-        "plugin",
-    );
-}
-
-/// The DRA driver's image is the binary and nothing else, built with its feature.
-#[test]
-fn dra_driver_image_builds_what_the_packages_ship() {
-    assert_single_binary_image("packaging/Dockerfile.dra-driver", "accel-dra-driver", "dra");
-}
-
-/// The exporter's image is the binary and nothing else, built with its feature; the
-/// packages ship it and its unit.
-#[test]
-fn exporter_image_and_packages_ship_it() {
-    assert_single_binary_image(
-        "packaging/Dockerfile.exporter",
-        "accel-exporter",
-        "exporter",
-    );
-    let toml = read("Cargo.toml");
-    for want in [
-        r#"["target/release/accel-exporter", "usr/bin/accel-exporter", "755"]"#,
-        r#"["packaging/systemd/accel-exporter.service", "lib/systemd/system/accel-exporter.service", "644"]"#,
-        r#"{ source = "target/release/accel-exporter", dest = "/usr/bin/accel-exporter", mode = "755" }"#,
-        r#"{ source = "packaging/systemd/accel-exporter.service", dest = "/lib/systemd/system/accel-exporter.service", mode = "644" }"#,
+        "accel-dra-driver",
     ] {
-        assert!(toml.contains(want), "Cargo.toml lacks {want}");
-    }
-    let script = read("packaging/build-packages.sh");
-    for want in [
-        "/usr/bin/accel-exporter\n",
-        "/lib/systemd/system/accel-exporter.service\n",
-    ] {
-        assert!(
-            script.contains(want),
-            "build-packages.sh does not check {want}"
+        assert_eq!(
+            images[name],
+            (format!("r.example/x/{name}"), version.clone())
         );
     }
-    let unit = read("packaging/systemd/accel-exporter.service");
-    assert!(unit
-        .lines()
-        .any(|l| l.starts_with("ExecStart=/usr/bin/accel-exporter ")));
+    assert_eq!(images["pause"].0, "registry.k8s.io/pause");
+
+    for bad in ["Registry.Example", "r.example/x/", "r.example x", "-r"] {
+        let (code, after, err) = set_images(&["--registry", bad]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(after, before, "{bad}");
+    }
 }
 
 /// `accel-ctk runtime configure --dry-run` output for a config file holding `start`
@@ -841,7 +970,7 @@ fn entrypoint(image: &Path, host: &Path, mode: &str) -> String {
 #[test]
 fn image_entrypoint_installs_on_the_node_and_uninstalls() {
     let dir = tempfile::tempdir().unwrap();
-    // The image, laid out as packaging/Dockerfile lays it out.
+    // The image, laid out as packaging/build-images.sh lays it out (ACCEL_IMAGE_DIR).
     let image = dir.path().join("image");
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
     std::fs::create_dir_all(image.join("bin")).unwrap();
@@ -1155,7 +1284,7 @@ fn guest_builder_prints_only_the_image_dir_into_an_empty_cache() {
 /// is safe only under Pod Security "baseline".
 #[test]
 fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
-    let manifest = read("packaging/kubernetes/accel-device-plugin-daemonset.yaml");
+    let manifest = read(PLUGIN);
     let readme = read("README.md");
     let security_doc = read("docs/security.md");
     let header: String = manifest
@@ -1187,4 +1316,34 @@ fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
             "the security model's Pod Security section does not name {want}"
         );
     }
+}
+
+/// The packages ship accel-exporter and its unit; build-packages.sh builds it with its feature
+/// and checks both are in the .deb and the .rpm.
+#[test]
+fn packages_ship_the_exporter_and_its_unit() {
+    let toml = read("Cargo.toml");
+    for want in [
+        r#"["target/release/accel-exporter", "usr/bin/accel-exporter", "755"]"#,
+        r#"["packaging/systemd/accel-exporter.service", "lib/systemd/system/accel-exporter.service", "644"]"#,
+        r#"{ source = "target/release/accel-exporter", dest = "/usr/bin/accel-exporter", mode = "755" }"#,
+        r#"{ source = "packaging/systemd/accel-exporter.service", dest = "/lib/systemd/system/accel-exporter.service", mode = "644" }"#,
+    ] {
+        assert!(toml.contains(want), "Cargo.toml lacks {want}");
+    }
+    let script = read("packaging/build-packages.sh");
+    assert!(script.contains("--features exporter --bin accel-exporter"));
+    for want in [
+        "/usr/bin/accel-exporter\n",
+        "/lib/systemd/system/accel-exporter.service\n",
+    ] {
+        assert!(
+            script.contains(want),
+            "build-packages.sh does not check {want}"
+        );
+    }
+    let unit = read("packaging/systemd/accel-exporter.service");
+    assert!(unit
+        .lines()
+        .any(|l| l.starts_with("ExecStart=/usr/bin/accel-exporter ")));
 }

@@ -250,7 +250,12 @@ fn the_dra_driver_publishes_and_prepares_the_real_gpus() {
                 g.bus.as_str(),
                 "{d}"
             );
-            assert_eq!(a["driverVersion"]["string"], g.driver.as_str(), "{d}");
+            assert_eq!(a["driverVersionText"]["string"], g.driver.as_str(), "{d}");
+            assert_eq!(
+                a["driverVersion"]["version"].as_str(),
+                accel_container_runtime::dra::slices::semver(&g.driver).as_deref(),
+                "{d}"
+            );
             assert_eq!(a["vendor"]["string"], "nvidia", "{d}");
             assert_eq!(a["model"]["string"], g.name.as_str(), "{d}");
             match numa_of(&g.bus) {

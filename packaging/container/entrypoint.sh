@@ -1,5 +1,5 @@
 #!/bin/sh
-# Entrypoint of the installer image (packaging/Dockerfile), run by the DaemonSet's privileged
+# Entrypoint of the installer image (packaging/build-images.sh), run by the DaemonSet's privileged
 # init container on every selected node:
 #   install    copy the binaries to the node (HOST_ROOT + INSTALL_DIR), add the config and the
 #              file profiles where the node has none, register the runtime in the node's
@@ -34,7 +34,9 @@ node_config="$HOST_ROOT$CONTAINERD_CONFIG"
 
 say() { echo "accel-entrypoint: $*" >&2; }
 
-checksum() { if [ -e "$1" ]; then cksum <"$1"; else echo none; fi; }
+# sha256sum, not cksum: the image's shell and tools are busybox's, which has no cksum (and a
+# failed command substitution in an assignment ends the script under set -e).
+checksum() { if [ -e "$1" ]; then sha256sum <"$1"; else echo none; fi; }
 
 restart_containerd() {
     if [ "$RESTART_CONTAINERD" != true ]; then

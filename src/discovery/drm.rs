@@ -232,6 +232,28 @@ pub(crate) fn model_in(root: &Root, profile: &Profile, device: &Device) -> Optio
     pci_id(root, &dir)
 }
 
+/// The device memory of a device a DRM-class profile found, in bytes, where its kernel driver
+/// reports it in sysfs (amdgpu and Hygon's DCU: `mem_info_vram_total` in the PCI function's
+/// directory; Documentation/gpu/amdgpu/driver-misc.rst). `None` for other profiles' devices
+/// and drivers that do not say. Read as discovery reads every driver file: in the root, a
+/// regular file only, bounded.
+pub fn memory_of(profile: &Profile, device: &Device) -> Option<u64> {
+    if !matches!(profile.discovery, crate::profile::Discovery::Drm { .. }) {
+        return None;
+    }
+    let root = Root::open(&profile.driver_root).ok()?;
+    let name = device.nodes.first()?.file_name()?.to_str()?;
+    let (bdf, dir) = function_of(&root, name)?;
+    if device.pci_bus_id.as_deref() != Some(bdf.as_str()) {
+        return None;
+    }
+    attr(&root, &dir, "mem_info_vram_total")
+        .ok()??
+        .parse::<u64>()
+        .ok()
+        .filter(|b| *b > 0)
+}
+
 /// The PCI vendor and device id of function `bdf` as `1002-74a1` (lspci's `1002:74a1` in
 /// characters a node label value allows): the model, as far as sysfs names it. Read through
 /// the function's DRM class entries, so only a function with DRM nodes has one.

@@ -1,8 +1,8 @@
 //! The propagation of the host's `/` mount, which decides whether the device-plugin and DRA
 //! DaemonSets can start (issue 32, class 12).
 //!
-//! Both DaemonSets (packaging/kubernetes/accel-device-plugin-daemonset.yaml,
-//! accel-dra-driver-daemonset.yaml) mount the host's `/` with `mountPropagation:
+//! Both DaemonSets (packaging/kubernetes/components/device-plugin/accel-device-plugin.yaml,
+//! components/dra/accel-dra-driver.yaml) mount the host's `/` with `mountPropagation:
 //! HostToContainer`, which the runtime makes an `rslave` bind mount. containerd (and docker)
 //! accept that only where the source mount is shared or a slave, and otherwise refuse the
 //! container with nothing but `path "/" is mounted on "/" but it is not a shared or slave

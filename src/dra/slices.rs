@@ -3,10 +3,13 @@
 //! a device has taints), every slice of the pool carrying the pool's generation and count.
 //!
 //! Attributes (unprefixed ones are in the driver's own domain): `vendor`, `index`, `uuid`
-//! where the vendor has one, `driverVersion`, `model` where known, `numaNode`, `pcieSwitch`
-//! (so a claim can `matchAttribute` on it: no standard name exists), and the standard
-//! `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` and
-//! `resource.kubernetes.io/numaNode`. An unhealthy device keeps its place and gets the taint
+//! where the vendor has one (unique on the node), `driverVersion` as a `version` (semver:
+//! `580.65.06` is published as `580.65.6`, so `isGreaterThan(semver(...))` works) with the
+//! vendor's own text in `driverVersionText` (a version that cannot be made semver is left out
+//! of `driverVersion`, said once, never a refused slice), `model` where known, `numaNode`,
+//! `pcieSwitch` (so a claim can `matchAttribute` on it: no standard name exists), and the
+//! standard `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` and
+//! `resource.kubernetes.io/numaNode`. Capacity: `memory`, where discovery can read it. An unhealthy device keeps its place and gets the taint
 //! `<driver>/unhealthy` with effect `NoSchedule`, so claims already holding it stay
 //! explainable and new ones avoid it (where the cluster has `DRADeviceTaints`).
 //!
@@ -16,8 +19,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::names::STANDARD_DOMAIN;
@@ -50,6 +55,50 @@ fn string(s: &str) -> Option<DeviceAttribute> {
     })
 }
 
+/// A driver version as semver 2.0.0, what the API's `version` attribute takes: up to three
+/// dotted numbers, leading zeros dropped, missing parts 0 (`580.65.06` → `580.65.6`, `9.0` →
+/// `9.0.0`). `None` for anything else (four parts, letters, a number past u64): a vendor's
+/// version that is not one is left out rather than rejected with the whole slice.
+pub fn semver(v: &str) -> Option<String> {
+    let parts: Vec<&str> = v.split('.').collect();
+    if parts.len() > 3 || v.len() > MAX_STRING {
+        return None;
+    }
+    let mut nums = Vec::with_capacity(3);
+    for p in parts {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        nums.push(p.parse::<u64>().ok()?);
+    }
+    nums.resize(3, 0);
+    Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
+}
+
+/// Says once per process that `version` of `driver` is published without `driverVersion`.
+fn not_semver(driver: &str, version: &str) {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static SAID: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.insert((driver.to_string(), version.to_string())) {
+        log::warn!(
+            "{driver}: driver version {:?} is not semver (three dotted numbers); published as driverVersionText only",
+            version.chars().take(64).collect::<String>()
+        );
+    }
+}
+
+/// A byte count as a Kubernetes quantity: `16Gi` where it is a whole number of GiB, else
+/// `Mi`, else bytes.
+fn bytes(b: u64) -> Quantity {
+    Quantity(match b {
+        b if b % (1 << 30) == 0 => format!("{}Gi", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}Mi", b >> 20),
+        b => b.to_string(),
+    })
+}
+
 fn int(i: i64) -> DeviceAttribute {
     DeviceAttribute {
         int: Some(i),
@@ -68,7 +117,19 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
     put("vendor", string(pool.vendor));
     put("index", Some(int(d.dev.index.into())));
     put("uuid", d.dev.uuid.as_deref().and_then(string));
-    put("driverVersion", pool.driver_version.and_then(string));
+    if let Some(v) = pool.driver_version {
+        put("driverVersionText", string(v));
+        match semver(v) {
+            Some(sv) => put(
+                "driverVersion",
+                Some(DeviceAttribute {
+                    version: Some(sv),
+                    ..DeviceAttribute::default()
+                }),
+            ),
+            None => not_semver(pool.driver, v),
+        }
+    }
     put("model", d.dev.model.as_deref().and_then(string));
     if let Some(p) = &d.dev.pci {
         put(&format!("{STANDARD_DOMAIN}/pciBusID"), string(&p.bus_id));
@@ -82,9 +143,19 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
         }
     }
     put("pcieSwitch", d.dev.switch.as_deref().and_then(string));
+    let capacity = d.dev.memory.map(|m| {
+        BTreeMap::from([(
+            "memory".to_string(),
+            DeviceCapacity {
+                value: bytes(m),
+                ..DeviceCapacity::default()
+            },
+        )])
+    });
     Device {
         name: d.name.clone(),
         attributes: Some(a),
+        capacity,
         taints: (!healthy).then(|| {
             vec![DeviceTaint {
                 key: format!("{}/unhealthy", pool.driver),
@@ -172,6 +243,7 @@ mod tests {
                     1 => Some("x".repeat(65)),
                     _ => None,
                 },
+                memory: (i == 0).then_some(16 << 30),
                 pci: Some(PciLocation {
                     bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
                     numa_node: Some(i / 4),
@@ -184,6 +256,40 @@ mod tests {
                 host_nodes: vec![],
             },
         }
+    }
+
+    /// Issue 36: the driver version as the API's `version` takes it (semver.org 2.0.0), from
+    /// what vendors print; anything else is left out.
+    #[test]
+    fn driver_versions_become_semver_or_nothing() {
+        for (v, want) in [
+            ("580.65.06", Some("580.65.6")),
+            ("550.54.14", Some("550.54.14")),
+            ("9.0", Some("9.0.0")),
+            ("7", Some("7.0.0")),
+            ("0.0.0", Some("0.0.0")),
+            ("00012.000.0", Some("12.0.0")),
+            ("1.2.3.4", None),
+            ("6.8.5-rc1", None),
+            ("1..2", None),
+            ("", None),
+            (".1.2", None),
+            ("1.2.", None),
+            ("v1.2.3", None),
+            ("١.٢.٣", None),
+            ("99999999999999999999.1.1", None),
+            ("1.2.3\n", None),
+        ] {
+            assert_eq!(semver(v).as_deref(), want, "{v:?}");
+        }
+        assert_eq!(semver(&format!("1.2.{}", "3".repeat(70))), None);
+    }
+
+    #[test]
+    fn memory_is_a_capacity_in_binary_units() {
+        assert_eq!(bytes(16 << 30).0, "16Gi");
+        assert_eq!(bytes(1536 << 20).0, "1536Mi");
+        assert_eq!(bytes(1000).0, "1000");
     }
 
     /// Issue 32 class 10: a valid node name of 253 characters made every slice name longer
@@ -255,6 +361,11 @@ mod tests {
         );
         assert_eq!(d0["attributes"]["pcieSwitch"]["string"], "0000:01:00.0");
         assert_eq!(d0["attributes"]["index"]["int"], 0);
+        assert_eq!(d0["capacity"]["memory"]["value"], "16Gi");
+        assert!(v["spec"]["devices"][1].get("capacity").is_none());
+        // 1.2.3.4 is not semver: its text only.
+        assert_eq!(d0["attributes"]["driverVersionText"]["string"], "1.2.3.4");
+        assert!(d0["attributes"].get("driverVersion").is_none());
         assert_eq!(d0["attributes"]["model"]["string"], "NVIDIA H100 80GB HBM3");
         for i in [1, 2] {
             assert!(v["spec"]["devices"][i]["attributes"].get("model").is_none());

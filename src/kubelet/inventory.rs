@@ -39,6 +39,9 @@ pub struct NodeDevice {
     pub minor: Option<u32>,
     /// See [`crate::discovery::Device::model`].
     pub model: Option<String>,
+    /// Device memory in bytes, where discovery can read it
+    /// ([`crate::discovery::drm::memory_of`]).
+    pub memory: Option<u64>,
     pub pci: Option<PciLocation>,
     /// The bridge (the switch's upstream port) this device shares with another of the
     /// profile's devices; `None` when it sits alone under its bridges.
@@ -95,6 +98,7 @@ impl NodeDevice {
             pci_bus_id: None,
             minor: None,
             model: None,
+            memory: None,
             pci: None,
             switch: None,
             place: Place::default(),
@@ -121,7 +125,9 @@ pub fn discover(profile: &Profile) -> Result<Vec<NodeDevice>, DiscoveryError> {
         .zip(switches)
         .map(|(l, switch)| {
             let d = l.device;
+            let memory = crate::discovery::drm::memory_of(profile, &d);
             NodeDevice {
+                memory,
                 index: d.index,
                 key: d.key(&profile.discovery),
                 name: d.stable_name(&profile.discovery),

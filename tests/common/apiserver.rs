@@ -215,6 +215,31 @@ fn label_ok(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// semver.org 2.0.0 without pre-release or build parts (what the driver may publish):
+/// three numbers, no leading zeros, at most 64 characters.
+fn semver_ok(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    v.len() <= 64
+        && parts.len() == 3
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (*p == "0" || !p.starts_with('0'))
+        })
+}
+
+/// A Kubernetes quantity of whole units with an optional binary or decimal suffix.
+fn quantity_ok(q: &str) -> bool {
+    let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &q[digits.len()..];
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && [
+            "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+        ]
+        .contains(&suffix)
+}
+
 /// What the real API server's validation of a v1 ResourceSlice refuses, among the rules the
 /// driver could break.
 fn invalid(slice: &Value) -> Option<String> {
@@ -259,6 +284,16 @@ fn invalid(slice: &Value) -> Option<String> {
             });
             if !c_ident || !one || v["string"].as_str().is_some_and(|s| s.len() > 64) {
                 return Some(format!("{name}: attribute {k}: {v}"));
+            }
+            if let Some(ver) = v.get("version") {
+                if !semver_ok(ver.as_str().unwrap_or_default()) {
+                    return Some(format!("{name}: attribute {k}: {ver} is not semver"));
+                }
+            }
+        }
+        for (k, c) in d["capacity"].as_object().cloned().unwrap_or_default() {
+            if !quantity_ok(c["value"].as_str().unwrap_or_default()) {
+                return Some(format!("{name}: capacity {k}: {c}"));
             }
         }
         for t in d["taints"].as_array().cloned().unwrap_or_default() {
