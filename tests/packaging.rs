@@ -359,7 +359,7 @@ fn shipped_builds(rel: &str) -> Vec<Vec<String>> {
 fn image_script_builds_what_the_packages_ship() {
     let packages = shipped_builds("packaging/build-packages.sh");
     let images = shipped_builds(IMAGES);
-    assert_eq!(images.len(), 3, "{images:?}");
+    assert_eq!(images.len(), 4, "{images:?}");
     for words in &images {
         assert!(
             packages.contains(words),
@@ -377,6 +377,7 @@ fn image_script_builds_what_the_packages_ship() {
     };
     assert!(with("plugin", "accel-device-plugin"));
     assert!(with("dra", "accel-dra-driver"));
+    assert!(with("exporter", "accel-exporter"));
     assert!(images.iter().any(|w| w.contains(&"--bins".to_owned())));
     let script = read(IMAGES);
     assert!(script.contains("'Requesting program interpreter'"));
@@ -435,7 +436,7 @@ fn kustomize_layout_names_every_image_in_one_place() {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
-    assert_eq!(ours.len(), 3, "{ours:?}");
+    assert_eq!(ours.len(), 4, "{ours:?}");
     let listed = base_images();
     for (name, new_name, tag) in &listed {
         if ours.contains(name) {
@@ -631,6 +632,7 @@ fn set_images_names_the_pushed_images_in_the_one_list() {
         "accel-container-runtime",
         "accel-device-plugin",
         "accel-dra-driver",
+        "accel-exporter",
     ] {
         assert_eq!(
             images[name],
