@@ -19,12 +19,15 @@
 //! its CDI spec is removed (the record stays, so the claim still unprepares).
 //! Records written before identities were kept have theirs read back from the device nodes
 //! their CDI spec gave the container.
+//!
+//! Nothing is kept in memory across calls: every prepare and unprepare takes an exclusive
+//! lock on the state directory and reads the records there, so two instances of the driver
+//! (the old and the new pod of a rolling update, each registered with kubelet, which may call
+//! either) decide on the same records, and neither gives a device another has given.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
@@ -156,8 +159,11 @@ pub struct Claims {
     pub host_root: HostRoot,
     /// This boot's id ([`boot_id`]).
     pub boot_id: String,
-    records: Mutex<HashMap<String, Record>>,
 }
+
+/// The state directory's lock, held for one prepare or unprepare (`flock`, released when
+/// dropped); every instance of the driver takes the same one.
+struct Locked(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
 impl Claims {
     /// The driver's claims, with the records a previous run left in `state_dir`. A record
@@ -175,9 +181,41 @@ impl Claims {
     ) -> std::io::Result<Claims> {
         crate::atomic::make_dirs(&state_dir)?;
         std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(Claims {
+            driver,
+            pool,
+            cdi_dir,
+            state_dir,
+            library_dir,
+            host_root,
+            boot_id,
+        })
+    }
+
+    /// The state directory locked for this caller: waits for another prepare or unprepare,
+    /// of this instance or another, to end.
+    fn exclusive(&self) -> std::io::Result<Locked> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.state_dir.join(".lock"))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map(Locked)
+            .map_err(|(_, e)| e.into())
+    }
+
+    /// The records in the state directory now. A record not owned by this user, writable by
+    /// others, larger than a record can be or not a regular file is not trusted (skipped,
+    /// and said so). Records of older versions get their devices' identities from the device
+    /// nodes of their CDI spec.
+    fn records(&self) -> std::io::Result<HashMap<String, Record>> {
         let mut records = HashMap::new();
         let me = nix::unistd::geteuid().as_raw();
-        for entry in std::fs::read_dir(&state_dir)? {
+        for entry in std::fs::read_dir(&self.state_dir)? {
             let path = entry?.path();
             if path.extension().is_none_or(|e| e != "json") {
                 continue;
@@ -194,32 +232,16 @@ impl Claims {
                         && path.file_stem().is_some_and(|s| s == r.claim.uid.as_str())
                 });
             match record {
-                Some(r) => {
+                Some(mut r) => {
+                    if r.devices.iter().any(|d| d.identity.is_none()) {
+                        self.identify_from_spec(&mut r);
+                    }
                     records.insert(r.claim.uid.clone(), r);
                 }
-                None => log::warn!(
-                    "{driver}: ignoring claim record {} (unreadable, not ours, writable by others, or over {MAX_RECORD} bytes)",
-                    path.display()
-                ),
+                None => ignored_once(&self.driver, &path),
             }
         }
-        let claims = Claims {
-            driver,
-            pool,
-            cdi_dir,
-            state_dir,
-            library_dir,
-            host_root,
-            boot_id,
-            records: Mutex::new(HashMap::new()),
-        };
-        for (uid, mut r) in records {
-            if r.devices.iter().any(|d| d.identity.is_none()) {
-                claims.identify_from_spec(&mut r);
-            }
-            claims.lock().insert(uid, r);
-        }
-        Ok(claims)
+        Ok(records)
     }
 
     /// Fills in the identities an older record lacks from the device nodes its CDI spec gave
@@ -274,13 +296,11 @@ impl Claims {
         self.state_dir.join(format!("{uid}.json"))
     }
 
-    /// The UIDs of the claims prepared now.
+    /// The UIDs of the claims prepared now (by any instance).
     pub fn prepared(&self) -> BTreeSet<String> {
-        self.lock().keys().cloned().collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
+        self.records()
+            .map(|r| r.into_keys().collect())
+            .unwrap_or_default()
     }
 
     /// Prepares `claim` (as read from the API server) for `r`: the devices it was given by
@@ -376,7 +396,15 @@ impl Claims {
         }
         let devices: Vec<Prepared> = wanted.iter().map(|(p, _)| p.clone()).collect();
         let spec_path = self.spec_path(&r.uid);
-        if let Some(rec) = self.lock().get(&r.uid) {
+        let state_err = |e: std::io::Error| {
+            format!(
+                "{r}: cannot read the claim records in {}: {e}",
+                self.state_dir.display()
+            )
+        };
+        let _locked = self.exclusive().map_err(state_err)?;
+        let records = self.records().map_err(state_err)?;
+        if let Some(rec) = records.get(&r.uid) {
             if let Err(e) = self.check_again(r, rec, &devices) {
                 // The old spec names the nodes of what the device was: left in place, it
                 // would give them to any container started with the claim's CDI IDs, which
@@ -400,7 +428,6 @@ impl Claims {
             Some(self.claim_spec(profile, r, &chosen)?)
         };
 
-        let mut records = self.lock();
         for p in devices.iter().filter(|p| !p.admin_access) {
             let mine = p.identity.as_ref().expect("set above");
             for other in records.values().filter(|o| o.claim.uid != r.uid) {
@@ -446,7 +473,6 @@ impl Claims {
                 rec_path.display()
             ));
         }
-        records.insert(r.uid.clone(), record);
         Ok(devices)
     }
 
@@ -537,7 +563,12 @@ impl Claims {
         if !names::valid_uid(uid) {
             return Err(format!("claim UID {uid:?} is not a UID"));
         }
-        let mut records = self.lock();
+        let _locked = self.exclusive().map_err(|e| {
+            format!(
+                "cannot lock the claim records in {}: {e}",
+                self.state_dir.display()
+            )
+        })?;
         for path in [self.spec_path(uid), self.record_path(uid)] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
@@ -545,8 +576,24 @@ impl Claims {
                 Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
             }
         }
-        records.remove(uid);
         Ok(())
+    }
+}
+
+/// Says once per process that the record at `path` is not trusted (every call reads the
+/// records again).
+fn ignored_once(driver: &str, path: &Path) {
+    use std::sync::Mutex;
+    static SAID: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+    if SAID
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf())
+    {
+        log::warn!(
+            "{driver}: ignoring claim record {} (unreadable, not ours, writable by others, or over {MAX_RECORD} bytes)",
+            path.display()
+        );
     }
 }
 
