@@ -6,7 +6,7 @@
 #
 #   packaging/build-images.sh [OPTIONS] [IMAGE...]
 #
-# IMAGE (default: all three):
+# IMAGE (default: all four):
 #   accel-container-runtime  the installer: the runtime and accel-ctk in
 #                            /opt/accel-container-runtime/bin, the config and the profiles in
 #                            /opt/accel-container-runtime/etc, the entrypoint
@@ -15,6 +15,8 @@
 #                            links in /bin), for the entrypoint and the checkpoint installer
 #   accel-device-plugin      /usr/bin/accel-device-plugin and nothing else
 #   accel-dra-driver         /usr/bin/accel-dra-driver and nothing else
+#   accel-exporter           /usr/bin/accel-exporter and nothing else (vendor CLIs run
+#                            chrooted in the host's tree, with the host's libraries)
 # Each is REGISTRY/IMAGE:VERSION, VERSION the crate's (Cargo.toml), in OUT/IMAGE.tar.
 #
 # Options:
@@ -54,7 +56,7 @@ fail() {
     exit 1
 }
 
-all_images="accel-container-runtime accel-device-plugin accel-dra-driver"
+all_images="accel-container-runtime accel-device-plugin accel-dra-driver accel-exporter"
 build=1
 bin_dir=
 out=target/images
@@ -147,6 +149,9 @@ if [ "$build" = 1 ]; then
     fi
     if needs accel-dra-driver; then
         RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
+    fi
+    if needs accel-exporter; then
+        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features exporter --bin accel-exporter
     fi
 fi
 bin_dir="${bin_dir:-target/$triple/release}"
@@ -266,7 +271,7 @@ for image in $images; do
             write_image "$image" "$root" "$(json_array /usr/local/bin/accel-entrypoint)" \
                 "$(json_array install)" "packaging/build-images.sh: /bin/busybox is $busybox_says"
             ;;
-        accel-device-plugin|accel-dra-driver)
+        accel-device-plugin|accel-dra-driver|accel-exporter)
             put_binary "$bin_dir/$image" "$root/usr/bin/$image"
             write_image "$image" "$root" "$(json_array "/usr/bin/$image")" null \
                 "packaging/build-images.sh"

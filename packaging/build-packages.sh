@@ -49,8 +49,10 @@ if [ "$build" = 1 ]; then
     # The DRA driver (feature `dra`: the API client too), for the packages and its image
     # (packaging/build-images.sh builds the images of these same commands).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
+    # The exporter (feature `exporter`), for the packages.
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features exporter --bin accel-exporter
 fi
-for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver; do
+for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver accel-exporter; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
     # The shipped build is static: it has no program interpreter (PT_INTERP).
@@ -84,8 +86,10 @@ expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-ctk
 /usr/bin/accel-device-plugin
 /usr/bin/accel-dra-driver
+/usr/bin/accel-exporter
 /lib/systemd/system/accel-device-plugin.service
 /lib/systemd/system/accel-dra-driver.service
+/lib/systemd/system/accel-exporter.service
 /lib/systemd/system/accel-ctk-checkpoint.service
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh

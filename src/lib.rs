@@ -17,7 +17,9 @@
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
 //! device table, kubelet's protocols compiled from `.proto` files, sockets; its gRPC half only
 //! with the `plugin` feature) → `ctk` (accel-ctk's subcommands), `plugin`
-//! (accel-device-plugin), `dra` (accel-dra-driver, only with the `dra` feature) → binaries.
+//! (accel-device-plugin), `dra` (accel-dra-driver, only with the `dra` feature) → `exporter`
+//! (accel-exporter, only with the `exporter` feature; it uses `plugin::devices` and
+//! `dra::names` for the names kubelet reports devices by) → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -31,11 +33,14 @@ pub mod ctk;
 pub mod devchar;
 pub mod discovery;
 pub mod doctor;
-#[cfg(feature = "dra")]
+// With `exporter` alone, only the DRA driver's names (`dra::names`, pure).
+#[cfg(any(feature = "dra", feature = "exporter"))]
 pub mod dra;
 pub mod edits;
 pub mod engine;
 pub mod exec;
+#[cfg(feature = "exporter")]
+pub mod exporter;
 pub mod facts;
 pub mod inroot;
 pub mod keys;

@@ -53,6 +53,7 @@ const PLUGIN: Workload = ("device-plugin", "accel-device-plugin");
 const CHECKPOINT: Workload = ("device-plugin", "accel-ctk-checkpoint");
 const PLUGIN_LABELS: Workload = ("device-plugin-labels", "accel-device-plugin");
 const DRA: Workload = ("dra", "accel-dra-driver");
+const EXPORTER: Workload = ("exporter", "accel-exporter");
 
 const KUBE: &str = "packaging/kubernetes";
 
@@ -62,6 +63,7 @@ const OUR_IMAGES: &[&str] = &[
     "accel-container-runtime",
     "accel-device-plugin",
     "accel-dra-driver",
+    "accel-exporter",
 ];
 const REGISTRY: &str = "ghcr.io/accel-container-runtime";
 const PAUSE: &str = "registry.k8s.io/pause:3.9";
@@ -321,6 +323,7 @@ fn archives() -> &'static Path {
             .iter()
             .copied()
             .filter(|i| cfg!(feature = "dra") || *i != "accel-dra-driver")
+            .filter(|i| cfg!(feature = "exporter") || *i != "accel-exporter")
             .collect();
         build_images(&dir, &images);
         dir
@@ -952,8 +955,9 @@ impl Pod {
 #[test]
 fn every_workload_of_every_overlay_is_started_by_a_test_here() {
     // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
-    // with `--features dra` (.ci/run runs this file so).
-    let tested = [RUNTIME, PLUGIN, CHECKPOINT, PLUGIN_LABELS, DRA];
+    // with `--features dra`, the exporter's by `exporter_daemonset_starts_and_serves`, built
+    // with `--features exporter` (.ci/run runs this file with both).
+    let tested = [RUNTIME, PLUGIN, CHECKPOINT, PLUGIN_LABELS, DRA, EXPORTER];
     let all: Vec<(String, BTreeMap<String, Yaml>)> = overlays()
         .into_iter()
         .map(|o| {
@@ -1135,6 +1139,9 @@ fn images_hold_what_the_script_says_and_nothing_else() {
     let mut single = vec!["accel-device-plugin"];
     if cfg!(feature = "dra") {
         single.push("accel-dra-driver");
+    }
+    if cfg!(feature = "exporter") {
+        single.push("accel-exporter");
     }
     for bin in single {
         let (img, tree) = unpacked(bin);
@@ -1575,4 +1582,114 @@ fn dra_driver_daemonset_starts_and_registers() {
     let log = pod.log("accel-dra-driver");
     assert!(log.contains("watching the ResourceSlices"), "{log}");
     pod.assert_stays_running("accel-dra-driver");
+}
+
+/// The exporter starts under its own securityContext (no privilege, SYS_CHROOT alone, read-only
+/// root) with its DaemonSet's mounts, finds the simulated GCUs through its view of the host's
+/// `/`, runs the profile's efsmi chrooted there, and answers a scrape on its port inside the
+/// pod's network namespace with their values; with no kubelet socket in the mounted directory,
+/// it says so in a counter instead of failing.
+#[cfg(feature = "exporter")]
+#[test]
+fn exporter_daemonset_starts_and_serves() {
+    use std::io::{Read as _, Write as _};
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    // efsmi as enflame.toml declares it, run chrooted in the driver root (busybox its shell).
+    std::fs::create_dir_all(sim.path().join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", sim.path().join("bin/sh")).unwrap();
+    let efsmi = sim.path().join("usr/bin/efsmi");
+    std::fs::write(
+        &efsmi,
+        "#!/bin/sh\necho '0, -, 10, 2048, 32768, 55, N/A'\necho '1, -, 20, 4096, 32768, 56, N/A'\n",
+    )
+    .unwrap();
+    chmod(&efsmi, 0o755);
+    let mut node = Node::new();
+    node.map("/", Path::new("/"));
+    let etc = node.path("/etc/accel-container-runtime");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    let pod = Pod::start(EXPORTER, &node, &[]);
+    let name = "accel-exporter";
+    let t = Instant::now();
+    while !pod
+        .log(name)
+        .contains("serving http://0.0.0.0:9477/metrics")
+    {
+        assert!(
+            pod.status(name) == "running" && t.elapsed() < Duration::from_secs(20),
+            "not serving:\n{}",
+            pod.log(name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pod.assert_stays_running(name);
+    // A scrape from inside the pod's network namespace (its loopback brought up, as a CNI
+    // would).
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(&pod.state)
+        .args(["state", &pod.running[name]])
+        .output()
+        .unwrap();
+    let pid = serde_json::from_slice::<Value>(&out.stdout).unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    let netns = format!("/proc/{pid}/ns/net");
+    sh_ok(
+        Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["ip", "link", "set", "lo", "up"]),
+    );
+    let scrape = move || {
+        let ns = std::fs::File::open(&netns).unwrap();
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: setns(2) on this thread alone, with an fd it holds open.
+            assert_eq!(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            let mut s = std::net::TcpStream::connect("127.0.0.1:9477").unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            body
+        })
+        .join()
+        .unwrap()
+    };
+    let t = Instant::now();
+    let page = loop {
+        let page = scrape();
+        if page.contains("accel_memory_used_bytes") || t.elapsed() > Duration::from_secs(20) {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for (device, bytes) in [("0", " 2147483648.0"), ("1", " 4294967296.0")] {
+        assert!(
+            page.lines().any(
+                |l| l.starts_with("accel_memory_used_bytes{profile=\"enflame\"")
+                    && l.contains(&format!("device=\"{device}\""))
+                    && l.ends_with(bytes)
+            ),
+            "device {device}\n{page}\n{}",
+            pod.log(name)
+        );
+    }
+    assert!(
+        page.contains("accel_exporter_pod_resources_errors_total{reason=\"no-socket\"}"),
+        "{page}"
+    );
 }

@@ -359,7 +359,7 @@ fn shipped_builds(rel: &str) -> Vec<Vec<String>> {
 fn image_script_builds_what_the_packages_ship() {
     let packages = shipped_builds("packaging/build-packages.sh");
     let images = shipped_builds(IMAGES);
-    assert_eq!(images.len(), 3, "{images:?}");
+    assert_eq!(images.len(), 4, "{images:?}");
     for words in &images {
         assert!(
             packages.contains(words),
@@ -377,6 +377,7 @@ fn image_script_builds_what_the_packages_ship() {
     };
     assert!(with("plugin", "accel-device-plugin"));
     assert!(with("dra", "accel-dra-driver"));
+    assert!(with("exporter", "accel-exporter"));
     assert!(images.iter().any(|w| w.contains(&"--bins".to_owned())));
     let script = read(IMAGES);
     assert!(script.contains("'Requesting program interpreter'"));
@@ -435,7 +436,7 @@ fn kustomize_layout_names_every_image_in_one_place() {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
-    assert_eq!(ours.len(), 3, "{ours:?}");
+    assert_eq!(ours.len(), 4, "{ours:?}");
     let listed = base_images();
     for (name, new_name, tag) in &listed {
         if ours.contains(name) {
@@ -631,6 +632,7 @@ fn set_images_names_the_pushed_images_in_the_one_list() {
         "accel-container-runtime",
         "accel-device-plugin",
         "accel-dra-driver",
+        "accel-exporter",
     ] {
         assert_eq!(
             images[name],
@@ -1316,4 +1318,34 @@ fn the_volume_mounts_strategy_states_its_pod_security_requirement() {
             "the security model's Pod Security section does not name {want}"
         );
     }
+}
+
+/// The packages ship accel-exporter and its unit; build-packages.sh builds it with its feature
+/// and checks both are in the .deb and the .rpm.
+#[test]
+fn packages_ship_the_exporter_and_its_unit() {
+    let toml = read("Cargo.toml");
+    for want in [
+        r#"["target/release/accel-exporter", "usr/bin/accel-exporter", "755"]"#,
+        r#"["packaging/systemd/accel-exporter.service", "lib/systemd/system/accel-exporter.service", "644"]"#,
+        r#"{ source = "target/release/accel-exporter", dest = "/usr/bin/accel-exporter", mode = "755" }"#,
+        r#"{ source = "packaging/systemd/accel-exporter.service", dest = "/lib/systemd/system/accel-exporter.service", mode = "644" }"#,
+    ] {
+        assert!(toml.contains(want), "Cargo.toml lacks {want}");
+    }
+    let script = read("packaging/build-packages.sh");
+    assert!(script.contains("--features exporter --bin accel-exporter"));
+    for want in [
+        "/usr/bin/accel-exporter\n",
+        "/lib/systemd/system/accel-exporter.service\n",
+    ] {
+        assert!(
+            script.contains(want),
+            "build-packages.sh does not check {want}"
+        );
+    }
+    let unit = read("packaging/systemd/accel-exporter.service");
+    assert!(unit
+        .lines()
+        .any(|l| l.starts_with("ExecStart=/usr/bin/accel-exporter ")));
 }

@@ -45,6 +45,10 @@ struct Args {
     /// How long NFD keeps the labels once this plugin stops rewriting them.
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     nfd_labels_expiry: Duration,
+    /// Serve the plugin's own metrics (registrations, Allocate counts and latency, failures,
+    /// health transitions) at http://<address>/metrics (docs/exporter.md). Off by default.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -100,8 +104,15 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let metrics_address = args.metrics_address;
     rt.block_on(async move {
         let stop = daemon::stop_on_signals()?;
+        if let Some(addr) = metrics_address {
+            use accel_container_runtime::kubelet::metrics;
+            metrics::plugin();
+            let bound = metrics::serve(addr, metrics::daemon_render(), stop.clone()).await?;
+            log::info!("metrics at http://{bound}/metrics");
+        }
         anyhow::Ok(run(config.profiles, opts, stop).await?)
     })
 }

@@ -51,6 +51,11 @@ struct Args {
     /// Seconds between device and health checks.
     #[arg(long, default_value_t = 2.0)]
     poll_seconds: f64,
+    /// Serve the driver's own metrics (registrations, prepare/unprepare counts and latency,
+    /// failures, slice publishes) at http://<address>/metrics (docs/exporter.md). Off by
+    /// default.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -105,6 +110,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         );
     }
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
+    let metrics_address = args.metrics_address;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -114,6 +120,14 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
             .await
             .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
         let stop = daemon::stop_on_signals()?;
+        if let Some(addr) = metrics_address {
+            use accel_container_runtime::kubelet::metrics;
+            metrics::dra();
+            let bound = metrics::serve(addr, metrics::daemon_render(), stop.clone())
+                .await
+                .with_context(|| format!("--metrics-address {addr}"))?;
+            log::info!("metrics at http://{bound}/metrics");
+        }
         run(profiles, client, opts, stop).await?;
         Ok(())
     })

@@ -9,9 +9,15 @@
 //!
 //! Ref: KEP-4381 (structured parameters), k8s.io/api/resource/v1 (types.go).
 
+// accel-exporter (feature `exporter`) uses `names` alone.
+#[cfg(feature = "dra")]
 pub mod claims;
 pub mod names;
+#[cfg(feature = "dra")]
 pub mod publish;
+#[cfg(feature = "dra")]
 pub mod server;
+#[cfg(feature = "dra")]
 pub mod slices;
+#[cfg(feature = "dra")]
 pub mod table;

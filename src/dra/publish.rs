@@ -128,6 +128,16 @@ impl Publisher {
         pool: &Pool<'_>,
         devices: &[Device],
     ) -> Result<bool, PublishError> {
+        let r = self.publish_inner(pool, devices).await;
+        crate::kubelet::metrics::dra().publish(&self.driver, &r);
+        r
+    }
+
+    async fn publish_inner(
+        &mut self,
+        pool: &Pool<'_>,
+        devices: &[Device],
+    ) -> Result<bool, PublishError> {
         // Not waited for: the loop has health to report meanwhile, and the watch's first
         // list wakes it.
         if tokio::time::timeout(Duration::ZERO, self.store.wait_until_ready())

@@ -244,6 +244,7 @@ impl Driver {
     }
 
     async fn prepare_one(self: &Arc<Self>, c: Claim) -> NodePrepareResourceResponse {
+        let started = std::time::Instant::now();
         let r = ClaimRef {
             namespace: c.namespace,
             name: c.name,
@@ -262,6 +263,12 @@ impl Driver {
                 .unwrap_or_else(|e| Err(format!("{r}: prepare failed: {e}")))
             }
         };
+        crate::kubelet::metrics::dra().claim(
+            &self.name,
+            "prepare",
+            started,
+            result.as_ref().err().map(String::as_str),
+        );
         match result {
             Ok(devices) => {
                 log::info!("{}: {r} prepared: {} device(s)", self.name, devices.len());
@@ -323,7 +330,10 @@ impl Driver {
             req.claims
                 .into_iter()
                 .map(|c| {
+                    let started = std::time::Instant::now();
                     let error = me.claims.unprepare(&c.uid).err().unwrap_or_default();
+                    let failed = (!error.is_empty()).then_some(error.as_str());
+                    crate::kubelet::metrics::dra().claim(&me.name, "unprepare", started, failed);
                     if error.is_empty() {
                         log::info!(
                             "{}: claim {}/{} ({}) unprepared",
@@ -361,6 +371,7 @@ impl Driver {
     }
 
     pub fn registration_status(&self, s: RegistrationStatus) {
+        crate::kubelet::metrics::dra().registration(&self.name, s.plugin_registered);
         if s.plugin_registered {
             log::info!("{}: registered with kubelet", self.name);
         } else {

@@ -3,7 +3,8 @@
 //! from a pod (`host_root`) and one socket's identity (`socket::FileId`), all pure; and with
 //! the `plugin` feature kubelet's protocols compiled from `proto/` (`proto`), a client
 //! channel to a socket (`client`), serving on a socket (`socket`) with old kubelets'
-//! `:authority` rewritten (`authority`), and what both daemons' `main` share (`daemon`).
+//! `:authority` rewritten (`authority`), what both daemons' `main` share (`daemon`), and the
+//! metrics endpoint with both daemons' own families (`metrics`).
 //!
 //! Ref: k8s.io/kubelet/pkg/apis (deviceplugin/v1beta1, pluginregistration/v1, dra/v1 and
 //! v1beta1, dra-health, podresources/v1).
@@ -18,6 +19,8 @@ pub mod authority;
 pub mod client;
 #[cfg(feature = "plugin")]
 pub mod daemon;
+#[cfg(feature = "plugin")]
+pub mod metrics;
 #[cfg(feature = "plugin")]
 pub mod proto;
 #[cfg(all(test, feature = "plugin"))]

@@ -154,6 +154,7 @@ async fn manage(
             Some(_) => register_once(&plugin, &opts.kubelet_dir).await,
             None => Err(format!("not serving {}", path.display())),
         };
+        crate::kubelet::metrics::plugin().registration(&plugin.resource, attempt.is_ok());
         let wait = match attempt {
             Ok(()) => {
                 let against = Sockets {

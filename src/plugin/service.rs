@@ -275,12 +275,15 @@ impl Plugin {
                         d.id,
                         if is { HEALTHY } else { UNHEALTHY }
                     ),
-                    Some(j) if old.health[j] != is => log::info!(
-                        "{}: device {} is now {}",
-                        self.resource,
-                        d.id,
-                        if is { HEALTHY } else { UNHEALTHY }
-                    ),
+                    Some(j) if old.health[j] != is => {
+                        crate::kubelet::metrics::plugin().health_transition(&self.resource, is);
+                        log::info!(
+                            "{}: device {} is now {}",
+                            self.resource,
+                            d.id,
+                            if is { HEALTHY } else { UNHEALTHY }
+                        )
+                    }
                     Some(_) => {}
                 }
             }
@@ -630,7 +633,10 @@ impl DevicePlugin for Served {
         &self,
         req: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        self.0.allocate(req.into_inner()).map(Response::new)
+        let started = std::time::Instant::now();
+        let r = self.0.allocate(req.into_inner());
+        crate::kubelet::metrics::plugin().allocation(&self.0.resource, started, &r);
+        r.map(Response::new)
     }
 
     async fn pre_start_container(

@@ -1,0 +1,430 @@
+//! What a scrape renders: the last snapshot of every profile, the last PodResources answer
+//! and the error counts, as metric families built afresh at each scrape (so a device or pod
+//! that is gone leaves no stale series). Nothing here reads a file, calls a library or runs a
+//! program.
+//!
+//! Families and their units (docs/exporter.md has the table): `accel_device_info`,
+//! `accel_device_healthy`, `accel_device_holder_info`, one family per reading kind
+//! ([`family`]), and the exporter's own `accel_exporter_*`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::exemplar::Exemplar;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+
+use crate::profile::MetricKind;
+
+use super::attribution::{holder_labels, pod_labels, Holders};
+use super::snapshot::{Device, Failure, ProfileSnapshot};
+
+/// A family: name (before unit and `_total`), help, unit, type, and the name of its label.
+pub type Family = (
+    &'static str,
+    &'static str,
+    Option<Unit>,
+    MetricType,
+    Option<&'static str>,
+);
+
+/// A reading kind's family.
+pub fn family(kind: MetricKind) -> Option<Family> {
+    use MetricKind::*;
+    use MetricType::{Counter, Gauge};
+    let ratio = || Some(Unit::Other("ratio".into()));
+    Some(match kind {
+        Utilization => (
+            "accel_utilization",
+            "Share of time the device was busy",
+            ratio(),
+            Gauge,
+            None,
+        ),
+        MemoryUtilization => (
+            "accel_memory_utilization",
+            "Share of time the device's memory was being read or written",
+            ratio(),
+            Gauge,
+            None,
+        ),
+        MemoryUsed => (
+            "accel_memory_used",
+            "Device memory in use",
+            Some(Unit::Bytes),
+            Gauge,
+            None,
+        ),
+        MemoryTotal => (
+            "accel_memory_total",
+            "Device memory installed",
+            Some(Unit::Bytes),
+            Gauge,
+            None,
+        ),
+        Temperature => (
+            "accel_temperature",
+            "Temperature, by sensor",
+            Some(Unit::Celsius),
+            Gauge,
+            Some("sensor"),
+        ),
+        Power => (
+            "accel_power",
+            "Power drawn",
+            Some(Unit::Other("watts".into())),
+            Gauge,
+            None,
+        ),
+        PowerLimit => (
+            "accel_power_limit",
+            "Power limit in force",
+            Some(Unit::Other("watts".into())),
+            Gauge,
+            None,
+        ),
+        Energy => (
+            "accel_energy",
+            "Energy consumed since the driver's counter started",
+            Some(Unit::Joules),
+            Counter,
+            None,
+        ),
+        Clock => (
+            "accel_clock",
+            "Clock frequency, by clock",
+            Some(Unit::Other("hertz".into())),
+            Gauge,
+            Some("clock"),
+        ),
+        Errors => (
+            "accel_errors",
+            "Errors the device counted, by kind",
+            None,
+            Counter,
+            Some("kind"),
+        ),
+        MemoryUsedRatio => return None,
+    })
+}
+
+/// Every kind that has a family, in the order they are rendered.
+const KINDS: [MetricKind; 10] = [
+    MetricKind::Utilization,
+    MetricKind::MemoryUtilization,
+    MetricKind::MemoryUsed,
+    MetricKind::MemoryTotal,
+    MetricKind::Temperature,
+    MetricKind::Power,
+    MetricKind::PowerLimit,
+    MetricKind::Energy,
+    MetricKind::Clock,
+    MetricKind::Errors,
+];
+
+/// The error counter's key: (profile, source, metric, reason).
+pub type ErrorKey = (String, String, String, &'static str);
+
+/// Everything a scrape renders, written by the pollers.
+#[derive(Debug, Default)]
+pub struct State {
+    /// By profile name.
+    pub profiles: RwLock<BTreeMap<String, Arc<ProfileSnapshot>>>,
+    pub holders: RwLock<Arc<Holders>>,
+    pub errors: Mutex<BTreeMap<ErrorKey, u64>>,
+    pub polls: Mutex<BTreeMap<String, u64>>,
+    /// PodResources: whether the last `List` answered, and failures by reason.
+    pub pod_resources_up: Mutex<Option<bool>>,
+    pub pod_resources_errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl State {
+    /// Counts `failed` for `profile`; each (source, metric, reason) first seen is logged.
+    pub fn count(&self, profile: &str, failed: &[Failure]) {
+        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        for f in failed {
+            let key = (
+                profile.to_string(),
+                f.source.clone(),
+                f.metric.clone(),
+                f.reason,
+            );
+            let n = errors.entry(key).or_insert(0);
+            if *n == 0 {
+                log::warn!(
+                    "{profile}: {} {}: {} ({}); counted in accel_exporter_source_errors_total, said once",
+                    f.source,
+                    f.metric,
+                    f.detail,
+                    f.reason
+                );
+            }
+            *n += 1;
+        }
+    }
+
+    pub fn polled(&self, snap: ProfileSnapshot) {
+        *self
+            .polls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(snap.profile.clone())
+            .or_insert(0) += 1;
+        self.profiles
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(snap.profile.clone(), Arc::new(snap));
+    }
+
+    /// Drops `profile`'s readings (its poll hangs): the devices stay, their values go.
+    pub fn stale(&self, profile: &str) {
+        let mut all = self.profiles.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = all.get_mut(profile) {
+            if p.devices.iter().any(|d| !d.readings.is_empty()) {
+                let mut s = (**p).clone();
+                for d in &mut s.devices {
+                    d.readings.clear();
+                }
+                *p = Arc::new(s);
+            }
+        }
+    }
+
+    pub fn pod_resources(&self, result: Result<Holders, &'static str>) {
+        let ok = result.is_ok();
+        match result {
+            Ok(h) => *self.holders.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(h),
+            Err(reason) => {
+                *self
+                    .pod_resources_errors
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(reason)
+                    .or_insert(0) += 1;
+            }
+        }
+        *self
+            .pod_resources_up
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(ok);
+    }
+}
+
+/// The collector a scrape runs: `State` rendered.
+#[derive(Debug, Clone)]
+pub struct Exposition(pub Arc<State>);
+
+type Labels = Vec<(&'static str, String)>;
+
+/// A device's identity labels.
+fn identity(p: &ProfileSnapshot, d: &Device) -> Labels {
+    let mut l = vec![("profile", p.profile.clone()), ("device", d.name.clone())];
+    if let Some(u) = &d.uuid {
+        l.push(("uuid", u.clone()));
+    }
+    if let Some(b) = &d.pci_bus_id {
+        l.push(("pci_bus_id", b.clone()));
+    }
+    if let Some(m) = &d.model {
+        l.push(("model", m.clone()));
+    }
+    if let Some(v) = &p.driver_version {
+        l.push(("driver_version", v.clone()));
+    }
+    l
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    rows: &[(Labels, f64)],
+) -> Result<(), std::fmt::Error> {
+    series(enc, name, help, unit, MetricType::Gauge, rows)
+}
+
+fn series(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    kind: MetricType,
+    rows: &[(Labels, f64)],
+) -> Result<(), std::fmt::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut m = enc.encode_descriptor(name, help, unit, kind)?;
+    for (labels, v) in rows {
+        let mut s = m.encode_family(labels)?;
+        match kind {
+            MetricType::Counter => {
+                s.encode_counter::<NoLabelSet, f64, f64>(v, None::<&Exemplar<NoLabelSet, f64>>)?
+            }
+            _ => s.encode_gauge(v)?,
+        }
+    }
+    Ok(())
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let profiles: Vec<Arc<ProfileSnapshot>> = s
+            .profiles
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let holders = Arc::clone(&s.holders.read().unwrap_or_else(|e| e.into_inner()));
+        // Each device's identity and pod labels, once.
+        let mut devices: Vec<(&ProfileSnapshot, &Device, Labels, Labels)> = Vec::new();
+        let mut held: Vec<(Labels, f64)> = Vec::new();
+        for p in &profiles {
+            for d in &p.devices {
+                let id = identity(p, d);
+                let hs = holders.of(p, d);
+                for h in &hs {
+                    let mut l = vec![("profile", p.profile.clone()), ("device", d.name.clone())];
+                    l.extend(holder_labels(h));
+                    held.push((l, 1.0));
+                }
+                let mut full = id.clone();
+                full.extend(pod_labels(&hs));
+                devices.push((p, d, id, full));
+            }
+        }
+        let info: Vec<(Labels, f64)> = devices
+            .iter()
+            .map(|(_, _, id, _)| (id.clone(), 1.0))
+            .collect();
+        gauge(
+            &mut enc,
+            "accel_device_info",
+            "A device the exporter knows of, with its identity",
+            None,
+            &info,
+        )?;
+        let health: Vec<(Labels, f64)> = devices
+            .iter()
+            .map(|(_, d, _, full)| {
+                let mut l = full.clone();
+                if let Some(why) = &d.problem {
+                    l.push(("reason", why.chars().take(200).collect()));
+                }
+                (l, if d.healthy { 1.0 } else { 0.0 })
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "accel_device_healthy",
+            "1 when the device can be handed to a container (the device plugin's rule), 0 with the reason",
+            None,
+            &health,
+        )?;
+        gauge(
+            &mut enc,
+            "accel_device_holder_info",
+            "A container holding the device: a device plugin allocation or a DRA claim",
+            None,
+            &held,
+        )?;
+        for kind in KINDS {
+            let Some((name, help, unit, mtype, label)) = family(kind) else {
+                continue;
+            };
+            let mut rows: Vec<(Labels, f64)> = Vec::new();
+            for (_, d, _, full) in &devices {
+                for r in d.readings.iter().filter(|r| r.kind == kind) {
+                    let mut l = full.clone();
+                    if let (Some(key), Some(v)) = (label, &r.label) {
+                        l.push((key, v.clone()));
+                    }
+                    rows.push((l, r.value));
+                }
+            }
+            series(&mut enc, name, help, unit.as_ref(), mtype, &rows)?;
+        }
+        // The exporter's own.
+        let errors: Vec<(Labels, f64)> = s
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((p, src, m, r), n)| {
+                (
+                    vec![
+                        ("profile", p.clone()),
+                        ("source", src.clone()),
+                        ("metric", m.clone()),
+                        ("reason", r.to_string()),
+                    ],
+                    *n as f64,
+                )
+            })
+            .collect();
+        series(
+            &mut enc,
+            "accel_exporter_source_errors",
+            "Values a source could not give, by profile, source, metric and reason",
+            None,
+            MetricType::Counter,
+            &errors,
+        )?;
+        let polls: Vec<(Labels, f64)> = s
+            .polls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(p, n)| (vec![("profile", p.clone())], *n as f64))
+            .collect();
+        series(
+            &mut enc,
+            "accel_exporter_polls",
+            "Polls of a profile's sources completed",
+            None,
+            MetricType::Counter,
+            &polls,
+        )?;
+        let durations: Vec<(Labels, f64)> = profiles
+            .iter()
+            .map(|p| (vec![("profile", p.profile.clone())], p.poll_seconds))
+            .collect();
+        gauge(
+            &mut enc,
+            "accel_exporter_poll_duration",
+            "How long the last poll of a profile's sources took",
+            Some(&Unit::Seconds),
+            &durations,
+        )?;
+        if let Some(up) = *s.pod_resources_up.lock().unwrap_or_else(|e| e.into_inner()) {
+            gauge(
+                &mut enc,
+                "accel_exporter_pod_resources_up",
+                "1 when kubelet's PodResources answered the last List",
+                None,
+                &[(Vec::new(), if up { 1.0 } else { 0.0 })],
+            )?;
+        }
+        let pr: Vec<(Labels, f64)> = s
+            .pod_resources_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(r, n)| (vec![("reason", r.to_string())], *n as f64))
+            .collect();
+        series(
+            &mut enc,
+            "accel_exporter_pod_resources_errors",
+            "PodResources List calls that failed, by reason",
+            None,
+            MetricType::Counter,
+            &pr,
+        )?;
+        Ok(())
+    }
+}

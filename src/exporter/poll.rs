@@ -1,0 +1,170 @@
+//! One poll of one profile: its devices as the device plugin and the DRA driver name them
+//! (the node's device table), each one's health by the plugin's rule, and every reading its
+//! sources give. Runs off the scrape path, on a thread of its own ([`super::run`]): a poll may
+//! block on a slow driver file or wait out a CLI's time limit, a scrape never does.
+
+use std::time::Instant;
+
+use crate::inroot::Root;
+use crate::kubelet::inventory::{self, NodeDevice};
+use crate::profile::{MetricKind, Profile};
+
+use super::snapshot::{Device, Failure, ProfileSnapshot, Reading};
+use super::sources::{command, files, nvml::NvmlSource, DeviceRef};
+
+/// The DRA driver's name for `dev` in its ResourceSlice: the driver's own naming
+/// ([`crate::dra::names`]), so a claim kubelet reports maps back to the device.
+pub fn dra_device_name(profile: &Profile, dev: &NodeDevice) -> String {
+    crate::dra::names::device_name(profile, &dev.key)
+}
+
+/// What polls one profile, with what it keeps between polls (NVML, once loaded).
+#[derive(Debug)]
+pub struct Poller {
+    pub profile: Profile,
+    dra_driver: Option<String>,
+    nvml: NvmlSource,
+}
+
+impl Poller {
+    /// `dra_driver` overrides the driver name derived from the profile, as the DRA
+    /// driver's `--driver-name` does.
+    pub fn new(profile: Profile, dra_driver: Option<&str>) -> Poller {
+        let dra_driver = crate::dra::names::driver_name(&profile, dra_driver).ok();
+        Poller {
+            profile,
+            dra_driver,
+            nvml: NvmlSource::default(),
+        }
+    }
+
+    /// The profile's devices with their device plugin IDs: the plugin's own table where
+    /// the profile names a resource (its IDs are what kubelet's PodResources reports), else
+    /// the node's device table alone.
+    fn table(&self, failed: &mut Vec<Failure>) -> Vec<(Option<String>, NodeDevice)> {
+        let p = &self.profile;
+        if p.resource_name.is_some() {
+            match crate::plugin::devices::discover(p) {
+                Ok(t) => return t.into_iter().map(|d| (Some(d.id), d.dev)).collect(),
+                Err(crate::plugin::devices::DevicesError::Discovery(e)) => {
+                    failed.push(Failure::new("discovery", None, "unreadable", e.to_string()));
+                    return Vec::new();
+                }
+                // No IDs to attribute device-plugin pods by; the devices are still exported.
+                Err(_) => {}
+            }
+        }
+        match inventory::discover(p) {
+            Ok(t) => t.into_iter().map(|d| (None, d)).collect(),
+            Err(e) => {
+                failed.push(Failure::new("discovery", None, "unreadable", e.to_string()));
+                Vec::new()
+            }
+        }
+    }
+
+    /// Polls the profile once.
+    pub fn poll(&mut self) -> (ProfileSnapshot, Vec<Failure>) {
+        let started = Instant::now();
+        let p = &self.profile;
+        let mut failed = Vec::new();
+        let table = self.table(&mut failed);
+        let mut devices: Vec<Device> = table
+            .into_iter()
+            .map(|(plugin_id, d)| {
+                let healthy = inventory::healthy(p, &d);
+                let problem = (!healthy).then(|| {
+                    inventory::node_problem(p, &d).unwrap_or_else(|| {
+                        "the driver is not loaded (its version file is gone)".into()
+                    })
+                });
+                Device {
+                    dra_name: dra_device_name(p, &d),
+                    name: d.name,
+                    index: d.index,
+                    uuid: d.uuid,
+                    pci_bus_id: d.pci_bus_id,
+                    minor: d.minor,
+                    model: d.model,
+                    plugin_id,
+                    healthy,
+                    problem,
+                    readings: Vec::new(),
+                }
+            })
+            .collect();
+        if let Some(m) = &p.metrics {
+            let refs: Vec<DeviceRef<'_>> = devices.iter().map(DeviceRef::from).collect();
+            let mut readings: Vec<Vec<Reading>> = vec![Vec::new(); devices.len()];
+            if !m.files.is_empty() && !refs.is_empty() {
+                match Root::open(&p.driver_root) {
+                    Ok(root) => {
+                        let mut cache = files::HwmonCache::default();
+                        for (d, out) in refs.iter().zip(readings.iter_mut()) {
+                            files::read(&root, &m.files, d, &mut cache, out, &mut failed);
+                        }
+                    }
+                    Err(e) => failed.push(Failure::new(
+                        "files",
+                        None,
+                        "unreadable",
+                        format!("{}: {e}", p.driver_root.display()),
+                    )),
+                }
+            }
+            if let (Some(cfg), false) = (&m.nvml, refs.is_empty()) {
+                self.nvml.read(p, cfg, &refs, &mut readings, &mut failed);
+            }
+            if !refs.is_empty() {
+                command::read(p, &m.commands, &refs, &mut readings, &mut failed);
+            }
+            drop(refs);
+            for (d, r) in devices.iter_mut().zip(readings) {
+                d.readings = derive(r);
+            }
+        }
+        let snap = ProfileSnapshot {
+            profile: p.name.clone(),
+            driver_version: crate::discovery::driver_version(p),
+            resources: p
+                .resource_name
+                .iter()
+                .chain(&p.shared_resource_name)
+                .cloned()
+                .collect(),
+            dra_driver: self.dra_driver.clone(),
+            devices,
+            poll_seconds: started.elapsed().as_secs_f64(),
+        };
+        (snap, failed)
+    }
+}
+
+/// A device's readings with memory-used-ratio turned into memory-used bytes (where the
+/// total is known and no source gave bytes), and one reading per (metric, label): the first
+/// source's.
+pub fn derive(mut r: Vec<Reading>) -> Vec<Reading> {
+    let has = |r: &[Reading], k| r.iter().any(|x| x.kind == k);
+    if let Some(ratio) = r.iter().find(|x| x.kind == MetricKind::MemoryUsedRatio) {
+        let total = r.iter().find(|x| x.kind == MetricKind::MemoryTotal);
+        if let (Some(t), false) = (total, has(&r, MetricKind::MemoryUsed)) {
+            let used = Reading {
+                kind: MetricKind::MemoryUsed,
+                label: None,
+                value: (ratio.value * t.value).round(),
+            };
+            r.push(used);
+        }
+    }
+    r.retain(|x| x.kind != MetricKind::MemoryUsedRatio);
+    let mut seen: Vec<(MetricKind, Option<String>)> = Vec::new();
+    r.retain(|x| {
+        let key = (x.kind, x.label.clone());
+        if seen.contains(&key) {
+            return false;
+        }
+        seen.push(key);
+        true
+    });
+    r
+}

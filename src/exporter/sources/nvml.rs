@@ -1,0 +1,217 @@
+//! Readings from NVIDIA's management library through the `nvml-wrapper` crate. The library
+//! is found in driver-root as the runtime finds the driver's libraries (ld.so.cache under the
+//! root, then library-search-dirs; every path resolved in the root), opened there, checked a
+//! regular file, and loaded through that open file (`/proc/self/fd/N`), so what was checked is
+//! what runs; never a name the dynamic loader would look up in this process's own paths.
+//! Loaded once, at the first poll that needs it, and again after it failed.
+//!
+//! Ref: NVML API Reference Guide, Device Queries (units: %, bytes, °C, mW, mJ, MHz).
+
+use std::os::fd::AsRawFd as _;
+
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use rustix::fs::{FileType, Mode, OFlags};
+
+use crate::exporter::snapshot::{Failure, Reading};
+use crate::libraries::{libraries, Resolver};
+use crate::profile::{MetricKind, MetricNvml, Profile};
+
+use super::DeviceRef;
+
+const SOURCE: &str = "nvml";
+
+/// NVML, once loaded.
+#[derive(Default)]
+pub struct NvmlSource {
+    nvml: Option<Nvml>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("loaded", &self.nvml.is_some())
+            .finish()
+    }
+}
+
+/// An NVML error as a reason word; `None` for what means "this GPU has no such value".
+fn reason(e: &NvmlError) -> Option<&'static str> {
+    Some(match e {
+        NvmlError::NotSupported | NvmlError::NotFound => return None,
+        NvmlError::NoPermission => "no-permission",
+        NvmlError::GpuLost => "gpu-lost",
+        NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound => "not-in-library",
+        NvmlError::Uninitialized | NvmlError::DriverNotLoaded => "not-loaded",
+        NvmlError::Timeout => "timeout",
+        _ => "nvml-error",
+    })
+}
+
+/// Loads `cfg.library` from `profile`'s driver root.
+fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Nvml, (&'static str, String)> {
+    let stem = cfg.library.split(".so").next().unwrap_or(&cfg.library);
+    let cache = crate::ldcache::load(&profile.driver_root).unwrap_or_default();
+    let mut resolver = Resolver::new(&profile.driver_root);
+    let found = libraries(profile, &[stem], &cache, &mut resolver)
+        .into_iter()
+        .find(|f| f.name == cfg.library)
+        .ok_or_else(|| {
+            (
+                "not-found",
+                format!(
+                    "{} is neither in {}/etc/ld.so.cache nor in library-search-dirs",
+                    cfg.library,
+                    profile.driver_root.display()
+                ),
+            )
+        })?;
+    let shown = found.host.display().to_string();
+    let fd = rustix::fs::open(
+        &found.host,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| ("unreadable", format!("{shown}: {e}")))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| ("unreadable", format!("{shown}: {e}")))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(("not-a-file", format!("{shown}: not a regular file")));
+    }
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Nvml::builder()
+        .lib_path(std::ffi::OsStr::new(&path))
+        .init()
+        .map_err(|e| (reason(&e).unwrap_or("nvml-error"), format!("{shown}: {e}")))
+}
+
+impl NvmlSource {
+    /// Every device's readings into `out` (one list per device of `devs`).
+    pub fn read(
+        &mut self,
+        profile: &Profile,
+        cfg: &MetricNvml,
+        devs: &[DeviceRef<'_>],
+        out: &mut [Vec<Reading>],
+        failed: &mut Vec<Failure>,
+    ) {
+        if self.nvml.is_none() {
+            match load(profile, cfg) {
+                Ok(n) => self.nvml = Some(n),
+                Err((reason, detail)) => {
+                    failed.push(Failure::new(SOURCE, None, reason, detail));
+                    return;
+                }
+            }
+        }
+        let Some(nvml) = &self.nvml else { return };
+        let mut lost = false;
+        for (dev, readings) in devs.iter().zip(out.iter_mut()) {
+            let handle = match (dev.uuid, dev.pci_bus_id) {
+                (Some(u), _) => nvml.device_by_uuid(u),
+                (None, Some(b)) => nvml.device_by_pci_bus_id(b),
+                (None, None) => continue,
+            };
+            let d = match handle {
+                Ok(d) => d,
+                Err(e) => {
+                    lost |= matches!(e, NvmlError::Uninitialized | NvmlError::DriverNotLoaded);
+                    failed.push(Failure::new(
+                        SOURCE,
+                        None,
+                        reason(&e).unwrap_or("not-found"),
+                        format!("device {}: {e}", dev.index),
+                    ));
+                    continue;
+                }
+            };
+            let mut put = |kind: MetricKind, label: Option<&str>, r: Result<f64, NvmlError>| match r
+            {
+                Ok(v) => readings.push(Reading {
+                    kind,
+                    label: label.map(str::to_string),
+                    value: v,
+                }),
+                Err(e) => {
+                    if let Some(why) = reason(&e) {
+                        failed.push(Failure::new(
+                            SOURCE,
+                            Some(kind),
+                            why,
+                            format!("device {}: {e}", dev.index),
+                        ));
+                    }
+                }
+            };
+            match d.utilization_rates() {
+                Ok(u) => {
+                    put(MetricKind::Utilization, None, Ok(f64::from(u.gpu) / 100.0));
+                    put(
+                        MetricKind::MemoryUtilization,
+                        None,
+                        Ok(f64::from(u.memory) / 100.0),
+                    );
+                }
+                Err(e) => put(MetricKind::Utilization, None, Err(e)),
+            }
+            match d.memory_info() {
+                Ok(m) => {
+                    put(MetricKind::MemoryUsed, None, Ok(m.used as f64));
+                    put(MetricKind::MemoryTotal, None, Ok(m.total as f64));
+                }
+                Err(e) => put(MetricKind::MemoryUsed, None, Err(e)),
+            }
+            put(
+                MetricKind::Temperature,
+                Some("gpu"),
+                d.temperature(TemperatureSensor::Gpu).map(f64::from),
+            );
+            put(
+                MetricKind::Power,
+                None,
+                d.power_usage().map(|mw| f64::from(mw) / 1e3),
+            );
+            put(
+                MetricKind::PowerLimit,
+                None,
+                d.enforced_power_limit().map(|mw| f64::from(mw) / 1e3),
+            );
+            put(
+                MetricKind::Energy,
+                None,
+                d.total_energy_consumption().map(|mj| mj as f64 / 1e3),
+            );
+            for (clock, label) in [
+                (Clock::Graphics, "graphics"),
+                (Clock::SM, "sm"),
+                (Clock::Memory, "memory"),
+            ] {
+                put(
+                    MetricKind::Clock,
+                    Some(label),
+                    d.clock_info(clock).map(|mhz| f64::from(mhz) * 1e6),
+                );
+            }
+            for (kind, label) in [
+                (MemoryError::Corrected, "ecc-corrected"),
+                (MemoryError::Uncorrected, "ecc-uncorrected"),
+            ] {
+                put(
+                    MetricKind::Errors,
+                    Some(label),
+                    d.total_ecc_errors(kind, EccCounter::Volatile)
+                        .map(|n| n as f64),
+                );
+            }
+            put(
+                MetricKind::Errors,
+                Some("pcie-replay"),
+                d.pcie_replay_counter().map(f64::from),
+            );
+        }
+        if lost {
+            // A driver reload: load the library again at the next poll.
+            self.nvml = None;
+        }
+    }
+}
