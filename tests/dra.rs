@@ -300,6 +300,29 @@ fn a_claim_is_prepared_run_and_unprepared_across_a_restart() {
         );
         assert_eq!(got.devices[0].request_names, ["gcus"]);
         assert_eq!(got.devices[0].pool_name, NODE);
+        // What the container got, in the claim's status (issue 36): as `kubectl get
+        // resourceclaim two -o yaml` shows it.
+        let c = api.claim("default", "two");
+        let status = &c["status"]["devices"];
+        println!(
+            "status.devices:\n{}",
+            serde_yaml_ng::to_string(status).unwrap()
+        );
+        let entries = status.as_array().unwrap();
+        assert_eq!(entries.len(), 2, "{status}");
+        for (e, n) in entries.iter().zip([3, 1]) {
+            assert_eq!(e["driver"], DRIVER);
+            assert_eq!(e["pool"], NODE);
+            assert_eq!(e["device"], format!("gcu-{n}"));
+            assert_eq!(e["conditions"][0]["type"], "Ready");
+            assert_eq!(e["conditions"][0]["status"], "True");
+            assert_eq!(
+                e["data"]["nodes"],
+                serde_json::json!([format!("/dev/gcu{n}")])
+            );
+            assert_eq!(e["data"]["pciBusID"], format!("0000:{:02x}:00.0", 0x10 + n));
+            assert_eq!(e["data"]["driverVersion"], "1.2.3.4");
+        }
         let spec = drv.spec_path(UID_A);
         let ino = std::fs::metadata(&spec).unwrap();
         // Idempotent: the same answer, the spec untouched; v1beta1 answers the same.

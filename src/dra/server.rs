@@ -35,7 +35,7 @@ use crate::kubelet::proto::registration::{
 use crate::kubelet::socket::{self, Serving};
 use crate::profile::Profile;
 
-use super::claims::{ClaimRef, Claims};
+use super::claims::{ClaimRef, Claims, Prepared};
 use super::publish::Publisher;
 use super::slices::{self, Pool};
 use super::table::{self, DraDevice};
@@ -243,6 +243,77 @@ impl Driver {
         self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The claim's `status.devices` for `devices` (KEP-4817), so `kubectl describe
+    /// resourceclaim` shows what the container got: a `Ready` condition, and as data what
+    /// the device is (UUID, PCI bus id, model, the nodes the container gets, the driver's
+    /// version). Written by server-side apply under the driver's own field manager, so other
+    /// drivers' entries stay; a failure is said and changes nothing else (the claim is
+    /// prepared; kubelet does not read this).
+    async fn write_status(&self, api: &Api<ResourceClaim>, r: &ClaimRef, devices: &[Prepared]) {
+        let table = self.table();
+        let version = crate::discovery::driver_version(&self.profile);
+        // metav1.Time: RFC 3339 in whole seconds.
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let entries: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|p| {
+                let dev = table.iter().find(|d| d.name == p.device);
+                let mut data = serde_json::Map::new();
+                let mut put = |k: &str, v: Option<String>| {
+                    if let Some(v) = v {
+                        data.insert(k.into(), v.into());
+                    }
+                };
+                put("uuid", dev.and_then(|d| d.dev.uuid.clone()));
+                put("pciBusID", dev.and_then(|d| d.dev.pci_bus_id.clone()));
+                put("model", dev.and_then(|d| d.dev.model.clone()));
+                put("driverVersion", version.clone());
+                if let Some(d) = dev {
+                    data.insert(
+                        "nodes".into(),
+                        d.dev
+                            .nodes
+                            .iter()
+                            .map(|n| n.path.to_string_lossy().into_owned())
+                            .collect::<Vec<_>>()
+                            .into(),
+                    );
+                }
+                let mut e = serde_json::json!({
+                    "driver": self.name,
+                    "pool": p.pool,
+                    "device": p.device,
+                    "conditions": [{
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Prepared",
+                        "message": format!("prepared on node {}", p.pool),
+                        "lastTransitionTime": now,
+                    }],
+                    "data": data,
+                });
+                if let Some(share) = &p.share_id {
+                    e["shareID"] = share.clone().into();
+                }
+                e
+            })
+            .collect();
+        let patch = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "status": {"devices": entries},
+        });
+        let pp = kube::api::PatchParams::apply(super::slices::MANAGER).force();
+        if let Err(e) = api
+            .patch_status(&r.name, &pp, &kube::api::Patch::Apply(&patch))
+            .await
+        {
+            log::warn!("{}: {r}: cannot write its status.devices: {e}", self.name);
+        }
+    }
+
     async fn prepare_one(self: &Arc<Self>, c: Claim) -> NodePrepareResourceResponse {
         let started = std::time::Instant::now();
         let r = ClaimRef {
@@ -272,6 +343,7 @@ impl Driver {
         match result {
             Ok(devices) => {
                 log::info!("{}: {r} prepared: {} device(s)", self.name, devices.len());
+                self.write_status(&api, &r, &devices).await;
                 NodePrepareResourceResponse {
                     devices: devices
                         .into_iter()

@@ -137,6 +137,11 @@ impl ApiServer {
         self.changed.notify_all();
     }
 
+    /// The claim `ns/name` as the server holds it now (its status as drivers wrote it).
+    pub fn claim(&self, ns: &str, name: &str) -> Value {
+        self.state.lock().unwrap().claims[&format!("{ns}/{name}")].clone()
+    }
+
     /// A claim allocated `devices` (request, device) of `driver` in pool `pool`, as the
     /// scheduler leaves it.
     pub fn put_claim(
@@ -448,6 +453,35 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
             Some(s) => (200, st.changed("DELETED", s)),
             None => status(404, "NotFound", &n[1..]),
         },
+        // Server-side apply of a claim's status: the applied `status.devices` entries replace
+        // those with the same driver, pool, device and share, the others stay.
+        ("PATCH", None) if path.ends_with("/status") => {
+            let parts: Vec<&str> = path.split('/').collect();
+            if parts.len() != 9 || parts[4] != "namespaces" || parts[6] != "resourceclaims" {
+                return status(404, "NotFound", path);
+            }
+            let key = format!("{}/{}", parts[5], parts[7]);
+            let Some(claim) = st.claims.get_mut(&key) else {
+                return status(404, "NotFound", &key);
+            };
+            let applied = body.unwrap_or_default()["status"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let id = |d: &Value| {
+                ["driver", "pool", "device", "shareID"].map(|k| d[k].as_str().map(String::from))
+            };
+            let mut devices: Vec<Value> = claim["status"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|d| !applied.iter().any(|a| id(a) == id(d)))
+                .collect();
+            devices.extend(applied);
+            claim["status"]["devices"] = devices.into();
+            (200, claim.clone())
+        }
         ("GET", None) => {
             let parts: Vec<&str> = path.split('/').collect();
             // /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>
