@@ -327,6 +327,77 @@ fn a_kubelet_restart_is_one_registration_at_once() {
     });
 }
 
+/// Issue 36, an upgrade of the DaemonSet with surge: the new pod starts beside the old one
+/// and registers once; kubelet takes its registration and ends the old one's stream, and the
+/// old instance does not register again (the two would trade the resource for as long as
+/// both run); the old one leaving takes only its own socket. kubelet owns allocation, so a
+/// pod admitted meanwhile gets the IDs of one registration only.
+#[test]
+fn an_upgrade_registers_once_and_the_old_instance_stands_aside() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let mut old_opts = kubelet.plugin_options();
+        old_opts.instance = Some("0ld-pod-uid".into());
+        let mut new_opts = kubelet.plugin_options();
+        new_opts.instance = Some("new-pod-uid".into());
+        let old = Plugin::enflame(cfg.clone(), old_opts);
+        kubelet.wait_registrations(1).await;
+        let first = kubelet.registrations.lock().unwrap()[0].clone();
+        assert_eq!(first.endpoint, "accel-enflame-com-gcu@0ld-pod-uid.sock");
+
+        let new = Plugin::enflame(cfg, new_opts);
+        kubelet.wait_registrations(2).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let endpoints: Vec<String> = kubelet
+            .registrations
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.endpoint.clone())
+            .collect();
+        assert_eq!(
+            endpoints,
+            [
+                "accel-enflame-com-gcu@0ld-pod-uid.sock",
+                "accel-enflame-com-gcu@new-pod-uid.sock"
+            ],
+            "one registration each, the newer last"
+        );
+
+        // The newer one's stream is the live one: a device's health reaches kubelet.
+        let gcu2 = sim.path().join("dev/gcu2");
+        std::fs::rename(&gcu2, gcu2.with_extension("away")).unwrap();
+        kubelet
+            .wait_health("GCU-2", UNHEALTHY, Duration::from_secs(5))
+            .await;
+        std::fs::rename(gcu2.with_extension("away"), &gcu2).unwrap();
+
+        old.stop().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(kubelet.count(), 2, "the old one leaving registers nothing");
+        assert!(!kubelet.dir().join(&endpoints[0]).exists());
+        assert!(kubelet.dir().join(&endpoints[1]).exists());
+        let ch = grpc::connect(&kubelet.dir().join(&endpoints[1]), "localhost")
+            .await
+            .unwrap();
+        let a = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-3"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(a.container_responses.len(), 1);
+        new.stop().await;
+    });
+}
+
 /// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
 /// profiles with the host's own driver-root (`/`). Devices and libraries are found under it,
 /// and every path handed out (device specs, the CDI spec) is the host's, not the pod's.

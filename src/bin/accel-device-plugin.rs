@@ -35,6 +35,11 @@ struct Args {
     /// handed to kubelet and written in CDI specs are the host's. `/` when run on the host.
     #[arg(long, default_value = "/")]
     host_root: PathBuf,
+    /// This instance's name, where an upgrade runs two at once (default: the variable POD_UID,
+    /// which the DaemonSet sets from metadata.uid): its socket carries it, and the older
+    /// instance stops registering once the newer serves.
+    #[arg(long)]
+    instance: Option<String>,
     /// Seconds between health polls (inotify reports changes at once; this is the fallback).
     #[arg(long, default_value_t = 1.0)]
     poll_seconds: f64,
@@ -101,6 +106,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         opts.library_dir = d;
     }
     opts.poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
+    opts.instance = daemon::instance(args.instance)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -98,17 +98,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.state_dir = args.state_dir;
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
-    opts.instance = args
-        .instance
-        .or_else(|| std::env::var("POD_UID").ok())
-        .filter(|i| !i.is_empty());
-    if let Some(i) = &opts.instance {
-        anyhow::ensure!(
-            i.len() <= 128 && i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
-            "instance name {:?} is not letters, digits and '-' (at most 128)",
-            i.chars().take(64).collect::<String>()
-        );
-    }
+    opts.instance = daemon::instance(args.instance)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let metrics_address = args.metrics_address;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,5 +1,6 @@
 //! What the device plugin's and the DRA driver's `main` share: logging to stderr and one error
-//! line on the way out, the host's root given by `--host-root`, and the stop that SIGTERM
+//! line on the way out, the host's root given by `--host-root`, the instance name an upgrade's
+//! two pods tell their sockets apart by, and the stop that SIGTERM
 //! (the kubelet's and systemd's way to end a pod or unit) and SIGINT send.
 
 use std::path::PathBuf;
@@ -29,6 +30,22 @@ pub fn host_root(dir: PathBuf) -> anyhow::Result<HostRoot> {
         );
     }
     Ok(HostRoot::new(dir))
+}
+
+/// `--instance`, else the variable POD_UID (the DaemonSets set it from `metadata.uid`): the
+/// name an upgrade's old and new pod tell their sockets apart by. Letters, digits and `-`.
+pub fn instance(arg: Option<String>) -> anyhow::Result<Option<String>> {
+    let i = arg
+        .or_else(|| std::env::var("POD_UID").ok())
+        .filter(|i| !i.is_empty());
+    if let Some(i) = &i {
+        anyhow::ensure!(
+            i.len() <= 128 && i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+            "instance name {:?} is not letters, digits and '-' (at most 128)",
+            i.chars().take(64).collect::<String>()
+        );
+    }
+    Ok(i)
 }
 
 /// A flag that turns true at the first SIGTERM or SIGINT (sockets are removed, then the

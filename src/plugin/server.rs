@@ -61,6 +61,10 @@ pub struct Options {
     pub max_backoff: Duration,
     /// Where the host's `/` is in this container (see `host_root`).
     pub host_root: HostRoot,
+    /// This instance's name (the pod's UID under the DaemonSet), where an upgrade runs two
+    /// at once: each serves its own socket, and the older stops registering once the newer
+    /// serves.
+    pub instance: Option<String>,
 }
 
 impl Options {
@@ -74,6 +78,7 @@ impl Options {
             min_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(30),
             host_root: HostRoot::default(),
+            instance: None,
         }
     }
 }
@@ -135,7 +140,27 @@ async fn manage(
     let mut server: Option<Serving> = None;
     let mut last_failure: Option<String> = None;
     let started = std::time::Instant::now();
+    let mut yielded = false;
     loop {
+        // A newer instance of this plugin serving the resource (an upgrade's new pod): kubelet
+        // took its registration and ended ours; registering again would take it back, and the
+        // two would trade it for as long as both run. Ours waits while that one serves.
+        if let Some(newer) = newer_instance(&opts.kubelet_dir, &plugin, &path) {
+            if !yielded {
+                log::info!(
+                    "{}: a newer instance serves it ({newer}); not registering again while it does",
+                    plugin.resource
+                );
+                yielded = true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(opts.max_backoff.min(Duration::from_secs(5))) => {}
+                ev = events.recv() => if ev.is_none() { return stop(server, &path) },
+                _ = shutdown.wait_for(|s| *s) => return stop(server, &path),
+            }
+            continue;
+        }
+        yielded = false;
         if server
             .as_ref()
             .is_none_or(|s| s.id.is_none() || s.id != FileId::of(&path))
@@ -216,6 +241,36 @@ async fn manage(
     }
 }
 
+/// The socket of another instance of `plugin` in kubelet's directory made after ours (`own`),
+/// by its name; `None` when there is none, or ours is not served yet.
+fn newer_instance(dir: &Path, plugin: &Plugin, own: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    plugin.instance.as_ref()?;
+    let mine = std::fs::symlink_metadata(own).ok()?;
+    let base = plugin.socket_base();
+    let own_name = own.file_name()?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name() != own_name)
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.strip_prefix(base.as_str())
+                    .and_then(|r| r.strip_prefix('@'))
+                    .is_some_and(|r| r.ends_with(".sock"))
+            })
+        })
+        .filter(|e| {
+            e.metadata().is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+                    && (m.ctime(), m.ctime_nsec()) > (mine.ctime(), mine.ctime_nsec())
+            })
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+}
+
 /// Stops the server; its socket goes with it unless a newer plugin took the name since.
 fn stop(server: Option<Serving>, _path: &Path) {
     drop(server);
@@ -255,6 +310,7 @@ pub async fn run(
                 Plugin::with_table(profile.clone(), offer, opts.strategies.clone(), table);
             plugin.cdi = cdi.then(|| opts.cdi_target());
             plugin.host_root = opts.host_root.clone();
+            plugin.instance = opts.instance.clone();
             plugins.push((Arc::new(plugin), rx));
         }
     }

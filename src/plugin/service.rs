@@ -97,6 +97,8 @@ pub struct Plugin {
     /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
     pub(super) cdi: Option<CdiTarget>,
     pub(super) host_root: HostRoot,
+    /// This instance's name, where two may run at once ([`Plugin::socket_name`]).
+    pub(super) instance: Option<String>,
     /// The last re-discovery error logged, so a lasting one is logged once.
     last_error: Mutex<Option<String>>,
 }
@@ -157,6 +159,7 @@ impl Plugin {
             events: tx,
             cdi: None,
             host_root: HostRoot::default(),
+            instance: None,
             last_error: Mutex::new(None),
         };
         (plugin, rx)
@@ -181,8 +184,28 @@ impl Plugin {
     }
 
     /// The socket's name in kubelet's directory.
+    ///
+    /// With an instance name (the pod's UID: two pods of one DaemonSet run at once during an
+    /// upgrade), `accel-<resource>@<instance>.sock`, so neither takes the other's socket;
+    /// the instance is hashed where the name would not fit a socket address in kubelet's
+    /// directory.
     pub fn socket_name(&self) -> String {
-        format!("accel-{}.sock", self.resource.replace(['/', '.'], "-"))
+        let base = self.socket_base();
+        match &self.instance {
+            None => format!("{base}.sock"),
+            Some(i) if base.len() + i.len() <= 64 => format!("{base}@{i}.sock"),
+            Some(i) => format!(
+                "{base}@{:016x}.sock",
+                i.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+                })
+            ),
+        }
+    }
+
+    /// What every instance's socket for this resource is named from (`accel-<resource>`).
+    pub fn socket_base(&self) -> String {
+        format!("accel-{}", self.resource.replace(['/', '.'], "-"))
     }
 
     fn devices(state: &State) -> ListAndWatchResponse {

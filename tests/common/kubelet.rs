@@ -80,6 +80,9 @@ pub struct Kubelet {
     /// The other streams' (several plugins registered: each keeps its stream, as with
     /// kubelet); dropped at a restart.
     older_streams: Arc<Mutex<Vec<tokio::sync::oneshot::Sender<()>>>>,
+    /// Per resource, what ends its endpoint's stream: a new registration of the resource
+    /// replaces the endpoint, and kubelet stops the old one (devicemanager's endpoints map).
+    endpoints: Arc<Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>>,
     /// When each registration arrived, in order.
     pub registered_at: Arc<Mutex<Vec<Instant>>>,
     /// When `kubelet.sock` was last created.
@@ -97,6 +100,7 @@ impl Kubelet {
             server: None,
             drop_stream: Arc::default(),
             older_streams: Arc::default(),
+            endpoints: Arc::default(),
             registered_at: Arc::default(),
             socket_at: None,
         }
@@ -131,6 +135,7 @@ impl Kubelet {
         let tx = self.updates_tx.clone();
         let drop_stream = Arc::clone(&self.drop_stream);
         let older = Arc::clone(&self.older_streams);
+        let endpoints = Arc::clone(&self.endpoints);
         let alive = Arc::new(AtomicBool::new(true));
         let serving = Arc::clone(&alive);
         let svc = grpc::registration_server(move |r: RegisterRequest| {
@@ -141,6 +146,14 @@ impl Kubelet {
             regs.lock().unwrap().push(r.clone());
             let (dir, tx, drop_stream) = (dir.clone(), tx.clone(), Arc::clone(&drop_stream));
             let older = Arc::clone(&older);
+            let (replaced_tx, mut replaced) = tokio::sync::oneshot::channel::<()>();
+            // The resource's previous endpoint is stopped: its stream ends.
+            drop(
+                endpoints
+                    .lock()
+                    .unwrap()
+                    .insert(r.resource_name.clone(), replaced_tx),
+            );
             tokio::spawn(async move {
                 // A plugin gone since it registered: kubelet logs it and moves on.
                 let Ok(ch) = grpc::connect(&dir.join(&r.endpoint), "localhost").await else {
@@ -160,6 +173,7 @@ impl Kubelet {
                             _ => break,
                         },
                         _ = &mut stop_rx => break,
+                        _ = &mut replaced => break,
                     }
                 }
             });
@@ -183,6 +197,7 @@ impl Kubelet {
         self.die().await;
         drop(self.drop_stream.lock().unwrap().take());
         self.older_streams.lock().unwrap().clear();
+        self.endpoints.lock().unwrap().clear();
         tokio::time::sleep(down).await;
         for e in std::fs::read_dir(self.dir()).unwrap() {
             // A plugin's socket may be renamed or removed meanwhile.
