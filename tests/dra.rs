@@ -781,3 +781,197 @@ mod policy {
         );
     }
 }
+
+/// The README's selector examples, evaluated as CEL on devices as the driver publishes them:
+/// each selects the device it describes and not one that differs in that respect. The
+/// Kubernetes CEL library's `semver()`, `quantity()`, `isGreaterThan` and `compareTo` are
+/// given here by what they do (semver order, a quantity's value).
+mod selectors {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use accel_container_runtime::discovery::Key;
+    use accel_container_runtime::dra::slices::{device, Pool};
+    use accel_container_runtime::dra::table::DraDevice;
+    use accel_container_runtime::kubelet::inventory::NodeDevice;
+    use accel_container_runtime::topology::PciLocation;
+    use cel::extractors::This;
+    use serde_json::Value;
+
+    /// The README's selectors, and one by a standard attribute (docs/dra.md).
+    fn examples() -> Vec<String> {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let section = text
+            .split("Devices are selected by what they are.")
+            .nth(1)
+            .expect("the README's selectors");
+        let yaml = section
+            .split("```yaml")
+            .nth(1)
+            .unwrap()
+            .split("```")
+            .next()
+            .unwrap();
+        let v: Value = serde_yaml_ng::from_str(yaml).unwrap();
+        let mut ex: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["cel"]["expression"].as_str().unwrap().to_string())
+            .collect();
+        ex.push(r#"device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00""#.into());
+        ex
+    }
+
+    fn triple(s: &str) -> (u64, u64, u64) {
+        let n: Vec<u64> = s.split('.').map(|p| p.parse().unwrap()).collect();
+        (n[0], n[1], n[2])
+    }
+
+    fn quantity(q: Arc<String>) -> i64 {
+        let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = match &q[digits.len()..] {
+            "" => 1,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            other => panic!("quantity suffix {other}"),
+        };
+        digits.parse::<i64>().unwrap() * unit
+    }
+
+    /// An attribute's value as CEL sees it (a `version` is its text here).
+    #[derive(serde::Serialize)]
+    #[serde(untagged)]
+    enum Attr {
+        S(String),
+        I(i64),
+        B(bool),
+    }
+
+    #[derive(serde::Serialize)]
+    struct CelDevice {
+        driver: String,
+        attributes: BTreeMap<String, BTreeMap<String, Attr>>,
+        capacity: BTreeMap<String, BTreeMap<String, i64>>,
+    }
+
+    /// The CEL `device` of one published device: attributes and capacity by domain (an
+    /// unqualified name is in the driver's own).
+    fn cel_device(driver: &str, published: &Value) -> CelDevice {
+        let mut d = CelDevice {
+            driver: driver.into(),
+            attributes: BTreeMap::new(),
+            capacity: BTreeMap::new(),
+        };
+        for (k, v) in published["attributes"].as_object().unwrap() {
+            let (domain, name) = k.rsplit_once('/').unwrap_or((driver, k));
+            let value = if let Some(i) = v.get("int") {
+                Attr::I(i.to_string().parse().unwrap())
+            } else if let Some(b) = v.get("bool") {
+                Attr::B(b.as_bool().unwrap())
+            } else {
+                let s = v.get("string").or_else(|| v.get("version")).unwrap();
+                Attr::S(s.as_str().unwrap().to_string())
+            };
+            d.attributes
+                .entry(domain.into())
+                .or_default()
+                .insert(name.into(), value);
+        }
+        for (k, v) in published["capacity"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let (domain, name) = k.rsplit_once('/').unwrap_or((driver, &k));
+            let q = quantity(Arc::new(v["value"].as_str().unwrap().to_string()));
+            d.capacity
+                .entry(domain.into())
+                .or_default()
+                .insert(name.into(), q);
+        }
+        d
+    }
+
+    fn selects(expr: &str, dev: &CelDevice) -> bool {
+        let mut ctx = cel::Context::default();
+        ctx.add_function("semver", |s: Arc<String>| s.to_string())
+            .unwrap();
+        ctx.add_function("quantity", quantity).unwrap();
+        ctx.add_function(
+            "isGreaterThan",
+            |This(a): This<Arc<String>>, b: Arc<String>| triple(&a) > triple(&b),
+        )
+        .unwrap();
+        ctx.add_function("compareTo", |This(a): This<i64>, b: i64| {
+            (a > b) as i64 - (a < b) as i64
+        })
+        .unwrap();
+        ctx.add_variable("device", cel::to_value(dev).unwrap())
+            .unwrap();
+        match cel::Program::compile(expr).unwrap().execute(&ctx) {
+            Ok(cel::Value::Bool(b)) => b,
+            other => panic!("{expr}: {other:?}"),
+        }
+    }
+
+    /// A device of `driver` as the driver publishes it.
+    fn published(
+        driver: &str,
+        version: &str,
+        model: &str,
+        memory: Option<u64>,
+        root: &str,
+    ) -> CelDevice {
+        let pool = Pool {
+            driver,
+            node: "n1",
+            vendor: "v",
+            driver_version: Some(version),
+        };
+        let mut dev = NodeDevice::numbered(0);
+        dev.key = Key::Bus("0000:c3:00.0".into());
+        dev.model = Some(model.into());
+        dev.memory = memory;
+        dev.pci = Some(PciLocation {
+            bus_id: "0000:c3:00.0".into(),
+            numa_node: None,
+            root: Some(root.into()),
+            bridges: vec![],
+        });
+        let d = device(
+            &pool,
+            &DraDevice {
+                name: "gpu-0000-c3-00-0".into(),
+                dev,
+            },
+            true,
+        );
+        cel_device(driver, &serde_json::to_value(d).unwrap())
+    }
+
+    #[test]
+    fn the_documented_selectors_select_by_model_driver_version_and_memory() {
+        let ex = examples();
+        assert_eq!(ex.len(), 4, "{ex:?}");
+        let amd =
+            |model, memory, root| published("gpu.amd.com", "6.8.5", model, Some(memory), root);
+        let nv = |version| published("gpu.nvidia.com", version, "NVIDIA H100", None, "pci0000:00");
+        let yes = amd("1002-74a1", 64 << 30, "pci0000:00");
+        // By model.
+        assert!(selects(&ex[0], &yes));
+        assert!(!selects(&ex[0], &amd("1002-73bf", 64 << 30, "pci0000:00")));
+        // By driver version: 580.65.06 is published as 580.65.6.
+        assert!(selects(&ex[1], &nv("580.65.06")));
+        assert!(!selects(&ex[1], &nv("575.57.08")));
+        // By memory.
+        assert!(selects(&ex[2], &yes));
+        assert!(!selects(&ex[2], &amd("1002-74a1", 16 << 30, "pci0000:00")));
+        // By a standard attribute.
+        assert!(selects(&ex[3], &yes));
+        assert!(!selects(&ex[3], &amd("1002-74a1", 64 << 30, "pci0000:80")));
+    }
+}
