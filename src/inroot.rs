@@ -309,7 +309,7 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, scope: Scope) -> Result
 /// a relative path that is there; a magic link's text is a host path (absolute) or a name
 /// such as `pipe:[N]` or `mnt:[N]` that is not. The rule errs towards refusing: a plain link
 /// it took for a magic one would fail with `ELOOP`, never lead anywhere.
-/// Ref: openat2(2) RESOLVE_NO_MAGICLINKS; proc(5); fs/namei.c `nd_jump_link`.
+/// Ref: openat2(2) RESOLVE_NO_MAGICLINKS; proc(5); fs/namei.c (the magic-link jump).
 fn is_magic(fd: &OwnedFd, dir: BorrowedFd<'_>, target: &[u8]) -> bool {
     let on_proc =
         rustix::fs::fstatfs(fd).map_or(true, |s| s.f_type == rustix::fs::PROC_SUPER_MAGIC);
