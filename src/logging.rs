@@ -108,7 +108,8 @@ pub const LOG_MODE: u32 = 0o640;
 /// [`LOG_MODE`] is narrowed.
 fn open_append(path: &Path) -> Option<std::fs::File> {
     use rustix::fs::{FileType, Mode, OFlags};
-    // rustix, not OpenOptions: one openat(2), without musl's extra fcntl (src/read.rs).
+    // rustix, not OpenOptions: one openat(2), without the fcntl(F_SETFD) musl's open adds for
+    // O_CLOEXEC.
     let flags = OFlags::WRONLY
         | OFlags::CREATE
         | OFlags::APPEND

@@ -9,7 +9,7 @@
 //! The `container-device-interface` crate is not used: it edits an `oci_spec` `Spec`, and a
 //! round trip of config.json through that type drops unknown keys and reorders capability
 //! lists; it also brings an HTTP-capable JSON-schema validator, a file watcher and `anyhow`
-//! errors onto the create path, and needs a newer Rust than this crate's 1.85.
+//! errors onto the create path, and needs a newer Rust than this crate's 1.88.
 
 pub mod apply;
 pub mod generate;
