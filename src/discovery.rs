@@ -198,18 +198,22 @@ impl Key {
     pub fn label(&self) -> String {
         match self {
             Key::Number(n) => n.to_string(),
-            Key::Bus(b) => b
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() {
-                        c.to_ascii_lowercase()
-                    } else {
-                        '-'
-                    }
-                })
-                .collect(),
+            Key::Bus(b) => dns_chars(b),
         }
     }
+}
+
+/// `s` in the characters of a DNS label: lower-case letters and digits, anything else `-`.
+pub fn dns_chars(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 impl Device {

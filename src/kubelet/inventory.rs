@@ -55,17 +55,7 @@ pub struct NodeDevice {
 
 /// `s` as a DNS label's characters: lower case, anything else than a letter or digit a `-`.
 pub fn dns_label(s: &str) -> String {
-    let l: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    l.trim_matches('-').to_string()
+    crate::discovery::dns_chars(s).trim_matches('-').to_string()
 }
 
 /// The device's name in the DRA driver's ResourceSlices (and so in claims' allocations), from
