@@ -153,11 +153,11 @@ fn main() {
         .find(|p| p.name == "enflame")
         .unwrap();
     enflame.driver_root = r.to_path_buf();
-    let driver = accel_container_runtime::dra::names::driver_name(&enflame, None).unwrap();
+    let driver = accel_container_runtime::kubelet::names::driver_name(&enflame, None).unwrap();
     let table = accel_container_runtime::kubelet::inventory::discover(&enflame).unwrap();
     let answer = holders(&driver, |i| {
         let d = table.iter().find(|d| d.index == i).unwrap();
-        accel_container_runtime::dra::names::device_name(&enflame, &d.key)
+        accel_container_runtime::kubelet::names::device_name(&enflame, &d.key)
     });
 
     // 1. The exporter's own time: one poll's snapshot and the holders, rendered.

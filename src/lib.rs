@@ -15,11 +15,11 @@
 //! for a create and a CDI spec) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
-//! device table, kubelet's protocols compiled from `.proto` files, sockets; its gRPC half only
-//! with the `plugin` feature) → `ctk` (accel-ctk's subcommands), `plugin`
-//! (accel-device-plugin), `dra` (accel-dra-driver, only with the `dra` feature) → `exporter`
-//! (accel-exporter, only with the `exporter` feature; it uses `plugin::devices` and
-//! `dra::names` for the names kubelet reports devices by) → binaries.
+//! device table and the IDs and names kubelet knows devices by, kubelet's protocols compiled
+//! from `.proto` files, sockets; its gRPC half only with the `plugin` feature) → `ctk`
+//! (accel-ctk's subcommands), `plugin` (accel-device-plugin), `dra` (accel-dra-driver, only
+//! with the `dra` feature), `exporter` (accel-exporter, only with the `exporter` feature),
+//! side by side → binaries.
 
 pub mod argv;
 pub mod atomic;
@@ -33,8 +33,7 @@ pub mod ctk;
 pub mod devchar;
 pub mod discovery;
 pub mod doctor;
-// With `exporter` alone, only the DRA driver's names (`dra::names`, pure).
-#[cfg(any(feature = "dra", feature = "exporter"))]
+#[cfg(feature = "dra")]
 pub mod dra;
 pub mod edits;
 pub mod engine;

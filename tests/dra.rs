@@ -634,7 +634,7 @@ fn a_rolling_updates_two_instances_keep_one_set_of_claims() {
 mod policy {
     use std::collections::HashMap;
 
-    use accel_container_runtime::dra::names::driver_name;
+    use accel_container_runtime::kubelet::names::driver_name;
     use accel_container_runtime::profile::Profile;
     use serde_json::{json, Value};
 

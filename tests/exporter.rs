@@ -848,14 +848,14 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         .find(|p| p.name == "enflame")
         .unwrap();
     enflame.driver_root = sim.path().to_path_buf();
-    let driver = accel_container_runtime::dra::names::driver_name(&enflame, None).unwrap();
+    let driver = accel_container_runtime::kubelet::names::driver_name(&enflame, None).unwrap();
     // GCU 1 as the DRA driver names it in its slice (and so in the claim kubelet reports).
     let gcu1 = accel_container_runtime::kubelet::inventory::discover(&enflame)
         .unwrap()
         .into_iter()
         .find(|d| d.index == 1)
         .unwrap();
-    let dra_device = accel_container_runtime::dra::names::device_name(&enflame, &gcu1.key);
+    let dra_device = accel_container_runtime::kubelet::names::device_name(&enflame, &gcu1.key);
     let container = |name: &str, devices: Vec<ContainerDevices>, dra: Vec<DynamicResource>| {
         ContainerResources {
             name: name.into(),

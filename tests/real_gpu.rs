@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
-use accel_container_runtime::dra::names;
+use accel_container_runtime::dra::names::{claim_cdi_id, claim_kind};
+use accel_container_runtime::kubelet::names;
 use accel_container_runtime::kubelet::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
 };
@@ -291,10 +292,10 @@ fn the_dra_driver_publishes_and_prepares_the_real_gpus() {
         let r = dra::prepare(&ch, PREPARE_V1, vec![claim(CLAIM_UID)]).await;
         assert_eq!(r.claims[CLAIM_UID].error, "");
         let ids = dra::cdi_ids(&r.claims[CLAIM_UID]);
-        assert_eq!(ids, [names::claim_cdi_id(&driver, CLAIM_UID, &first)]);
+        assert_eq!(ids, [claim_cdi_id(&driver, CLAIM_UID, &first)]);
         std::fs::write(
             out.join("claim.json"),
-            json!({"driver": driver, "kind": names::claim_kind(&driver), "ids": ids}).to_string(),
+            json!({"driver": driver, "kind": claim_kind(&driver), "ids": ids}).to_string(),
         )
         .unwrap();
         drv.stop().await;

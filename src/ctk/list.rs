@@ -55,7 +55,7 @@ pub struct Row {
     pub model: Option<String>,
     /// See [`crate::discovery::Device::duplicate_uuid`].
     pub duplicate_uuid: Option<String>,
-    /// The device's stable name ([`crate::kubelet::inventory::dra_name`]).
+    /// The device's stable name ([`crate::kubelet::names::device_name`]).
     pub name: String,
     /// See [`crate::discovery::Device::stable_name`].
     pub stable_id: String,
@@ -98,7 +98,7 @@ pub fn collect(config: &Config) -> Listing {
             };
             bridges.push(d.pci.as_ref().map(|p| p.bridges.clone()));
             let name =
-                crate::kubelet::inventory::dra_name(profile, &d.device.key(&profile.discovery));
+                crate::kubelet::names::device_name(profile, &d.device.key(&profile.discovery));
             let stable_id = d.device.stable_name(&profile.discovery);
             devices.push(Row {
                 name,

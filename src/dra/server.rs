@@ -570,7 +570,7 @@ pub fn start(
     client: Client,
     opts: &Options,
 ) -> Result<(Arc<Driver>, [Serving; 2]), DraError> {
-    let name = super::names::driver_name(
+    let name = crate::kubelet::names::driver_name(
         &profile,
         opts.driver_names.get(&profile.name).map(String::as_str),
     )

@@ -316,7 +316,7 @@ mod tests {
                 let name = slice_name(&pool, i);
                 assert!(name.len() <= MAX_NAME, "{} characters: {name}", name.len());
                 assert!(
-                    super::super::names::is_dns_subdomain(&name, MAX_NAME),
+                    crate::kubelet::names::is_dns_subdomain(&name, MAX_NAME),
                     "{name}"
                 );
             }

@@ -6,8 +6,6 @@ use crate::discovery::DiscoveryError;
 use crate::kubelet::inventory::{self, NodeDevice};
 use crate::profile::Profile;
 
-use super::names;
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraDevice {
     /// The device's name in the slice (`gcu-3`, `gpu-0000-c3-00-0`): from what it keeps.
@@ -20,7 +18,7 @@ pub fn discover(profile: &Profile) -> Result<Vec<DraDevice>, DiscoveryError> {
     Ok(inventory::discover(profile)?
         .into_iter()
         .map(|dev| DraDevice {
-            name: names::device_name(profile, &dev.key),
+            name: crate::kubelet::names::device_name(profile, &dev.key),
             dev,
         })
         .collect())

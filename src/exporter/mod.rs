@@ -7,8 +7,8 @@
 //! (one profile's devices, health and readings) and `attribution` (PodResources `List` →
 //! holders) → `collect` (the last snapshot as metric families, built at each scrape) → this
 //! module's [`run`] (a poller per profile on its own period, PodResources on its own, the
-//! endpoint). It uses the DRA driver's device names ([`crate::dra::names`], pure) so a
-//! claim maps back to its device.
+//! endpoint). It names devices as kubelet's two device APIs do ([`crate::kubelet::ids`],
+//! [`crate::kubelet::names`]) so an allocation or a claim maps back to its device.
 //!
 //! A scrape renders what is in memory: it never opens a device file, loads a library or
 //! runs a program. A poll that takes longer than its period is reported (`hung`), its

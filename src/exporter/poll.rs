@@ -12,10 +12,10 @@ use crate::profile::{MetricKind, Profile};
 use super::snapshot::{Device, Failure, ProfileSnapshot, Reading};
 use super::sources::{command, files, nvml::NvmlSource, DeviceRef};
 
-/// The DRA driver's name for `dev` in its ResourceSlice: the driver's own naming
-/// ([`crate::dra::names`]), so a claim kubelet reports maps back to the device.
+/// The DRA driver's name for `dev` in its ResourceSlice ([`crate::kubelet::names`]), so a
+/// claim kubelet reports maps back to the device.
 pub fn dra_device_name(profile: &Profile, dev: &NodeDevice) -> String {
-    crate::dra::names::device_name(profile, &dev.key)
+    crate::kubelet::names::device_name(profile, &dev.key)
 }
 
 /// What polls one profile, with what it keeps between polls (NVML, once loaded).
@@ -30,7 +30,7 @@ impl Poller {
     /// `dra_driver` overrides the driver name derived from the profile, as the DRA
     /// driver's `--driver-name` does.
     pub fn new(profile: Profile, dra_driver: Option<&str>) -> Poller {
-        let dra_driver = crate::dra::names::driver_name(&profile, dra_driver).ok();
+        let dra_driver = crate::kubelet::names::driver_name(&profile, dra_driver).ok();
         Poller {
             profile,
             dra_driver,
@@ -44,9 +44,9 @@ impl Poller {
     fn table(&self, failed: &mut Vec<Failure>) -> Vec<(Option<String>, NodeDevice)> {
         let p = &self.profile;
         if p.resource_name.is_some() {
-            match crate::plugin::devices::discover(p) {
+            match crate::kubelet::ids::discover(p) {
                 Ok(t) => return t.into_iter().map(|d| (Some(d.id), d.dev)).collect(),
-                Err(crate::plugin::devices::DevicesError::Discovery(e)) => {
+                Err(crate::kubelet::ids::DevicesError::Discovery(e)) => {
                     failed.push(Failure::new("discovery", None, "unreadable", e.to_string()));
                     return Vec::new();
                 }

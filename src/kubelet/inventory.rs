@@ -53,29 +53,6 @@ pub struct NodeDevice {
     pub host_nodes: Vec<PathBuf>,
 }
 
-/// `s` as a DNS label's characters: lower case, anything else than a letter or digit a `-`.
-pub fn dns_label(s: &str) -> String {
-    crate::discovery::dns_chars(s).trim_matches('-').to_string()
-}
-
-/// The device's name in the DRA driver's ResourceSlices (and so in claims' allocations), from
-/// what it keeps: `<class>-<key>` (`gcu-3`, `gpu-0000-c3-00-0`), the class from `cdi-kind`, else the profile's name. At most 63
-/// characters: the class is cut to 50, a key's label is at most 12.
-pub fn dra_name(profile: &Profile, key: &Key) -> String {
-    let class = profile
-        .cdi_kind
-        .as_deref()
-        .and_then(|k| k.split_once('/'))
-        .map(|(_, c)| dns_label(c))
-        .filter(|c| !c.is_empty() && c.len() <= 50)
-        .unwrap_or_else(|| {
-            let mut l = dns_label(&profile.name);
-            l.truncate(50);
-            l.trim_end_matches('-').to_string()
-        });
-    format!("{class}-{}", key.label())
-}
-
 impl NodeDevice {
     /// A device known by its node's number only, `index` both (how a device-node profile's
     /// devices are found): tables for tests and benchmarks start from it.
@@ -237,23 +214,4 @@ pub fn watched_paths<'a>(
         .chain(template.map(|t| Profile::under(profile.dev_root(), Path::new(t))))
         .chain(table.into_iter().flat_map(|d| d.host_nodes.iter().cloned()))
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dra_names_are_made_of_what_a_device_keeps() {
-        let p = crate::config::builtin_nvidia();
-        assert_eq!(dra_name(&p, &Key::Number(3)), "gpu-3");
-        assert_eq!(
-            dra_name(&p, &Key::Bus("0000:C3:00.0".into())),
-            "gpu-0000-c3-00-0"
-        );
-        let mut q = p.clone();
-        q.cdi_kind = None;
-        q.name = "Vendor_X".into();
-        assert_eq!(dra_name(&q, &Key::Number(0)), "vendor-x-0");
-    }
 }

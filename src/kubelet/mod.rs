@@ -1,5 +1,6 @@
-//! What the device plugin, the DRA driver and `accel-ctk pods` share of kubelet, one floor
-//! below all three: the node's device table (`inventory`), where the host's paths are seen
+//! What the device plugin, the DRA driver, the exporter and `accel-ctk pods` share of kubelet,
+//! one floor below them: the node's device table (`inventory`), the IDs and names kubelet's
+//! two device APIs know each device by (`ids`, `names`), where the host's paths are seen
 //! from a pod (`host_root`) and one socket's identity (`socket::FileId`), all pure; and with
 //! the `plugin` feature kubelet's protocols compiled from `proto/` (`proto`), a client
 //! channel to a socket (`client`), serving on a socket (`socket`) with old kubelets'
@@ -10,7 +11,9 @@
 //! v1beta1, dra-health, podresources/v1).
 
 pub mod host_root;
+pub mod ids;
 pub mod inventory;
+pub mod names;
 pub mod socket;
 
 #[cfg(feature = "plugin")]

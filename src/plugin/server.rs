@@ -293,7 +293,7 @@ pub async fn run(
     let mut plugins = Vec::new();
     for profile in profiles.into_iter().filter(|p| p.resource_name.is_some()) {
         let profile = opts.host_root.rebase(profile);
-        let found = devices::discover(&profile)?;
+        let found = crate::kubelet::ids::discover(&profile)?;
         if found.is_empty() {
             log::info!(
                 "{}: no devices on this node yet; registering when one appears",

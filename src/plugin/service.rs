@@ -119,7 +119,7 @@ impl Plugin {
         offer: Offer,
         strategies: Vec<Strategy>,
     ) -> Result<Plugin, DevicesError> {
-        let table = offer.select(&profile, devices::discover(&profile)?)?;
+        let table = offer.select(&profile, crate::kubelet::ids::discover(&profile)?)?;
         Ok(Self::with_table(profile, offer, strategies, table).0)
     }
 
@@ -239,8 +239,8 @@ impl Plugin {
     /// Unhealthy. Devices that appear are added.
     pub fn recheck(&self) -> bool {
         let known = self.table();
-        let found =
-            devices::discover(&self.profile).and_then(|f| self.offer.select(&self.profile, f));
+        let found = crate::kubelet::ids::discover(&self.profile)
+            .and_then(|f| self.offer.select(&self.profile, f));
         let table = match found {
             Ok(found) => {
                 *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
