@@ -8,6 +8,7 @@
 #   BASELINE_REV=720a9c4 bash benches/bench.sh       # another commit as the baseline
 #   BASELINE=/path/to/older/accel-container-runtime bash benches/bench.sh   # a binary instead
 #   BASELINE_REV=none bash benches/bench.sh          # this build alone
+#   NVIDIA_RUNTIME=/path/to/nvidia-container-runtime bash benches/bench.sh   # and NVIDIA's, CDI mode
 #
 # Every run measures this build against the previous release in the same run, so that a
 # regression shows the day it lands: BASELINE_REV (default: the last release, below) is
@@ -35,6 +36,16 @@
 # The baseline (BASELINE_REV's build, or BASELINE) gets the same lines, same run; the summary
 # ends with each command's cost over the no-op against the baseline's, as a difference and
 # a ratio.
+# NVIDIA_RUNTIME (a built nvidia-container-runtime; nothing of NVIDIA's is fetched or built
+# here) adds NVIDIA's runtime to the same rounds, set up as an operator sets up CDI mode: its
+# config.toml (NVIDIA_CTK_CONFIG_FILE_PATH) with mode = "cdi", the no-op as its only runtime,
+# its spec dir holding the CDI spec `accel-ctk cdi generate` writes for the simulated root, so
+# both runtimes inject the same 8 GPUs; the guard (issue 33) is NVIDIA's cost over the no-op
+# at least 3 times this build's, for the 8-GPU create. Its lines, beside this build's:
+#   nvidia state, create, no variable, create all 8 GPUs (rewrite), and
+#   create, 8 GPUs by CDI name (rewrite): NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0,...,7, which
+#                      this build also gets (its cdi-spec-dirs point at the same spec dir)
+# NVIDIA's runtime always rewrites config.json, so each of its lines restores it first.
 # Peak RSS comes from wait4(2) (ru_maxrss: the larger of the shim and the no-op it execs).
 # Instruction counts (valgrind's callgrind, where installed; CALLGRIND=0 skips them) of each
 # binary up to its exec of the low-level runtime: the one figure a loaded machine does not
@@ -170,10 +181,13 @@ shipped_profiles=$(grep -o '"config/profiles/[a-z0-9-]*\.toml", "etc/accel-conta
 for p in $shipped_profiles; do cp "$p" "$work/profiles.d/"; done
 sed -e "s|^low-level-runtime = .*|low-level-runtime = \"$bins/noop\"|" \
   -e "s|^log-file = .*|log-file = \"$work/shim.log\"|" \
-  -e "s|^profiles-dir = .*|profiles-dir = \"$work/profiles.d\"|" config/config.toml >"$work/config.toml"
+  -e "s|^profiles-dir = .*|profiles-dir = \"$work/profiles.d\"|" \
+  -e "s|^cdi-spec-dirs = .*|cdi-spec-dirs = [\"$work/cdi\"]|" config/config.toml >"$work/config.toml"
 printf '\n[profiles.nvidia]\ndriver-root = "%s"\n' "$root" >>"$work/config.toml"
-grep -q "^profiles-dir = \"$work/profiles.d\"" "$work/config.toml" || {
-  echo "benches/bench.sh: the shipped config.toml changed shape" >&2; exit 1; }
+if ! grep -q "^profiles-dir = \"$work/profiles.d\"" "$work/config.toml" ||
+  ! grep -q "^cdi-spec-dirs = \[\"$work/cdi\"\]" "$work/config.toml"; then
+  echo "benches/bench.sh: the shipped config.toml changed shape" >&2; exit 1
+fi
 export ACCEL_CONTAINER_RUNTIME_CONFIG=$work/config.toml
 
 # Bundles from the docker 20.10 config.json captured in the fixtures (9 KB).
@@ -221,6 +235,110 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 echo "   create none: config.json unchanged; create again: unchanged; state: exit 0" >&2
 
+nvidia=
+if [ -n "${NVIDIA_RUNTIME:-}" ]; then
+  [ -x "$NVIDIA_RUNTIME" ] || { echo "benches/bench.sh: NVIDIA_RUNTIME=$NVIDIA_RUNTIME is not executable" >&2; exit 1; }
+  install -m 0755 "$NVIDIA_RUNTIME" "$bins/nvidia-container-runtime"
+  nvidia=$bins/nvidia-container-runtime
+  echo "== NVIDIA's runtime: $("$nvidia" --version 2>/dev/null | head -2 | tr '\n' ' ')" >&2
+  # The spec both runtimes read: the one this project's tool writes for the simulated root,
+  # with the same config, so NVIDIA's runtime injects what this build's profile injects.
+  echo "== building accel-ctk the same way, for the CDI spec" >&2
+  RUSTFLAGS="$rustflags" cargo build --release --quiet --locked --bin accel-ctk --target "$triple"
+  mkdir -p "$work/cdi"
+  "$repo/target/$triple/release/accel-ctk" cdi generate --vendor nvidia --output "$work/cdi/nvidia.com-gpu.json"
+  python3 - "$work/cdi/nvidia.com-gpu.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+names = {d["name"] for d in s["devices"]}
+assert s["kind"] == "nvidia.com/gpu", s["kind"]
+assert {"all", *map(str, range(8))} <= names, sorted(names)
+print(f"   CDI spec {s['kind']}: devices {', '.join(sorted(names))}", file=sys.stderr)
+EOF
+  # As an operator enables CDI mode (/etc/nvidia-container-runtime/config.toml, here through
+  # the variable NVIDIA's runtime reads for that path); logging left at its default (debug
+  # file /dev/null), which favours NVIDIA's runtime where this build logs to a file.
+  mkdir -p "$work/nvidia-container-runtime"
+  cat >"$work/nvidia-container-runtime/config.toml" <<EOF
+[nvidia-container-cli]
+root = "$root"
+
+[nvidia-container-runtime]
+log-level = "info"
+mode = "cdi"
+runtimes = ["$bins/noop"]
+
+[nvidia-container-runtime.modes.cdi]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["$work/cdi"]
+annotation-prefixes = ["cdi.k8s.io/"]
+EOF
+  export NVIDIA_CTK_CONFIG_FILE_PATH=$work/nvidia-container-runtime/config.toml
+  # NVIDIA's runtime rewrites config.json on every create: its own bundles, restored per run.
+  python3 - "$work" <<'EOF'
+import json, os, sys
+work = sys.argv[1]
+spec = json.load(open(f"{work}/b-none/config.json"))
+env = spec["process"]["env"]
+cdi = ",".join(f"nvidia.com/gpu={i}" for i in range(8))
+for name, extra in (("b-nv-none", []), ("b-nv-all", ["NVIDIA_VISIBLE_DEVICES=all"]),
+                    ("b-nv-cdi", [f"NVIDIA_VISIBLE_DEVICES={cdi}"]), ("b-cdi", [f"NVIDIA_VISIBLE_DEVICES={cdi}"])):
+    os.makedirs(f"{work}/{name}")
+    spec["process"]["env"] = env + extra
+    for f in ("config.json", "config.json.orig"):
+        with open(f"{work}/{name}/{f}", "w") as out:
+            json.dump(spec, out, separators=(",", ":"))
+EOF
+  # That each runtime execs the no-op with the engine's argv, and injects the 8 GPUs and the
+  # libraries: the no-op's path briefly holds a script that records its argv.
+  cp "$bins/noop" "$work/noop.real"
+  printf '#!/bin/sh\necho "$*" >>%s\n' "$work/exec.log" >"$bins/noop"
+  for run in "$shim b-all" "$nvidia b-nv-all" "$nvidia b-nv-cdi" "$shim b-cdi"; do
+    bin=${run% *} b=${run#* }
+    : >"$work/exec.log"
+    "$bin" create --bundle "$work/$b" ctr
+    [ "$(cat "$work/exec.log")" = "create --bundle $work/$b ctr" ] || {
+      echo "benches/bench.sh: $bin did not exec the no-op with the engine's argv: '$(cat "$work/exec.log")'" >&2
+      exit 1
+    }
+    python3 - "$work/$b/config.json" "$bin ($b)" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+gpus = [d for d in s["linux"].get("devices", []) if d["path"].startswith("/dev/nvidia") and d["path"][11:].isdigit()]
+libs = [m for m in s.get("mounts", []) if ".so." in m["destination"]]
+assert len(gpus) == 8, (sys.argv[2], gpus)
+assert len(libs) >= 9, (sys.argv[2], libs)
+print(f"   {sys.argv[2]}: {len(s['linux']['devices'])} devices, {len(libs)} libraries, {len(s['mounts'])} mounts, "
+      f"{sum(len(v) for v in s.get('hooks', {}).values())} hooks", file=sys.stderr)
+EOF
+    cp "$work/$b/config.json" "$work/$b/config.json.done"
+    cp "$work/$b/config.json.orig" "$work/$b/config.json"
+  done
+  # The ratio means something only if both do the same work: the same nodes, mounts and hooks.
+  python3 - "$work" <<'EOF'
+import json, sys
+work = sys.argv[1]
+def edits(b):
+    s = json.load(open(f"{work}/{b}/config.json.done"))
+    # NVIDIA's CDI library writes the node's uid and gid, which this build leaves to runc.
+    return (sorted((d["path"], d["type"], d["major"], d["minor"]) for d in s["linux"].get("devices", [])),
+            # The directory is the image's (container-library-dir = "auto") for this build's
+            # variable path and the CDI spec's fixed one otherwise: the same mounts elsewhere.
+            sorted((m["source"], m["type"], m["destination"].rsplit("/", 1)[1], tuple(m.get("options", [])))
+                   for m in s.get("mounts", [])),
+            sorted(json.dumps(h, sort_keys=True) for v in s.get("hooks", {}).values() for h in v))
+ref = edits("b-all")
+for b in ("b-nv-all", "b-nv-cdi", "b-cdi"):
+    for what, mine, theirs in zip(("devices", "mounts", "hooks"), ref, edits(b)):
+        assert mine == theirs, (b, what, sorted(set(mine) ^ set(theirs)))
+print("   the same devices, mounts and hooks as this build's create of all 8 GPUs", file=sys.stderr)
+EOF
+  : >"$work/exec.log"
+  "$nvidia" state ctr
+  [ "$(cat "$work/exec.log")" = "state ctr" ] || { echo "benches/bench.sh: $nvidia state did not exec the no-op" >&2; exit 1; }
+  install -m 0755 "$work/noop.real" "$bins/noop"
+fi
+
 cmds=(
   noop "true" "$bins/noop state ctr"
   "exec-only C (static)" "true" "$bins/exec-c $bins/noop state ctr"
@@ -239,6 +357,16 @@ add_shim() { # label binary
 }
 [ -z "${BASELINE:-}" ] || add_shim "$baseline_label" "$BASELINE"
 add_shim "shim" "$shim"
+if [ -n "$nvidia" ]; then
+  cmds+=(
+    "shim create, 8 GPUs by CDI name (rewrite)" "cp $work/b-cdi/config.json.orig $work/b-cdi/config.json" "$shim create --bundle $work/b-cdi ctr"
+    "nvidia state" "true" "$nvidia state ctr"
+  )
+  for b in "no variable:none" "all 8 GPUs (rewrite):all" "8 GPUs by CDI name (rewrite):cdi"; do
+    cmds+=("nvidia create, ${b%:*}" "cp $work/b-nv-${b##*:}/config.json.orig $work/b-nv-${b##*:}/config.json"
+      "$nvidia create --bundle $work/b-nv-${b##*:} ctr")
+  done
+fi
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" >&2
 echo "== kernel $(uname -r); bundles on $(stat -f -c %T "$work"), disk bundle on $(stat -f -c %T "$disk")" >&2
@@ -307,6 +435,13 @@ rss() { # label prepare command...
     rss "$label create, all 8 GPUs (rewrite)" "cp $work/b-all/config.json.orig $work/b-all/config.json" \
       "$bin" create --bundle "$work/b-all" ctr
   done
+  if [ -n "$nvidia" ]; then
+    rss "nvidia state" true "$nvidia" state ctr
+    rss "nvidia create, no variable" "cp $work/b-nv-none/config.json.orig $work/b-nv-none/config.json" \
+      "$nvidia" create --bundle "$work/b-nv-none" ctr
+    rss "nvidia create, all 8 GPUs (rewrite)" "cp $work/b-nv-all/config.json.orig $work/b-nv-all/config.json" \
+      "$nvidia" create --bundle "$work/b-nv-all" ctr
+  fi
 } >"$OUT/rss.txt"
 
 # Instructions of each binary up to its exec of the low-level runtime (see the header).
@@ -364,6 +499,24 @@ if pairs:
     for s, b in pairs:
         a, c = med[s] - noop, med[b] - noop
         print(f"{s[len('shim '):]:42} {ms(a):+8.3f}ms {ms(c):+8.3f}ms {ms(a - c):+9.3f}ms {a / c:6.2f}")
+# NVIDIA's runtime against this build (and the baseline, where it has the line): the guard
+# (issue 33) is NVIDIA's cost over the no-op at least 3 times this build's, for 8 GPUs.
+pairs = [(s, "nvidia" + s[len("shim"):]) for s in med if s.startswith("shim ")]
+pairs = [(s, v) for s, v in pairs if v in med]
+if pairs:
+    print()
+    print("NVIDIA's nvidia-container-runtime (CDI mode) against this build, over the no-op (same run):")
+    print(f"{'command':42} {'shim':>10} {'nvidia':>10} {'nvidia/shim':>11} {'nvidia/baseline':>15}")
+    for s, v in pairs:
+        a, n = med[s] - noop, med[v] - noop
+        b = baseline + s[len("shim"):]
+        vs_base = f"{n / (med[b] - noop):15.2f}" if b in med else f"{'-':>15}"
+        print(f"{s[len('shim '):]:42} {ms(a):+8.3f}ms {ms(n):+8.3f}ms {n / a:11.2f} {vs_base}")
+    guard = "create, all 8 GPUs (rewrite)"
+    if f"shim {guard}" in med and f"nvidia {guard}" in med:
+        r = (med[f"nvidia {guard}"] - noop) / (med[f"shim {guard}"] - noop)
+        print(f"guard (NVIDIA's 8-GPU create at least 3x this build's, over the no-op): "
+              f"{r:.2f}x, {'holds' if r >= 3 else 'DOES NOT HOLD'}")
 EOF
 cat "$OUT/summary.txt" "$OUT/rss.txt" "$OUT/instructions.txt"
 echo "(hyperfine output per round: $OUT/hyperfine-N.txt, $OUT/hyperfine-N.json)" >&2
