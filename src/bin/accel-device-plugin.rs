@@ -83,11 +83,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.host_root = daemon::host_root(args.host_root)?;
     if let Some(path) = args.nfd_labels {
         let mut seen = config.clone();
-        seen.profiles = seen
-            .profiles
-            .into_iter()
-            .map(|p| opts.host_root.rebase(p))
-            .collect();
+        seen.profiles = daemon::host_profiles(seen.profiles, &opts.host_root);
         let every = (args.nfd_labels_expiry / 3).max(Duration::from_secs(1));
         std::thread::spawn(move || loop {
             match accel_container_runtime::ctk::labels::write(&seen, &path, args.nfd_labels_expiry)

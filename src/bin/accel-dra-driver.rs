@@ -41,7 +41,7 @@ struct Args {
     #[arg(long, default_value = "/")]
     host_root: PathBuf,
     /// `<profile>=<driver name>`, repeatable: a driver name other than the derived one.
-    #[arg(long = "driver-name", value_parser = parse_pair)]
+    #[arg(long = "driver-name", value_parser = daemon::driver_name_arg)]
     driver_names: Vec<(String, String)>,
     /// This instance's name, where a rolling update runs two at once (default: the variable
     /// POD_UID, which the DaemonSet sets from metadata.uid): its sockets carry it, and
@@ -56,12 +56,6 @@ struct Args {
     /// default.
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
-}
-
-fn parse_pair(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .ok_or_else(|| format!("{s:?} is not <profile>=<driver name>"))
 }
 
 fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
@@ -79,11 +73,7 @@ fn main() -> ExitCode {
 fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = Config::load(&accel_container_runtime::config::path())?;
     let host_root = daemon::host_root(args.host_root)?;
-    let profiles = config
-        .profiles
-        .into_iter()
-        .map(|p| host_root.rebase(p))
-        .collect();
+    let profiles = daemon::host_profiles(config.profiles, &host_root);
     let node = match args.node_name {
         Some(n) => n,
         None => std::env::var("NODE_NAME")

@@ -42,14 +42,8 @@ struct Args {
     pod_resources_seconds: f64,
     /// `<profile>=<driver name>`, repeatable: the DRA driver's name where it is not derived
     /// from the profile (as accel-dra-driver's --driver-name).
-    #[arg(long = "driver-name", value_parser = parse_pair)]
+    #[arg(long = "driver-name", value_parser = daemon::driver_name_arg)]
     driver_names: Vec<(String, String)>,
-}
-
-fn parse_pair(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .ok_or_else(|| format!("{s:?} is not <profile>=<driver name>"))
 }
 
 fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
@@ -67,11 +61,7 @@ fn main() -> ExitCode {
 fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = Config::load(&accel_container_runtime::config::path())?;
     let host_root = daemon::host_root(args.host_root)?;
-    let profiles = config
-        .profiles
-        .into_iter()
-        .map(|p| host_root.rebase(p))
-        .collect();
+    let profiles = daemon::host_profiles(config.profiles, &host_root);
     let mut opts = Options::new(args.listen);
     opts.pod_resources = (!args.no_pod_resources).then_some(args.pod_resources_socket);
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;

@@ -1,5 +1,6 @@
-//! What the device plugin's and the DRA driver's `main` share: logging to stderr and one error
-//! line on the way out, the host's root given by `--host-root`, the instance name an upgrade's
+//! What the device plugin's, the DRA driver's and the exporter's `main` share: logging to stderr
+//! and one error line on the way out, the host's root given by `--host-root` and the profiles
+//! seen through it, `--driver-name`, the instance name an upgrade's
 //! two pods tell their sockets apart by, and the stop that SIGTERM
 //! (the kubelet's and systemd's way to end a pod or unit) and SIGINT send.
 
@@ -7,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::host_root::HostRoot;
+use crate::profile::Profile;
 
 /// Runs `inner` as the daemon `name`: its log on stderr, its error (with its causes) as the
 /// last line and exit status 1.
@@ -30,6 +32,19 @@ pub fn host_root(dir: PathBuf) -> anyhow::Result<HostRoot> {
         );
     }
     Ok(HostRoot::new(dir))
+}
+
+/// The configured profiles as seen from this container: their driver roots under the host's
+/// root.
+pub fn host_profiles(profiles: Vec<Profile>, host_root: &HostRoot) -> Vec<Profile> {
+    profiles.into_iter().map(|p| host_root.rebase(p)).collect()
+}
+
+/// `--driver-name <profile>=<driver name>`, as the DRA driver and the exporter both take it.
+pub fn driver_name_arg(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .ok_or_else(|| format!("{s:?} is not <profile>=<driver name>"))
 }
 
 /// `--instance`, else the variable POD_UID (the DaemonSets set it from `metadata.uid`): the
