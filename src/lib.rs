@@ -4,7 +4,7 @@
 //! Floors, lowest first (a module only uses those below it):
 //! `edits` (the data the plan, CDI and the spec editor share), `argv`, `atomic`, `bounded`
 //! (whole-file reads with a limit), `inroot` (paths that stay inside a root: openat2, or
-//! its rules walked where the kernel lacks it), `keys` (known config keys), `quote` (container
+//! its rules walked where the kernel lacks it), `keys` (known config keys), `quantity` (Kubernetes quantities as whole numbers), `quote` (container
 //! text in messages), `trust` (files only root can write) →
 //! `ldcache`, `rootfs` (the image's files, through `inroot`), `constraints` (an image's
 //! `NVIDIA_REQUIRE_*` on the driver, pure) → `profile` → `config` → `discovery`, `libraries`,
@@ -52,6 +52,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod plugin;
 pub mod profile;
+pub mod quantity;
 pub mod quote;
 pub mod request;
 pub mod rootfs;

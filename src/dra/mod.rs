@@ -2,7 +2,8 @@
 //!
 //! Floors, on [`crate::kubelet`] (the device table and the driver's and devices' names, the
 //! protocols, sockets): `names` (the per-claim CDI names: pure) and `table` (the devices of one profile with their slice
-//! names) → `slices` (the ResourceSlices a table is published as: pure) and `claims` (prepare
+//! names) → `offers` (what each device is offered as: whole, shared by capacity, in
+//! partitions; pure) → `slices` (the ResourceSlices a table is published as: pure) and `claims` (prepare
 //! and unprepare: the node check, the per-claim CDI spec and the on-disk record) → `publish`
 //! (slices to the API server with the pool generation rules) → `server` (the gRPC services,
 //! sockets, the loop).
@@ -11,6 +12,7 @@
 
 pub mod claims;
 pub mod names;
+pub mod offers;
 pub mod publish;
 pub mod server;
 pub mod slices;

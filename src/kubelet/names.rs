@@ -80,6 +80,25 @@ pub fn device_name(profile: &Profile, key: &Key) -> String {
     format!("{class}-{}", key.label())
 }
 
+/// The names of the shares and parts of device `whole` that the profile's `[sharing]`
+/// declares (docs/sharing.md): `<whole>-shared` where it shares by capacity, then
+/// `<whole>-<partition>-<k>` for each partition. The DRA driver publishes them where the
+/// device's memory is known; the exporter maps a claim on any of them back to the device.
+pub fn offer_names(profile: &Profile, whole: &str) -> Vec<String> {
+    let Some(s) = &profile.sharing else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = s
+        .capacity
+        .iter()
+        .map(|_| format!("{whole}-shared"))
+        .collect();
+    for p in &s.partitions {
+        out.extend((0..p.count).map(|k| format!("{whole}-{}-{k}", p.name)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
