@@ -3,7 +3,9 @@
 //! of them (node checks, the claim's CDI spec generated and written atomically, the record:
 //! the driver's own time; and the gRPC round trip kubelet makes, which includes reading the
 //! claim from the stand-in); then the resident memory of the real binary with 64 devices,
-//! published and one claim prepared.
+//! published and one claim prepared. Sharing (issue 35): the 8-GCU node published with its
+//! counter sets, shareable devices and partitions (64 offers), and a prepare of a share on a
+//! GCU idle against one on a GCU already shared by 16 claims, as a ratio within one run.
 //!
 //! `cargo bench --features dra --bench dra` (root: mknod). Results: benches/BENCHMARKS.md.
 
@@ -42,9 +44,9 @@ fn sh(cmd: &mut Command) {
     assert!(st.success(), "{cmd:?}: {st}");
 }
 
-/// A simulated host with 64 GCUs, 4 per PCIe switch, half on each NUMA node, the driver's
+/// A simulated host with `n` GCUs, 4 per PCIe switch, half on each NUMA node, the driver's
 /// version file and one driver library in its ld.so.cache.
-fn host_64(r: &Path) -> u64 {
+fn host(r: &Path, n: u64) -> u64 {
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     for d in [
         "dev",
@@ -74,9 +76,13 @@ fn host_64(r: &Path) -> u64 {
         )
         .unwrap()
     };
-    for i in 0..64u64 {
+    for i in 0..n {
         node(&r.join(format!("dev/gcu{i}")), i);
-        let root = if i < 32 { "pci0000:00" } else { "pci0000:80" };
+        let root = if i < n / 2 {
+            "pci0000:00"
+        } else {
+            "pci0000:80"
+        };
         let rel = PathBuf::from(root)
             .join(format!("0000:{:02x}:01.0", i / 8))
             .join(format!("0000:{:02x}:00.0", 0x40 + i / 4))
@@ -84,7 +90,7 @@ fn host_64(r: &Path) -> u64 {
             .join(format!("0000:{:02x}:00.0", 0x80 + i));
         let real = r.join("sys/devices").join(&rel);
         std::fs::create_dir_all(real.join(format!("enflame/gcu{i}"))).unwrap();
-        std::fs::write(real.join("numa_node"), format!("{}\n", i / 32)).unwrap();
+        std::fs::write(real.join("numa_node"), format!("{}\n", i / (n / 2).max(1))).unwrap();
         let bdf = format!("0000:{:02x}:00.0", 0x80 + i);
         std::os::unix::fs::symlink(
             Path::new("../../../devices").join(&rel),
@@ -112,12 +118,13 @@ fn host_64(r: &Path) -> u64 {
     major
 }
 
-fn enflame(r: &Path) -> (Profile, PathBuf) {
+/// The enflame profile on root `r`, with `extra` keys of config.toml.
+fn enflame(r: &Path, extra: &str) -> (Profile, PathBuf) {
     let cfg = r.join("config.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[profiles.enflame]\ndriver-root = \"{0}\"\n[profiles.nvidia]\ndriver-root = \"{0}\"\n",
+            "[profiles.enflame]\ndriver-root = \"{0}\"\n[profiles.nvidia]\ndriver-root = \"{0}\"\n{extra}",
             r.display()
         ),
     )
@@ -154,12 +161,13 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
     };
     let build = || {
         let t = table::discover(profile).unwrap();
-        let devices: Vec<_> = t
+        let healthy: Vec<bool> = t
             .iter()
-            .map(|d| slices::device(&pool, d, inventory::healthy(profile, &d.dev)))
+            .map(|d| inventory::healthy(profile, &d.dev))
             .collect();
-        let s = slices::slices(&pool, &devices, 1);
-        (t, devices, serde_json::to_vec(&s).unwrap())
+        let contents = slices::contents(&pool, profile, &t, &healthy);
+        let s = slices::slices(&pool, &contents, 1);
+        (t, contents, serde_json::to_vec(&s).unwrap())
     };
     assert_eq!(build().0.len(), 64);
     c.bench_function("dra publish 64: discovery + health + slice JSON", |b| {
@@ -184,22 +192,22 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         "dra publish 64: discovery + a change written to the stand-in API server",
         |b| {
             b.iter(|| {
-                let (t, mut devices, _) = build();
+                let (t, mut contents, _) = build();
                 // A change at every iteration: device 0 tainted, then not (a write of the
                 // whole pool at a new generation, as any change makes).
                 turn = !turn;
-                devices[0] = slices::device(&pool, &t[0], turn);
-                assert!(rt.block_on(publisher.publish(&pool, &devices)).unwrap());
+                contents.devices[0] = slices::device(&pool, &t[0], turn);
+                assert!(rt.block_on(publisher.publish(&pool, &contents)).unwrap());
             })
         },
     );
     // Nothing changed: what every poll of a steady node costs (no request).
-    let (_, devices, _) = build();
-    rt.block_on(publisher.publish(&pool, &devices)).unwrap();
+    let (_, contents, _) = build();
+    rt.block_on(publisher.publish(&pool, &contents)).unwrap();
     c.bench_function("dra publish 64: nothing changed (no request)", |b| {
         b.iter(|| {
-            let (_, devices, _) = build();
-            assert!(!rt.block_on(publisher.publish(&pool, &devices)).unwrap());
+            let (_, contents, _) = build();
+            assert!(!rt.block_on(publisher.publish(&pool, &contents)).unwrap());
         })
     });
 
@@ -230,6 +238,103 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
             })
         },
     );
+}
+
+/// A claim of one share of `gcu-0-shared` (1Gi of its memory).
+fn share_claim(i: usize) -> (ClaimRef, ResourceClaim) {
+    let uid = format!("5a4c7f3e-9d2a-4c61-8f1e-2a7b9c0d{i:04}");
+    let share = format!("7e1d2c3b-0000-4000-8000-00000000{i:04}");
+    let claim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": format!("s{i}"), "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gcus", "driver": DRIVER,
+            "pool": NODE, "device": "gcu-0-shared", "shareID": share,
+            "consumedCapacity": {"memory": "1Gi"}}]}}}
+    }))
+    .unwrap();
+    let cref = ClaimRef {
+        namespace: "default".into(),
+        name: format!("s{i}"),
+        uid,
+    };
+    (cref, claim)
+}
+
+/// The 8-GCU node shared (its GCUs' memory stated, so each is published whole, shareable and
+/// in halves and quarters): publishing it, and a prepare on an idle GCU against one on a GCU
+/// already shared by 16 claims.
+fn sharing(c: &mut Criterion, r: &Path, profile: &Profile) {
+    let version = accel_container_runtime::discovery::driver_version(profile);
+    let pool = Pool {
+        driver: DRIVER,
+        node: NODE,
+        vendor: "enflame",
+        driver_version: version.as_deref(),
+    };
+    let build = || {
+        let t = table::discover(profile).unwrap();
+        let healthy: Vec<bool> = t
+            .iter()
+            .map(|d| inventory::healthy(profile, &d.dev))
+            .collect();
+        let contents = slices::contents(&pool, profile, &t, &healthy);
+        let s = slices::slices(&pool, &contents, 1);
+        (t, contents, serde_json::to_vec(&s).unwrap())
+    };
+    let (table, contents, _) = build();
+    assert_eq!(
+        (table.len(), contents.counters.len(), contents.devices.len()),
+        (8, 8, 64)
+    );
+    c.bench_function(
+        "dra publish 8 shared: discovery + health + 8 counter sets + 64 offers + slice JSON",
+        |b| b.iter(build),
+    );
+
+    let claims = Claims::open(
+        DRIVER.into(),
+        NODE.into(),
+        r.join("cdi"),
+        r.join("state"),
+        "/usr/lib64".into(),
+        HostRoot::default(),
+        "bench-boot".into(),
+    )
+    .unwrap();
+    let (cref, claim) = share_claim(0);
+    let once = || {
+        let t = std::time::Instant::now();
+        let d = claims.prepare(profile, &table, &cref, &claim).unwrap();
+        assert_eq!(d.len(), 1);
+        claims.unprepare(&cref.uid).unwrap();
+        t.elapsed()
+    };
+    c.bench_function("dra prepare a share of an idle GCU (and unprepare)", |b| {
+        b.iter(once)
+    });
+    let idle: Vec<Duration> = (0..200).map(|_| once()).collect();
+    for i in 1..=16 {
+        let (r, cl) = share_claim(i);
+        claims.prepare(profile, &table, &r, &cl).unwrap();
+    }
+    c.bench_function(
+        "dra prepare a share of a GCU shared by 16 claims (and unprepare)",
+        |b| b.iter(once),
+    );
+    let shared: Vec<Duration> = (0..200).map(|_| once()).collect();
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (i, s) = (median(idle), median(shared));
+    println!(
+        "sharing: prepare of a share, median of 200: idle GCU {i:?}, GCU shared by 16 claims {s:?}: {:.2}x",
+        s.as_secs_f64() / i.as_secs_f64()
+    );
+    for i in 1..=16 {
+        claims.unprepare(&share_claim(i).0.uid).unwrap();
+    }
 }
 
 fn write_kubeconfig(path: &Path, url: &str) {
@@ -350,14 +455,21 @@ fn main() {
     }
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
-    host_64(r);
-    let (profile, cfg) = enflame(r);
+    host(r, 64);
+    let (profile, cfg) = enflame(r, "");
+    let shared_root = tempfile::tempdir().unwrap();
+    host(shared_root.path(), 8);
+    let (shared_profile, _) = enflame(
+        shared_root.path(),
+        "[profiles.enflame.sharing]\nmemory = \"32Gi\"\n",
+    );
     let mut c = Criterion::default()
         .configure_from_args()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     timings(&mut c, r, &profile);
+    sharing(&mut c, shared_root.path(), &shared_profile);
     rss_with_64_devices(r, &cfg);
     c.final_summary();
 }

@@ -25,9 +25,9 @@
 //! (the old and the new pod of a rolling update, each registered with kubelet, which may call
 //! either) decide on the same records, and neither gives a device another has given.
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -37,6 +37,7 @@ use crate::kubelet::inventory::{char_problem, node_problem};
 use crate::profile::Profile;
 
 use super::names;
+use super::offers::{self, Grant, Kind, Offer};
 use super::table::DraDevice;
 
 /// The claim kubelet names: its namespace, name and UID.
@@ -69,7 +70,48 @@ pub struct Prepared {
     /// [`Claims::open`] reads it back from their CDI spec.
     #[serde(default)]
     pub identity: Option<Identity>,
+    /// What of its physical device it holds; records of older versions held it whole.
+    #[serde(default)]
+    pub usage: Usage,
 }
+
+/// What a prepared device holds of its physical device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Usage {
+    #[default]
+    Whole,
+    /// A share, with what it consumes of each capacity (the allocation's
+    /// `consumedCapacity`).
+    Shared { consumed: BTreeMap<String, u64> },
+    /// A partition, with the slices of the device it holds.
+    Partition { slices: Vec<u32> },
+}
+
+/// A claim's per-device configuration (`opaque.parameters` for this driver, from its
+/// DeviceClass then the claim, later entries winning): limits below what was granted, for
+/// the vendor's stack to read (docs/sharing.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SharingConfig {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    limits: Option<ConfigLimits>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigLimits {
+    #[serde(default)]
+    memory: Option<String>,
+    #[serde(default)]
+    cores: Option<u64>,
+}
+
+/// The `apiVersion` and `kind` of [`SharingConfig`].
+pub const CONFIG_API_VERSION: &str = "accel-container-runtime/v1";
+pub const CONFIG_KIND: &str = "SharingConfig";
 
 /// What a device is, to tell it from every other device of the node now and after a reboot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,14 +363,16 @@ impl Claims {
                 "{r}: the API server's claim has UID {uid:?} (deleted and made again?)"
             ));
         }
-        let results = claim
+        let allocation = claim
             .status
             .as_ref()
             .and_then(|s| s.allocation.as_ref())
             .and_then(|a| a.devices.as_ref())
-            .map(|d| d.results.as_deref().unwrap_or_default())
             .ok_or_else(|| format!("{r}: not allocated"))?;
-        let mut wanted: Vec<(Prepared, &DraDevice)> = Vec::new();
+        let results = allocation.results.as_deref().unwrap_or_default();
+        let configs = allocation.config.as_deref().unwrap_or_default();
+        let offered = offers::offers(profile, table);
+        let mut wanted: Vec<(Prepared, &DraDevice, Vec<String>)> = Vec::new();
         for res in results.iter().filter(|x| x.driver == self.driver) {
             if res.pool != self.pool {
                 return Err(format!(
@@ -336,21 +380,37 @@ impl Claims {
                     res.device, res.pool, self.pool
                 ));
             }
-            let dev = table.iter().find(|d| d.name == res.device).ok_or_else(|| {
-                format!(
-                    "{r}: device {} is not one of this node's {} devices",
-                    res.device, self.driver
-                )
-            })?;
-            // No device is published as shareable: a share on one is a wrong allocation, and
-            // must never let the claim in beside another.
-            if let Some(share) = &res.share_id {
-                return Err(format!(
-                    "{r}: device {} was allocated with share {:?}, but is not published as shareable; nothing prepared",
-                    res.device,
-                    share.chars().take(64).collect::<String>()
-                ));
+            let offer = offered
+                .iter()
+                .find(|o| o.name == res.device)
+                .ok_or_else(|| {
+                    format!(
+                        "{r}: device {} is not one of this node's {} devices",
+                        res.device, self.driver
+                    )
+                })?;
+            let dev = offer.parent;
+            let request = res
+                .request
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let (usage, granted) = usage_of(profile, offer, res)
+                .map_err(|e| format!("{r}: device {}: {e}; nothing prepared", res.device))?;
+            let env = match config_for(&self.driver, configs, &request)
+                .map_err(|e| format!("{r}: request {request:?}: {e}; nothing prepared"))?
+            {
+                Some(c) => limited(profile, granted, &c).map_err(|e| {
+                    format!(
+                        "{r}: request {request:?}: device {}: {e}; nothing prepared",
+                        res.device
+                    )
+                })?,
+                None => granted,
             }
+            .map(|g| offers::env(profile.sharing.as_ref().expect("shared"), &g))
+            .unwrap_or_default();
             if let Some(p) = node_problem(profile, &dev.dev) {
                 return Err(format!(
                     "{r}: device {}: {p}; nothing prepared (kubelet retries)",
@@ -363,15 +423,19 @@ impl Claims {
                     res.device
                 )
             })?;
-            let request = res
-                .request
-                .split('/')
-                .next()
-                .unwrap_or_default()
-                .to_string();
             let admin = res.admin_access.unwrap_or(false);
-            match wanted.iter_mut().find(|(p, _)| p.device == res.device) {
-                Some((p, _)) => {
+            let share_id = matches!(usage, Usage::Shared { .. })
+                .then(|| res.share_id.clone())
+                .flatten();
+            let cdi_name = match &share_id {
+                Some(share) => format!("{}-{share}", res.device),
+                None => res.device.clone(),
+            };
+            match wanted
+                .iter_mut()
+                .find(|(p, _, _)| p.device == res.device && p.share_id == share_id)
+            {
+                Some((p, _, _)) => {
                     if !p.request_names.contains(&request) {
                         p.request_names.push(request);
                     }
@@ -381,20 +445,18 @@ impl Claims {
                         request_names: vec![request],
                         pool: res.pool.clone(),
                         device: res.device.clone(),
-                        cdi_device_ids: vec![names::claim_cdi_id(
-                            &self.driver,
-                            &r.uid,
-                            &res.device,
-                        )],
+                        cdi_device_ids: vec![names::claim_cdi_id(&self.driver, &r.uid, &cdi_name)],
                         admin_access: admin,
-                        share_id: None,
+                        share_id,
                         identity: Some(identity),
+                        usage,
                     },
                     dev,
+                    env,
                 )),
             }
         }
-        let devices: Vec<Prepared> = wanted.iter().map(|(p, _)| p.clone()).collect();
+        let devices: Vec<Prepared> = wanted.iter().map(|(p, _, _)| p.clone()).collect();
         let spec_path = self.spec_path(&r.uid);
         let state_err = |e: std::io::Error| {
             format!(
@@ -424,29 +486,52 @@ impl Claims {
         let spec = if wanted.is_empty() {
             None
         } else {
-            let chosen: Vec<&DraDevice> = wanted.iter().map(|(_, d)| *d).collect();
+            let chosen: Vec<(String, &DraDevice, &[String])> = wanted
+                .iter()
+                .map(|(p, d, env)| {
+                    let id = &p.cdi_device_ids[0];
+                    let name = id.rsplit_once('=').map_or(id.as_str(), |(_, n)| n);
+                    (name.to_string(), *d, env.as_slice())
+                })
+                .collect();
             Some(self.claim_spec(profile, r, &chosen)?)
         };
 
-        for p in devices.iter().filter(|p| !p.admin_access) {
+        for (i, p) in devices.iter().enumerate().filter(|(_, p)| !p.admin_access) {
             let mine = p.identity.as_ref().expect("set above");
+            // Everything else prepared on the same physical device: other claims' devices,
+            // and this claim's other devices (two shares, or two parts, of one device).
+            let mut holders: Vec<(&ClaimRef, &Prepared)> = Vec::new();
             for other in records.values().filter(|o| o.claim.uid != r.uid) {
                 let same_boot = other.same_boot(&self.boot_id);
-                let held = other.devices.iter().find(|d| {
-                    !d.admin_access && d.identity.as_ref().is_some_and(|i| i.same(mine, same_boot))
-                });
-                if let Some(d) = held {
-                    let as_named = if d.device == p.device {
-                        String::new()
-                    } else {
-                        format!(" (as {})", d.device)
-                    };
-                    return Err(format!(
-                        "{r}: device {} ({mine}) is prepared for {}{as_named} already",
-                        p.device, other.claim
-                    ));
-                }
+                holders.extend(
+                    other
+                        .devices
+                        .iter()
+                        .filter(|d| {
+                            !d.admin_access
+                                && d.identity.as_ref().is_some_and(|x| x.same(mine, same_boot))
+                        })
+                        .map(|d| (&other.claim, d)),
+                );
             }
+            holders.extend(
+                devices
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, d)| {
+                        j != i
+                            && !d.admin_access
+                            && d.identity.as_ref().is_some_and(|x| x.same(mine, true))
+                    })
+                    .map(|(_, d)| (r, d)),
+            );
+            let totals = offered
+                .iter()
+                .find(|o| o.name == p.device)
+                .map(|o| o.totals(profile))
+                .unwrap_or_default();
+            check_holders(r, p, &holders, &totals)?;
         }
         if let Some(spec) = spec {
             let text = serde_json::to_vec_pretty(&spec).map_err(|e| format!("{r}: {e}"))?;
@@ -510,7 +595,7 @@ impl Claims {
         &self,
         profile: &Profile,
         r: &ClaimRef,
-        chosen: &[&DraDevice],
+        chosen: &[(String, &DraDevice, &[String])],
     ) -> Result<Spec, String> {
         let full = crate::cdi::generate::generate(
             profile,
@@ -521,7 +606,7 @@ impl Claims {
         )
         .map_err(|e| format!("{r}: {e}"))?;
         let mut devices = Vec::new();
-        for d in chosen {
+        for (cdi_name, d, env) in chosen {
             // By the name that stays the device's: the table may be a poll older than the
             // spec just generated, and an index may have moved in between.
             let g = full
@@ -538,9 +623,11 @@ impl Claims {
                     ));
                 }
             }
+            let mut edits = g.container_edits.clone();
+            edits.env.extend(env.iter().cloned());
             devices.push(CdiDevice {
-                name: format!("{}-{}", r.uid, d.name),
-                container_edits: g.container_edits.clone(),
+                name: cdi_name.clone(),
+                container_edits: edits,
                 ..CdiDevice::default()
             });
         }
@@ -616,4 +703,259 @@ pub fn identity_of(profile: &Profile, dev: &DraDevice) -> Result<Identity, Strin
         pci_bus_id: dev.dev.pci_bus_id.clone(),
         uuid: dev.dev.uuid.clone(),
     })
+}
+
+/// What allocation result `res` holds of `offer`'s device, and what it was granted (for its
+/// containers' variables; `None` for a whole device). Refuses what cannot be a right
+/// allocation: a share of a device not published as shareable, a shareable device without
+/// its share, consumption of a capacity the device does not have or past its total.
+fn usage_of(
+    profile: &Profile,
+    offer: &Offer,
+    res: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+) -> Result<(Usage, Option<Grant>), String> {
+    let share = res.share_id.as_deref();
+    let shown = |s: &str| s.chars().take(64).collect::<String>();
+    match &offer.kind {
+        Kind::Shared => {
+            let Some(share) = share else {
+                return Err("it is shareable but was allocated without a share ID".into());
+            };
+            if !names::valid_uid(share) {
+                return Err(format!("share ID {:?} is not a UID", shown(share)));
+            }
+            let totals = offer.totals(profile);
+            let given = res.consumed_capacity.clone().unwrap_or_default();
+            let mut consumed = BTreeMap::new();
+            for (name, q) in &given {
+                let Some(total) = totals.get(name) else {
+                    return Err(format!(
+                        "consumedCapacity names {:?}, which it does not have",
+                        shown(name)
+                    ));
+                };
+                let n = crate::quantity::parse(&q.0)
+                    .map_err(|e| format!("consumedCapacity {name}: {e}"))?;
+                if n > *total {
+                    return Err(format!(
+                        "consumedCapacity {name} {} is past its total {}",
+                        shown(&q.0),
+                        total
+                    ));
+                }
+                consumed.insert(name.clone(), n);
+            }
+            if let Some(missing) = totals.keys().find(|k| !consumed.contains_key(*k)) {
+                return Err(format!(
+                    "consumedCapacity lacks {missing} (the API lists every capacity of a share)"
+                ));
+            }
+            // Without a cores capacity a share has all of the compute, oversubscribed, and a
+            // claim's config may set less.
+            let grant = Grant {
+                memory: consumed.get(offers::MEMORY).copied(),
+                cores: consumed.get(offers::CORES).copied().or(Some(100)),
+                slots: consumed.get(offers::SLOTS).copied(),
+            };
+            Ok((Usage::Shared { consumed }, Some(grant)))
+        }
+        kind => {
+            // Nothing else is published as shareable: a share on one is a wrong allocation,
+            // and must never let the claim in beside another.
+            if let Some(share) = share {
+                return Err(format!(
+                    "allocated with share {:?}, but it is not published as shareable",
+                    shown(share)
+                ));
+            }
+            match kind {
+                Kind::Partition { .. } => {
+                    let sharing = profile.sharing.as_ref().expect("a partition has sharing");
+                    Ok((
+                        Usage::Partition {
+                            slices: offer.slices(sharing).collect(),
+                        },
+                        Some(offer.partition_grant()),
+                    ))
+                }
+                _ => Ok((Usage::Whole, None)),
+            }
+        }
+    }
+}
+
+/// Whether `p` may be prepared beside `holders` (everything else prepared on its physical
+/// device): a whole device beside nothing, a partition beside partitions it does not
+/// overlap, a share beside shares while every capacity's sum stays within its total.
+fn check_holders(
+    r: &ClaimRef,
+    p: &Prepared,
+    holders: &[(&ClaimRef, &Prepared)],
+    totals: &BTreeMap<String, u64>,
+) -> Result<(), String> {
+    let mine = p.identity.as_ref().expect("set by prepare");
+    let refuse = |other: &ClaimRef, d: &Prepared, how: &str| {
+        let as_named = if d.device == p.device {
+            String::new()
+        } else {
+            format!(" (as {})", d.device)
+        };
+        Err(format!(
+            "{r}: device {} ({mine}) is prepared for {other}{as_named} already{how}",
+            p.device
+        ))
+    };
+    let mut sums: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut sharing = 0;
+    for &(other, d) in holders {
+        match (&p.usage, &d.usage) {
+            (Usage::Shared { .. }, Usage::Shared { consumed }) => {
+                sharing += 1;
+                for (k, v) in consumed {
+                    *sums.entry(k.as_str()).or_default() += v;
+                }
+            }
+            (Usage::Partition { slices: a }, Usage::Partition { slices: b }) => {
+                if a.iter().any(|s| b.contains(s)) {
+                    return refuse(other, d, ", on the same part of it");
+                }
+            }
+            _ => return refuse(other, d, ""),
+        }
+    }
+    if let Usage::Shared { consumed } = &p.usage {
+        for (k, total) in totals {
+            let held = sums.get(k.as_str()).copied().unwrap_or(0);
+            let want = consumed.get(k).copied().unwrap_or(0);
+            if held.saturating_add(want) > *total {
+                let q = |n: u64| {
+                    if k == offers::MEMORY {
+                        crate::quantity::bytes(n)
+                    } else {
+                        n.to_string()
+                    }
+                };
+                return Err(format!(
+                    "{r}: device {} ({mine}): {k} {} with the {sharing} share(s) prepared on it ({}) is past its total {}: a wrong allocation; nothing prepared",
+                    p.device,
+                    q(want),
+                    q(held),
+                    q(*total)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// This driver's configuration of `request`: its opaque entries from the DeviceClass, then
+/// from the claim, later entries winning field by field; `None` without any.
+fn config_for(
+    driver: &str,
+    configs: &[DeviceAllocationConfiguration],
+    request: &str,
+) -> Result<Option<SharingConfig>, String> {
+    let mut ordered: Vec<&DeviceAllocationConfiguration> = configs
+        .iter()
+        .filter(|c| {
+            c.requests.as_ref().is_none_or(|rs| {
+                rs.is_empty() || rs.iter().any(|x| x.split('/').next() == Some(request))
+            })
+        })
+        .collect();
+    // Stable: FromClass before FromClaim, each in its own order.
+    ordered.sort_by_key(|c| c.source != "FromClass");
+    let mut out: Option<SharingConfig> = None;
+    for c in ordered {
+        let Some(o) = &c.opaque else {
+            return Err(format!(
+                "a config entry ({}) of a kind this driver does not know",
+                c.source
+            ));
+        };
+        if o.driver != driver {
+            continue;
+        }
+        let parsed: SharingConfig = serde_json::from_value(o.parameters.0.clone())
+            .map_err(|e| format!("config ({}) parameters: {e}", c.source))?;
+        if parsed.api_version != CONFIG_API_VERSION || parsed.kind != CONFIG_KIND {
+            return Err(format!(
+                "config ({}) parameters: apiVersion {:?} kind {:?}, expected {CONFIG_API_VERSION:?} {CONFIG_KIND:?}",
+                c.source,
+                parsed.api_version.chars().take(64).collect::<String>(),
+                parsed.kind.chars().take(64).collect::<String>()
+            ));
+        }
+        let merged = out.get_or_insert_with(SharingConfig::default);
+        if let Some(l) = parsed.limits {
+            let m = merged.limits.get_or_insert_with(ConfigLimits::default);
+            if l.memory.is_some() {
+                m.memory = l.memory;
+            }
+            if l.cores.is_some() {
+                m.cores = l.cores;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `granted` narrowed by `config`'s limits: only below what was granted, only on a share or
+/// a partition, only for what the profile gives containers a variable for.
+fn limited(
+    profile: &Profile,
+    granted: Option<Grant>,
+    config: &SharingConfig,
+) -> Result<Option<Grant>, String> {
+    let Some(limits) = &config.limits else {
+        return Ok(granted);
+    };
+    let Some(mut g) = granted else {
+        return Err(
+            "limits.*: limits apply to shares and partitions, not to a whole device".into(),
+        );
+    };
+    let templates: Vec<&String> = profile
+        .sharing
+        .as_ref()
+        .map(|s| s.env.values().collect())
+        .unwrap_or_default();
+    let told = |what: &str| templates.iter().any(|t| t.contains(&format!("{{{what}")));
+    if let Some(m) = &limits.memory {
+        let n = crate::quantity::parse(m).map_err(|e| format!("limits.memory: {e}"))?;
+        if !told("memory") {
+            return Err(format!(
+                "limits.memory: profile {} gives containers no memory limit to set",
+                profile.name
+            ));
+        }
+        match g.memory {
+            Some(have) if n <= have && n > 0 => g.memory = Some(n),
+            have => {
+                return Err(format!(
+                    "limits.memory {} must be above 0 and at most the {} granted",
+                    crate::quote::quote(m),
+                    have.map_or("nothing".into(), crate::quantity::bytes)
+                ))
+            }
+        }
+    }
+    if let Some(c) = limits.cores {
+        if !told("cores") {
+            return Err(format!(
+                "limits.cores: profile {} gives containers no compute limit to set",
+                profile.name
+            ));
+        }
+        match g.cores {
+            Some(have) if c <= have && c > 0 => g.cores = Some(c),
+            have => {
+                return Err(format!(
+                    "limits.cores {c} must be above 0 and at most the {} percent granted",
+                    have.unwrap_or(0)
+                ))
+            }
+        }
+    }
+    Ok(Some(g))
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 
-use super::slices::{slices, Pool};
+use super::slices::{slices, Contents, Pool};
 
 /// How long a write of ours stands for the API server's copy before its watch event comes
 /// back (milliseconds, usually). After that the watch's copy is believed: a slice edited
@@ -120,15 +120,15 @@ impl Publisher {
         known
     }
 
-    /// Makes the pool hold `devices`: nothing is sent when the API server's copy (as the
+    /// Makes the pool hold `contents`: nothing is sent when the API server's copy (as the
     /// watch has it) already does. Returns whether anything was written; an error when the
     /// watch has not listed the slices yet, or a write failed (the next look tries again).
     pub async fn publish(
         &mut self,
         pool: &Pool<'_>,
-        devices: &[Device],
+        contents: &Contents,
     ) -> Result<bool, PublishError> {
-        let r = self.publish_inner(pool, devices).await;
+        let r = self.publish_inner(pool, contents).await;
         crate::kubelet::metrics::dra().publish(&self.driver, &r);
         r
     }
@@ -136,7 +136,7 @@ impl Publisher {
     async fn publish_inner(
         &mut self,
         pool: &Pool<'_>,
-        devices: &[Device],
+        contents: &Contents,
     ) -> Result<bool, PublishError> {
         // Not waited for: the loop has health to report meanwhile, and the watch's first
         // list wakes it.
@@ -161,12 +161,12 @@ impl Publisher {
                         .is_some_and(|e| e.spec == w.spec)
                 })
         };
-        if current > 0 && same(&slices(pool, devices, current)) {
+        if current > 0 && same(&slices(pool, contents, current)) {
             self.generation = current;
             return Ok(false);
         }
         self.generation = current + 1;
-        let want = slices(pool, devices, self.generation);
+        let want = slices(pool, contents, self.generation);
         let pp = PostParams {
             field_manager: Some(super::slices::MANAGER.into()),
             ..PostParams::default()

@@ -531,8 +531,9 @@ struct Running {
     /// The DRA socket and the registration socket: removed when dropped.
     _serving: [Serving; 2],
     publisher: Publisher,
-    /// What the last look found: the pool's devices and the driver's version.
-    devices: Vec<k8s_openapi::api::resource::v1::Device>,
+    /// What the last look found: the pool's counter sets and devices, and the driver's
+    /// version.
+    contents: slices::Contents,
     driver_version: Option<String>,
 }
 
@@ -545,11 +546,11 @@ impl Running {
             vendor: &self.driver.profile.name,
             driver_version: self.driver_version.as_deref(),
         };
-        match self.publisher.publish(&pool, &self.devices).await {
+        match self.publisher.publish(&pool, &self.contents).await {
             Ok(true) => log::info!(
                 "{}: published {} device(s), pool generation {}",
                 self.driver.name,
-                self.devices.len(),
+                self.contents.devices.len(),
                 self.publisher.generation()
             ),
             // The watch says why it has not listed yet; its first list wakes the loop.
@@ -631,11 +632,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         .iter()
         .map(|d| inventory::healthy(p, &d.dev))
         .collect();
-    run.devices = table
-        .iter()
-        .zip(&healthy)
-        .map(|(d, &ok)| slices::device(&pool, d, ok))
-        .collect();
+    run.contents = slices::contents(&pool, p, &table, &healthy);
     run.driver.report_health(&opts.node, &table, &healthy);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;
@@ -677,7 +674,7 @@ pub async fn run(
                         driver,
                         _serving: serving,
                         publisher,
-                        devices: Vec::new(),
+                        contents: slices::Contents::default(),
                         driver_version: None,
                     },
                 );

@@ -19,14 +19,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
+    CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
     ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::names::STANDARD_DOMAIN;
+use super::offers::{self, Kind, Offer};
 use super::table::DraDevice;
+use crate::profile::Profile;
 
 /// Devices per slice: the API's limit for slices whose devices have taints.
 pub const DEVICES_PER_SLICE: usize = 64;
@@ -89,14 +91,9 @@ fn not_semver(driver: &str, version: &str) {
     }
 }
 
-/// A byte count as a Kubernetes quantity: `16Gi` where it is a whole number of GiB, else
-/// `Mi`, else bytes.
+/// A byte count as a Kubernetes quantity (`16Gi`).
 fn bytes(b: u64) -> Quantity {
-    Quantity(match b {
-        b if b % (1 << 30) == 0 => format!("{}Gi", b >> 30),
-        b if b % (1 << 20) == 0 => format!("{}Mi", b >> 20),
-        b => b.to_string(),
-    })
+    Quantity(crate::quantity::bytes(b))
 }
 
 fn int(i: i64) -> DeviceAttribute {
@@ -168,6 +165,82 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
     }
 }
 
+/// The slice entry of one offer of a profile with `[sharing]`: the physical device's
+/// attributes and taint, and what it is of it (`sharing`: `whole`, `capacity` or
+/// `partition`; for a part its `partition`, its first slice as `placement` and its `parent`;
+/// for a share or part whether its limits are `enforced` or `advisory`), the counters it
+/// consumes, and for the shareable one `allowMultipleAllocations` and its capacities.
+pub fn offered(pool: &Pool, profile: &Profile, o: &Offer, healthy: bool) -> Device {
+    let mut d = device(pool, o.parent, healthy);
+    let consumes = o.consumes(profile);
+    let (Some(sharing), Some(_)) = (profile.sharing.as_ref(), &consumes) else {
+        // Offered whole only: published as before sharing was declared.
+        return d;
+    };
+    let a = d.attributes.get_or_insert_with(BTreeMap::new);
+    a.insert("sharing".into(), string(o.kind.mode()).expect("short"));
+    if o.kind != Kind::Whole {
+        a.insert(
+            "parent".into(),
+            string(&o.parent.name).expect("a DNS label"),
+        );
+        a.insert(
+            "limits".into(),
+            string(sharing.limits.as_str()).expect("short"),
+        );
+    }
+    if let Kind::Partition { name, count, .. } = &o.kind {
+        a.insert("partition".into(), string(name).expect("16 characters"));
+        a.insert("placement".into(), int(o.slices(sharing).start.into()));
+        if let Some(m) = o.memory {
+            d.capacity = Some(BTreeMap::from([(
+                offers::MEMORY.to_string(),
+                DeviceCapacity {
+                    value: bytes(m / u64::from(*count)),
+                    ..DeviceCapacity::default()
+                },
+            )]));
+        }
+    }
+    if o.kind == Kind::Shared {
+        d.allow_multiple_allocations = Some(true);
+        d.capacity = o.capacity(profile);
+    }
+    d.name = o.name.clone();
+    d.consumes_counters = consumes;
+    d
+}
+
+/// What one pool holds: the counter sets of its devices and the devices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Contents {
+    pub counters: Vec<CounterSet>,
+    pub devices: Vec<Device>,
+}
+
+/// The pool's contents for `table` (`healthy` per device): every offer of every device.
+pub fn contents(pool: &Pool, profile: &Profile, table: &[DraDevice], healthy: &[bool]) -> Contents {
+    let ok = |o: &Offer| {
+        table
+            .iter()
+            .position(|d| d.name == o.parent.name)
+            .is_none_or(|i| healthy.get(i).copied().unwrap_or(true))
+    };
+    Contents {
+        counters: table
+            .iter()
+            .filter_map(|d| offers::counter_set(profile, d))
+            .collect(),
+        devices: offers::offers(profile, table)
+            .iter()
+            .map(|o| offered(pool, profile, o, ok(o)))
+            .collect(),
+    }
+}
+
+/// Counter sets per slice: the API's limit.
+pub const COUNTER_SETS_PER_SLICE: usize = 8;
+
 /// The longest object name the API accepts (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
@@ -193,31 +266,39 @@ pub fn slice_name(pool: &Pool, i: usize) -> String {
 }
 
 /// The pool's slices at `generation`: none when there are no devices (the profile has
-/// nothing on this node).
-pub fn slices(pool: &Pool, devices: &[Device], generation: i64) -> Vec<ResourceSlice> {
-    let chunks: Vec<&[Device]> = devices.chunks(DEVICES_PER_SLICE).collect();
-    let count = chunks.len() as i64;
-    chunks
-        .into_iter()
+/// nothing on this node). Counter sets come first, in slices of their own (from 1.35 a
+/// slice holds counter sets or devices, never both), then the devices.
+pub fn slices(pool: &Pool, c: &Contents, generation: i64) -> Vec<ResourceSlice> {
+    if c.devices.is_empty() {
+        return Vec::new();
+    }
+    let counters = c.counters.chunks(COUNTER_SETS_PER_SLICE);
+    let devices = c.devices.chunks(DEVICES_PER_SLICE);
+    let count = (counters.len() + devices.len()) as i64;
+    let make = |i: usize, sets: Option<&[CounterSet]>, devs: Option<&[Device]>| ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(slice_name(pool, i)),
+            labels: Some(BTreeMap::from([(MANAGED_BY.into(), MANAGER.into())])),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: pool.driver.to_string(),
+            node_name: Some(pool.node.to_string()),
+            pool: ResourcePool {
+                name: pool.node.to_string(),
+                generation,
+                resource_slice_count: count,
+            },
+            shared_counters: sets.map(<[CounterSet]>::to_vec),
+            devices: devs.map(<[Device]>::to_vec),
+            ..ResourceSliceSpec::default()
+        },
+    };
+    counters
+        .map(|sets| (Some(sets), None))
+        .chain(devices.map(|devs| (None, Some(devs))))
         .enumerate()
-        .map(|(i, chunk)| ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(pool, i)),
-                labels: Some(BTreeMap::from([(MANAGED_BY.into(), MANAGER.into())])),
-                ..ObjectMeta::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: pool.driver.to_string(),
-                node_name: Some(pool.node.to_string()),
-                pool: ResourcePool {
-                    name: pool.node.to_string(),
-                    generation,
-                    resource_slice_count: count,
-                },
-                devices: Some(chunk.to_vec()),
-                ..ResourceSliceSpec::default()
-            },
-        })
+        .map(|(i, (sets, devs))| make(i, sets, devs))
         .collect()
 }
 
@@ -345,7 +426,11 @@ mod tests {
             driver_version: Some("1.2.3.4"),
         };
         let devices: Vec<Device> = (0..65).map(|i| device(&pool, &dev(i), i != 3)).collect();
-        let s = slices(&pool, &devices, 7);
+        let c = Contents {
+            counters: Vec::new(),
+            devices,
+        };
+        let s = slices(&pool, &c, 7);
         assert_eq!(s.len(), 2);
         for x in &s {
             assert_eq!(x.spec.pool.generation, 7);
@@ -378,6 +463,6 @@ mod tests {
             "gcu.enflame.com/unhealthy"
         );
         assert!(d0.get("taints").is_none());
-        assert!(slices(&pool, &[], 1).is_empty());
+        assert!(slices(&pool, &Contents::default(), 1).is_empty());
     }
 }

@@ -162,6 +162,23 @@ impl ApiServer {
         self.put_claim_results(ns, name, uid, driver, results);
     }
 
+    /// As [`ApiServer::put_claim_results`], with the allocation's `config` entries (each a
+    /// `DeviceAllocationConfiguration`: `source`, `requests`, `opaque`).
+    pub fn put_claim_config(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        driver: &str,
+        results: Vec<Value>,
+        config: Vec<Value>,
+    ) {
+        self.put_claim_results(ns, name, uid, driver, results);
+        let mut st = self.state.lock().unwrap();
+        let claim = st.claims.get_mut(&format!("{ns}/{name}")).unwrap();
+        claim["status"]["allocation"]["devices"]["config"] = config.into();
+    }
+
     /// A claim whose allocation is `results` as given (each a `DeviceRequestAllocationResult`
     /// as the API serves it, e.g. with a `shareID`), requesting `driver`'s devices.
     pub fn put_claim_results(
@@ -245,6 +262,43 @@ fn quantity_ok(q: &str) -> bool {
         .contains(&suffix)
 }
 
+/// A whole quantity in bytes or units (`8Gi`, `100`), for the request policy's rules.
+fn whole(q: &str) -> Option<u128> {
+    let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let scale: u128 = match &q[digits.len()..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    Some(digits.parse::<u128>().ok()? * scale)
+}
+
+/// KEP-5075's rules of a `validRange` request policy (API `CapacityRequestPolicyRange`): min
+/// within the value, max at most the value and a whole number of steps above min, default in
+/// range on a step, min + step within the value.
+fn policy_invalid(value: &str, policy: &Value) -> Option<String> {
+    let value = whole(value)?;
+    let range = &policy["validRange"];
+    let min = whole(range["min"].as_str()?)?;
+    let max = range["max"].as_str().map_or(Some(value), whole)?;
+    let step = range["step"].as_str().map_or(Some(1), whole)?;
+    let default = policy["default"].as_str().map_or(Some(min), whole)?;
+    let on_step = |x: u128| x >= min && (x - min).is_multiple_of(step);
+    if policy.get("validValues").is_some() {
+        return Some("validRange and validValues both".into());
+    }
+    if min > value || max > value || max < min || step == 0 || !on_step(max) {
+        return Some(format!("range {range} against value {value}"));
+    }
+    if default > max || !on_step(default) || min + step > value {
+        return Some(format!("default {default} against {range}"));
+    }
+    None
+}
+
 /// What the real API server's validation of a v1 ResourceSlice refuses, among the rules the
 /// driver could break.
 fn invalid(slice: &Value) -> Option<String> {
@@ -264,9 +318,75 @@ fn invalid(slice: &Value) -> Option<String> {
         return Some(format!("spec.pool {pool}"));
     }
     let devices = spec["devices"].as_array().cloned().unwrap_or_default();
-    let tainted = devices.iter().any(|d| d.get("taints").is_some());
-    if devices.len() > if tainted { 64 } else { 128 } {
+    let sets = spec["sharedCounters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    // From 1.35 a slice holds devices or counter sets, not both (KEP-4815).
+    if !devices.is_empty() && !sets.is_empty() {
+        return Some("spec.devices and spec.sharedCounters in one slice".into());
+    }
+    if sets.len() > 8 {
+        return Some(format!("{} counter sets", sets.len()));
+    }
+    for set in &sets {
+        let name = set["name"].as_str().unwrap_or_default();
+        let counters = set["counters"].as_object().cloned().unwrap_or_default();
+        if !label_ok(name) || counters.is_empty() || counters.len() > 32 {
+            return Some(format!("counter set {set}"));
+        }
+        for (k, c) in counters {
+            if !label_ok(&k) || !quantity_ok(c["value"].as_str().unwrap_or_default()) {
+                return Some(format!("counter set {name}: counter {k}: {c}"));
+            }
+        }
+    }
+    let limited = devices
+        .iter()
+        .any(|d| d.get("taints").is_some() || d.get("consumesCounters").is_some());
+    if devices.len() > if limited { 64 } else { 128 } {
         return Some(format!("{} devices", devices.len()));
+    }
+    for d in &devices {
+        let name = d["name"].as_str().unwrap_or_default();
+        let consumes = d["consumesCounters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if consumes.len() > 2 {
+            return Some(format!("{name}: {} consumesCounters", consumes.len()));
+        }
+        for c in &consumes {
+            let counters = c["counters"].as_object().cloned().unwrap_or_default();
+            if !label_ok(c["counterSet"].as_str().unwrap_or_default())
+                || counters.is_empty()
+                || counters
+                    .values()
+                    .any(|v| !quantity_ok(v["value"].as_str().unwrap_or_default()))
+            {
+                return Some(format!("{name}: consumesCounters {c}"));
+            }
+        }
+        let shareable = d["allowMultipleAllocations"] == true;
+        let capacity = d["capacity"].as_object().cloned().unwrap_or_default();
+        let attrs = d["attributes"].as_object().map_or(0, |a| a.len());
+        if attrs + capacity.len() > 32 {
+            return Some(format!(
+                "{name}: {} attributes and capacities",
+                attrs + capacity.len()
+            ));
+        }
+        for (k, c) in &capacity {
+            let Some(policy) = c.get("requestPolicy") else {
+                continue;
+            };
+            if !shareable {
+                return Some(format!("{name}: capacity {k}: requestPolicy on a device without allowMultipleAllocations"));
+            }
+            if let Some(e) = policy_invalid(c["value"].as_str().unwrap_or_default(), policy) {
+                return Some(format!("{name}: capacity {k}: requestPolicy: {e}"));
+            }
+        }
     }
     for d in &devices {
         let name = d["name"].as_str().unwrap_or_default();
