@@ -110,6 +110,11 @@ fn probe_script(devices: &[&str]) -> String {
          [ -e $d/libefml.so.1 ] && l=$d && break; done; \
          [ $l = none ] && echo 'lib none' || echo 'lib libefml.so.1'; echo \"libdir $l\"; ",
     );
+    // A shared or partitioned device's limits, as the vendor's variables give them (issue 35).
+    s.push_str(
+        "echo \"gmem ${ENFLAME_CONTAINER_USABLE_GLOBAL_MEM:-none}\"; \
+         echo \"subcard ${ENFLAME_CONTAINER_SUB_CARD:-none}\"; ",
+    );
     s.push_str("echo \"uid_map $(cat /proc/self/uid_map | tr -s ' ' | tr '\\n' ';')\"");
     s
 }
@@ -731,6 +736,124 @@ fn dra_claims_reach_containers_through_containerds_own_cdi() {
             "{name}: {refused}"
         );
         remove_pod(&ch, name, &pod).await;
+        drv.stop().await;
+    });
+}
+
+const UID_S1: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e31";
+const UID_S2: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e32";
+const UID_P: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e33";
+
+/// Sharing through containerd 2's own CDI (issue 35): with the GCUs' memory stated, two
+/// claims share GCU 2 (8Gi and 4Gi of its 32Gi) and one holds the second half of GCU 1. Each
+/// pod (plain runc, the claim's CDI IDs in `CDIDevices`) opens exactly its GCU and the control
+/// node and sees exactly its own limits in Enflame's variables; the part's pod sees only its
+/// part's GCU and the part's memory.
+#[test]
+#[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
+fn shared_and_partitioned_claims_reach_containers_through_containerds_own_cdi() {
+    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
+    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
+    let log_dir = tempfile::Builder::new()
+        .prefix("accel-e2e-cri-sharing.")
+        .tempdir()
+        .unwrap();
+    let mut cfg = node_config();
+    for p in cfg.profiles.iter_mut().filter(|p| p.name == "enflame") {
+        p.sharing.as_mut().expect("enflame declares sharing").memory = Some("32Gi".into());
+    }
+    let api = ApiServer::start();
+    let share = |share: &str, memory: &str| {
+        serde_json::json!({"request": "gcus", "driver": DRIVER, "pool": NODE,
+            "device": "gcu-2-shared", "shareID": share, "consumedCapacity": {"memory": memory}})
+    };
+    // (claim, uid, allocation result, the nodes that must open, the memory it is told in GiB)
+    let cases = [
+        (
+            "share-1",
+            UID_S1,
+            share("7e1d2c3b-0000-4000-8000-000000000001", "8Gi"),
+            &["/dev/gcu2", "/dev/gcuctl"][..],
+            "8",
+        ),
+        (
+            "share-2",
+            UID_S2,
+            share("7e1d2c3b-0000-4000-8000-000000000002", "4Gi"),
+            &["/dev/gcu2", "/dev/gcuctl"][..],
+            "4",
+        ),
+        (
+            "half",
+            UID_P,
+            serde_json::json!({"request": "gcus", "driver": DRIVER, "pool": NODE, "device": "gcu-1-half-1"}),
+            &["/dev/gcu1", "/dev/gcuctl"][..],
+            "16",
+        ),
+    ];
+    for (name, uid, result, _, _) in &cases {
+        api.put_claim_results(NS, name, uid, DRIVER, vec![result.clone()]);
+    }
+    let claims: Vec<_> = cases
+        .iter()
+        .map(|(name, uid, ..)| claim(NS, name, uid))
+        .collect();
+
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), Duration::from_millis(200));
+        opts.cdi_dir = cdi_dir.clone();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let slices = wait_slices(&api, "publish", |s| s.len() == 2).await;
+        let published: usize = slices
+            .iter()
+            .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum();
+        assert_eq!(
+            published,
+            4 * 8,
+            "whole, shared, two halves, four quarters per GCU"
+        );
+        let (_, dra) = register(&drv.reg_socket()).await;
+        let r = prepare(&dra, PREPARE_V1, claims.clone()).await;
+        let ch = cri_channel(&socket).await;
+        let mut running = Vec::new();
+        for (name, uid, _, open, gib) in &cases {
+            let got = &r.claims[*uid];
+            assert_eq!(got.error, "", "{name}");
+            let pod = format!("dra-{name}");
+            let sandbox = sandbox_config(&pod, false, log_dir.path());
+            let config = container_config(
+                &pod,
+                false,
+                &image,
+                &claim_answer(&cdi_ids(got)),
+                log_dir.path(),
+            );
+            running.push((run_pod(&ch, &pod, "", &sandbox, &config).await, *open, *gib));
+        }
+        for (r, open, gib) in &running {
+            let seen = probe(&ch, r, &GCU_NODES).await;
+            for node in GCU_NODES {
+                let want = if open.contains(&node) {
+                    "ENXIO"
+                } else {
+                    "ENOENT"
+                };
+                assert_eq!(seen[node], want, "{}: {node}: {seen:?}", r.name);
+            }
+            assert_eq!(seen["gmem"], *gib, "{}: {seen:?}", r.name);
+            assert_eq!(seen["subcard"], "true", "{}: {seen:?}", r.name);
+        }
+        for (r, ..) in &running {
+            remove_pod(&ch, &r.name, &r.pod).await;
+        }
+        let u = unprepare(&dra, claims.clone()).await;
+        for (name, uid, ..) in &cases {
+            assert_eq!(u.claims[*uid].error, "", "{name}");
+            assert!(!drv.spec_path(uid).exists(), "{name}");
+        }
         drv.stop().await;
     });
 }

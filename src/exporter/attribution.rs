@@ -107,8 +107,10 @@ impl Holders {
             }
         }
         if let Some(driver) = &p.dra_driver {
-            if let Some(v) = self.dra.get(&(driver.clone(), dev.dra_name.clone())) {
-                out.extend(v);
+            for name in std::iter::once(&dev.dra_name).chain(&dev.dra_offers) {
+                if let Some(v) = self.dra.get(&(driver.clone(), name.clone())) {
+                    out.extend(v);
+                }
             }
         }
         out.sort();
@@ -183,4 +185,63 @@ pub fn holder_labels(h: &Holder) -> Vec<(&'static str, String)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::proto::podresources::{
+        ClaimResource, ContainerResources, DynamicResource, PodResources,
+    };
+
+    /// Issue 35: a claim holds a share or a part of a device under the offer's name; the
+    /// device's series name its holders all the same.
+    #[test]
+    fn a_share_or_a_part_is_held_as_its_device() {
+        let pod = |name: &str, device: &str| PodResources {
+            name: name.into(),
+            namespace: "ns".into(),
+            containers: vec![ContainerResources {
+                name: "c".into(),
+                devices: vec![],
+                dynamic_resources: vec![DynamicResource {
+                    claim_name: format!("{name}-claim"),
+                    claim_namespace: "ns".into(),
+                    claim_resources: vec![ClaimResource {
+                        cdi_devices: vec![],
+                        driver_name: "gcu.enflame.com".into(),
+                        pool_name: "n1".into(),
+                        device_name: device.into(),
+                        share_id: None,
+                    }],
+                }],
+            }],
+        };
+        let h = Holders::from_list(&ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("a", "gcu-3-shared"),
+                pod("b", "gcu-3-half-1"),
+                pod("c", "gcu-30"),
+            ],
+        });
+        let p = ProfileSnapshot {
+            profile: "enflame".into(),
+            driver_version: None,
+            resources: vec![],
+            dra_driver: Some("gcu.enflame.com".into()),
+            devices: vec![],
+            poll_seconds: 0.0,
+        };
+        let dev = Device {
+            dra_name: "gcu-3".into(),
+            dra_offers: vec![
+                "gcu-3-shared".into(),
+                "gcu-3-half-0".into(),
+                "gcu-3-half-1".into(),
+            ],
+            ..Device::default()
+        };
+        let pods: Vec<&str> = h.of(&p, &dev).iter().map(|x| x.pod.as_str()).collect();
+        assert_eq!(pods, ["a", "b"]);
+    }
 }

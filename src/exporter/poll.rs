@@ -78,8 +78,10 @@ impl Poller {
                         "the driver is not loaded (its version file is gone)".into()
                     })
                 });
+                let dra_name = dra_device_name(p, &d);
                 Device {
-                    dra_name: dra_device_name(p, &d),
+                    dra_offers: crate::kubelet::names::offer_names(p, &dra_name),
+                    dra_name,
                     name: d.name,
                     index: d.index,
                     uuid: d.uuid,

@@ -27,6 +27,9 @@ pub struct Device {
     pub plugin_id: Option<String>,
     /// Its name in the DRA driver's ResourceSlice (`gpu-0`).
     pub dra_name: String,
+    /// The names of its shares and parts in the ResourceSlice (`gcu-3-shared`,
+    /// `gcu-3-half-1`), where its profile shares devices: a claim on one holds this device.
+    pub dra_offers: Vec<String>,
     /// By the device plugin's rule ([`crate::kubelet::inventory::healthy`]), with why not.
     pub healthy: bool,
     pub problem: Option<String>,

@@ -379,10 +379,11 @@ EOF
     st=$?
     cat /run/e2e-cri.log
     [ "$st" = 0 ] || { journalctl -u containerd --no-pager | tail -30; bad "e2e_cri: status $st"; }
-    # --ignored runs only the ignored tests: none run would also be status 0. Two: the
-    # device plugin's answers, and the DRA driver's claims through containerd's own CDI.
+    # --ignored runs only the ignored tests: none run would also be status 0. Three: the
+    # device plugin's answers, the DRA driver's claims through containerd's own CDI, and
+    # shared and partitioned claims the same way.
     ran=$(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed.*/\1/p' /run/e2e-cri.log)
-    [ "${ran:-0}" -ge 2 ] || bad "e2e_cri: ${ran:-no} test(s) passed, 2 expected (device plugin, DRA)"
+    [ "${ran:-0}" -ge 3 ] || bad "e2e_cri: ${ran:-no} test(s) passed, 3 expected (device plugin, DRA, DRA sharing)"
   else
     bad "the share names no e2e_cri binary"
   fi
