@@ -262,6 +262,11 @@ fn four_8gi_shares_fill_a_32gi_gcu_and_a_fifth_is_refused() {
                 "{env:?}"
             );
         }
+        // What `kubectl describe resourceclaim s0` shows: the share, and what its GCU is.
+        let status = &api.claim("ns", "s0")["status"]["devices"][0];
+        assert_eq!(status["device"], "gcu-3-shared");
+        assert_eq!(status["shareID"], share_id(0));
+        assert_eq!(status["data"]["pciBusID"], "0000:13:00.0");
         let fifth = |ch| async move {
             prepare(ch, PREPARE_V1, vec![claim("ns", "s4", &uid(4))])
                 .await

@@ -210,13 +210,19 @@ impl Driver {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-        let devices = table
+        // Every published device: a share or a part is as healthy as its device.
+        let offers = super::offers::offers(&self.profile, table);
+        let devices = offers
             .iter()
-            .zip(healthy)
-            .map(|(d, &ok)| DeviceHealth {
+            .map(|o| {
+                let i = table.iter().position(|d| d.name == o.parent.name);
+                (o, i.and_then(|i| healthy.get(i)).copied().unwrap_or(true))
+            })
+            .map(|(o, ok)| (o.name.clone(), o.parent, ok))
+            .map(|(name, d, ok)| DeviceHealth {
                 device: Some(DeviceIdentifier {
                     pool_name: pool.to_string(),
-                    device_name: d.name.clone(),
+                    device_name: name,
                 }),
                 health: if ok {
                     HealthStatus::Healthy
@@ -256,10 +262,12 @@ impl Driver {
         let now = k8s_openapi::jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
+        let offers = super::offers::offers(&self.profile, &table);
         let entries: Vec<serde_json::Value> = devices
             .iter()
             .map(|p| {
-                let dev = table.iter().find(|d| d.name == p.device);
+                // A share or a part: what its physical device is.
+                let dev = offers.iter().find(|o| o.name == p.device).map(|o| o.parent);
                 let mut data = serde_json::Map::new();
                 let mut put = |k: &str, v: Option<String>| {
                     if let Some(v) = v {
