@@ -16,11 +16,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{free_majors, mknod};
+use common::{free_majors, mknod, CTK, SHIM};
 use serde_json::{json, Value};
-
-const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
-const CTK: &str = env!("CARGO_BIN_EXE_accel-ctk");
 
 /// Two simulated NVIDIA GPUs (bus order differs from minor order) and four Enflame GCUs.
 const GPUS: &[(&str, u32, &str)] = &[
@@ -143,7 +140,7 @@ fn node() -> Node {
 
 impl Node {
     fn ctk(&self, args: &[&str]) -> Output {
-        Command::new(CTK)
+        Command::new(&*CTK)
             .args(args)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &self.config)
             .output()
@@ -214,7 +211,7 @@ impl Node {
 
     /// The same with another shim config file.
     fn create_with(&self, bundle: &Path, config: &Path) -> (bool, String, Value) {
-        let out = Command::new(SHIM)
+        let out = Command::new(&*SHIM)
             .args(["create", "--bundle"])
             .arg(bundle)
             .arg("cdi-test")

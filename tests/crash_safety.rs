@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use accel_container_runtime::atomic::{FAILPOINTS, FAILPOINT_ENV};
 use serde_json::Value;
 
+// Always cargo's build, never `ACCEL_TEST_BINARIES`' (tests/common: `binary`): the
+// failpoints are compiled into no shipped build.
 const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
 
 struct Bundle {

@@ -13,7 +13,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use common::mknod;
+use common::{mknod, CTK};
 
 const UUID1: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000001";
 const UUID2: &str = "GPU-8e5b1f3a-0000-4000-8000-000000000002";
@@ -136,7 +136,7 @@ impl Node {
     }
 
     fn ctk_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+        let out = std::process::Command::new(&*CTK)
             .args(args)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.config())
             .envs(env.iter().copied())
@@ -1096,7 +1096,7 @@ fn checkpoint_fix_never_overwrites_a_write_made_while_repairing() {
     let child = Command::new("strace")
         .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
         .args(["-e", "inject=fsync:delay_enter=1500000"])
-        .arg(env!("CARGO_BIN_EXE_accel-ctk"))
+        .arg(&*CTK)
         .args(["checkpoint", "check", "--fix", "--checkpoint"])
         .arg(&cp)
         .env("ACCEL_CONTAINER_RUNTIME_CONFIG", n.config())

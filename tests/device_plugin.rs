@@ -18,7 +18,7 @@ use common::grpc::{self, ALLOCATE, GET_OPTIONS};
 use common::kubelet::{
     apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
 };
-use common::{mknod, SimRoot};
+use common::{binary, mknod, SimRoot};
 use tokio::sync::watch;
 
 #[test]
@@ -517,7 +517,7 @@ fn the_plugin_socket_is_private_under_any_umask() {
         let mut child = std::process::Command::new("sh")
             .arg("-c")
             .arg(r#"umask 000; exec "$0" --kubelet-dir "$1""#)
-            .arg(env!("CARGO_BIN_EXE_accel-device-plugin"))
+            .arg(binary(env!("CARGO_BIN_EXE_accel-device-plugin")))
             .arg(kubelet.dir())
             .env(
                 "ACCEL_CONTAINER_RUNTIME_CONFIG",

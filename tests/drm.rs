@@ -171,7 +171,7 @@ fn hygon_gets_kfd_and_mkfd() {
 /// accel-ctk with `runc`'s config.
 fn ctk(runc: &Runc, args: &[&str]) -> Out {
     output(
-        std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+        std::process::Command::new(&*CTK)
             .args(args)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
     )
@@ -205,7 +205,7 @@ fn within_20s(cmd: &mut std::process::Command) -> Out {
 /// `accel-ctk list --json` with `runc`'s config, within 20 s.
 fn list_json(runc: &Runc) -> (Out, Value) {
     let out = within_20s(
-        std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+        std::process::Command::new(&*CTK)
             .args(["list", "--json"])
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
     );
@@ -267,7 +267,7 @@ fn class6_drm_vendor_char_device_not_opened() {
         std::process::Command::new("strace")
             .args(["-f", "-qq", "-e", "trace=open,openat,openat2", "-o"])
             .arg(&trace)
-            .arg(env!("CARGO_BIN_EXE_accel-ctk"))
+            .arg(&*CTK)
             .args(["list", "--json"])
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),
     );
@@ -628,7 +628,7 @@ mod plugin {
                 let _ = self.0.wait();
             }
         }
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_accel-device-plugin"))
+        let child = std::process::Command::new(binary(env!("CARGO_BIN_EXE_accel-device-plugin")))
             .args(["--kubelet-dir", kubelet_dir.to_str().unwrap()])
             .args([
                 "--nfd-labels",
@@ -682,7 +682,7 @@ mod plugin {
         let kubelet_dir = runc.scratch().join("device-plugins");
         std::fs::create_dir_all(&kubelet_dir).unwrap();
         let out = within_20s(
-            std::process::Command::new(env!("CARGO_BIN_EXE_accel-device-plugin"))
+            std::process::Command::new(binary(env!("CARGO_BIN_EXE_accel-device-plugin")))
                 .arg("--kubelet-dir")
                 .arg(&kubelet_dir)
                 .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path()),

@@ -75,7 +75,12 @@ fn ctr_nvidia_index_1_through_the_shim_as_runc_binary() {
     let conf = Runc::new(&sim);
     let c = containerd_with_image(&conf);
 
-    let r = ctr_probe(&c, SHIM, &["NVIDIA_VISIBLE_DEVICES=1"], &nvidia_probe(&sim));
+    let r = ctr_probe(
+        &c,
+        SHIM.as_str(),
+        &["NVIDIA_VISIBLE_DEVICES=1"],
+        &nvidia_probe(&sim),
+    );
     assert_nvidia_index_1(&r, &sim);
     assert!(
         conf.shim_log().contains("for NVIDIA_VISIBLE_DEVICES=1"),
@@ -97,7 +102,7 @@ fn ctr_enflame_1_3_and_no_variable_same_as_runc() {
         .open("/dev/gcu1")
         .open("/dev/gcu3")
         .open("/dev/gcuctl");
-    let r = ctr_probe(&c, SHIM, &["ENFLAME_VISIBLE_DEVICES=1,3"], &probe);
+    let r = ctr_probe(&c, SHIM.as_str(), &["ENFLAME_VISIBLE_DEVICES=1,3"], &probe);
     assert_enflame_1_3(&r, "");
 
     // No variable: the same container as containerd's own runc gives.
@@ -109,7 +114,7 @@ fn ctr_enflame_1_3_and_no_variable_same_as_runc() {
             "cut -d' ' -f2-4 /proc/self/mounts | sed 's/lowerdir=.*//'",
         )
         .cmd("devices", "cat /sys/fs/cgroup/devices/devices.list");
-    let accel = ctr_probe(&c, SHIM, &[], &probe);
+    let accel = ctr_probe(&c, SHIM.as_str(), &[], &probe);
     let runc = ctr_probe(&c, "runc", &[], &probe);
     assert_eq!(
         accel.sections, runc.sections,
@@ -125,7 +130,7 @@ fn ctr_bad_index_fails_with_the_shims_line_from_log_json() {
     let conf = Runc::new(&sim);
     let c = containerd_with_image(&conf);
 
-    let (id, out) = ctr_run(&c, SHIM, &["NVIDIA_VISIBLE_DEVICES=7"], "true");
+    let (id, out) = ctr_run(&c, SHIM.as_str(), &["NVIDIA_VISIBLE_DEVICES=7"], "true");
     assert_ne!(out.code, 0, "{out:#?}");
     // containerd-shim-runc-v2 calls the runtime with `--log <bundle>/log.json --log-format
     // json` and reports the last error there: the shim's line must be it.
@@ -157,7 +162,7 @@ fn ctr_exec_into_a_running_container_keeps_the_device() {
         "run",
         "-d",
         "--runc-binary",
-        SHIM,
+        SHIM.as_str(),
         "--env",
         "NVIDIA_VISIBLE_DEVICES=1",
         IMAGE,
@@ -209,7 +214,7 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
         |dir| {
             let file = dir.join("config.toml");
             std::fs::write(&file, Containerd::base_config(dir)).unwrap();
-            configure_containerd(&file, SHIM, &["--set-as-default"]);
+            configure_containerd(&file, SHIM.as_str(), &["--set-as-default"]);
             file
         },
         &env,
@@ -248,7 +253,7 @@ fn containerd_started_with_the_configured_file_runs_its_binary_name() {
     let binary = accel["options"]["BinaryName"]
         .as_str()
         .unwrap_or_else(|| panic!("no BinaryName: {accel:#?}"));
-    assert_eq!(binary, SHIM);
+    assert_eq!(binary, SHIM.as_str());
 
     // What the runc.v2 shim does with that BinaryName: run it as runc.
     import_image(&c);

@@ -93,7 +93,7 @@ fn docker_runs_containers_through_the_shim() {
 
     // Declared after `conf` so it drops (and stops) first.
     let daemon_json = serde_json::json!({
-        "runtimes": {"accel": {"path": SHIM}},
+        "runtimes": {"accel": {"path": SHIM.as_str()}},
         "log-level": "info"
     });
     let d = Dockerd::start(
@@ -103,7 +103,7 @@ fn docker_runs_containers_through_the_shim() {
             conf.config_path().as_os_str(),
         )],
         // docker registers its --gpus driver only when this name is on its PATH at start.
-        &[("nvidia-container-runtime-hook", Path::new(SHIM))],
+        &[("nvidia-container-runtime-hook", Path::new(SHIM.as_str()))],
     );
     d.docker(&[
         OsStr::new("import"),
@@ -354,7 +354,7 @@ fn docker_runs_containers_through_the_shim() {
                     OsStr::new("--runtime-name"),
                     OsStr::new("accel-default"),
                     OsStr::new("--runtime-path"),
-                    OsStr::new(SHIM),
+                    OsStr::new(SHIM.as_str()),
                     OsStr::new("--set-as-default"),
                 ]
             };
@@ -365,10 +365,10 @@ fn docker_runs_containers_through_the_shim() {
             let runtimes: serde_json::Value = serde_json::from_str(&runtimes.stdout).unwrap();
             assert_eq!(
                 runtimes["accel-default"]["path"].as_str(),
-                Some(SHIM),
+                Some(SHIM.as_str()),
                 "{runtimes:#}"
             );
-            assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM), "{runtimes:#}");
+            assert_eq!(runtimes["accel"]["path"].as_str(), Some(SHIM.as_str()), "{runtimes:#}");
 
             let r = run_probe(&d, &["-e", "NVIDIA_VISIBLE_DEVICES=0"], &gpu_probe);
             r.assert_extra_dev(&["nvidia3", "nvidia-uvm", "nvidiactl"]);

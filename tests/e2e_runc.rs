@@ -749,7 +749,7 @@ fn create_and_run_help_print_runc_s_help() {
     };
     for args in cases {
         let out = output(
-            Command::new(SHIM)
+            Command::new(&*SHIM)
                 .env("ACCEL_CONTAINER_RUNTIME_CONFIG", runc.config_path())
                 .current_dir(cwd.path())
                 .args(*args),

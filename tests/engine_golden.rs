@@ -5,8 +5,12 @@
 //!
 //! `UPDATE_GOLDEN=1 cargo test --test engine_golden` rewrites the golden files (review the diff).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use common::CTK;
 
 const RUNTIME_PATH: &str = "/usr/bin/accel-container-runtime";
 
@@ -17,7 +21,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn ctk(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+    Command::new(&*CTK)
         .args(args)
         .output()
         .expect("running accel-ctk")
@@ -348,8 +352,7 @@ fn runtime_path_defaults_to_the_binary_beside_accel_ctk() {
     ]));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    let beside =
-        Path::new(env!("CARGO_BIN_EXE_accel-ctk")).with_file_name("accel-container-runtime");
+    let beside = Path::new(&*CTK).with_file_name("accel-container-runtime");
     assert_eq!(v["runtimes"]["gpu"]["path"], beside.to_str().unwrap());
 }
 

@@ -11,6 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::kubelet::proto::podresources::{
@@ -18,9 +19,9 @@ use accel_container_runtime::kubelet::proto::podresources::{
     PodResources,
 };
 use common::drm::{self, DrmHost};
-use common::{grpc, require_root, sh_ok, SimRoot, LIB_DIR};
+use common::{binary, grpc, require_root, sh_ok, SimRoot, LIB_DIR};
 
-const EXPORTER: &str = env!("CARGO_BIN_EXE_accel-exporter");
+static EXPORTER: LazyLock<String> = LazyLock::new(|| binary(env!("CARGO_BIN_EXE_accel-exporter")));
 const GIB: u64 = 1 << 30;
 
 fn repo() -> &'static Path {
@@ -104,7 +105,7 @@ impl Exporter {
     fn start(config: &Path, extra: &[&str]) -> Exporter {
         let addr = free_addr();
         let log = config.with_file_name(format!("exporter-{}.log", addr.port()));
-        let child = Command::new(EXPORTER)
+        let child = Command::new(&*EXPORTER)
             .arg(format!("--listen={addr}"))
             .args(extra)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)

@@ -21,10 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::mknod;
+use common::{mknod, SHIM};
 use serde_json::{json, Value};
 
-const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
 const DOCKER_SPEC: &str = include_str!("fixtures/specs/docker-20.10-run.json");
 
 /// Three GPUs; the first two share an 8-character UUID prefix.
@@ -125,7 +124,7 @@ impl Env {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(SHIM);
+        let mut c = Command::new(&*SHIM);
         c.args(args)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.path("config.toml"))
             .current_dir(self.dir.path())
@@ -907,7 +906,7 @@ fn no_fd_leaks_into_the_low_level_runtime_and_inherited_fds_survive() {
         vec!["exec", "--preserve-fds", "1", "ctr", "true"],
     ] {
         let direct = fds_seen(&e, runtime.to_str().unwrap(), &args, &preserved);
-        let through_shim = fds_seen(&e, SHIM, &args, &preserved);
+        let through_shim = fds_seen(&e, &SHIM, &args, &preserved);
         assert_eq!(through_shim, direct, "{args:?}");
         assert_eq!(Path::new(&through_shim[&3]), preserved, "{through_shim:?}");
         for fd in [0, 1, 2] {
@@ -1011,7 +1010,7 @@ fn signal_dispositions_reach_the_low_level_runtime_unchanged() {
     ] {
         for ignore_pipe in [false, true] {
             let direct = sigign(runtime.to_str().unwrap(), &args, ignore_pipe);
-            let through_shim = sigign(SHIM, &args, ignore_pipe);
+            let through_shim = sigign(&SHIM, &args, ignore_pipe);
             assert_eq!(through_shim, direct, "{args:?} ignore_pipe={ignore_pipe}");
             let mask = u64::from_str_radix(direct.split_whitespace().nth(1).unwrap(), 16).unwrap();
             assert_eq!(mask & sigpipe_bit != 0, ignore_pipe, "{direct}");
@@ -2031,7 +2030,7 @@ fn container_cache_temp_names_are_unguessable_and_leftovers_removed() {
         std::fs::create_dir(etc.join(format!(".ld.so.cache.accel-{pid}.tmp"))).unwrap();
     }
     let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", SHIM, "create", "--bundle"])
+    cmd.args(["--pid", "--fork", SHIM.as_str(), "create", "--bundle"])
         .arg(e.bundle())
         .arg("ctr")
         .env("ACCEL_CONTAINER_RUNTIME_CONFIG", e.path("config.toml"))

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use accel_container_runtime::config::Config;
@@ -31,7 +32,7 @@ use common::dra::{cdi_ids, claim, options, prepare, register, unprepare, Driver,
 use common::drm::{self, Func, DRM_MAJOR};
 use common::grpc::{self, PREPARE_V1};
 use common::kubelet::{apply_answer, config, enflame_host, ids, rt, Kubelet, STRATEGIES};
-use common::{mknod, Bundle, Probe, Report, Runc, SimRoot, LIB_DIR, NVIDIA_MAJOR};
+use common::{binary, mknod, Bundle, Probe, Report, Runc, SimRoot, LIB_DIR, NVIDIA_MAJOR};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -829,7 +830,7 @@ fn class5_share_id_never_lets_an_exclusive_claim_share() {
 // Classes 7 and 8: the accel-dra-driver binary
 // ---------------------------------------------------------------------------------------------
 
-const DRA_BIN: &str = env!("CARGO_BIN_EXE_accel-dra-driver");
+static DRA_BIN: LazyLock<String> = LazyLock::new(|| binary(env!("CARGO_BIN_EXE_accel-dra-driver")));
 
 /// A kubeconfig naming the stand-in API server (plain HTTP, no credentials).
 fn kubeconfig(dir: &Path, api: &ApiServer) -> PathBuf {
@@ -884,7 +885,7 @@ impl DriverProcess {
         let child = Command::new("sh")
             .arg("-c")
             .arg(format!("umask {umask}; exec \"$0\" \"$@\""))
-            .arg(DRA_BIN)
+            .arg(&*DRA_BIN)
             .args(["--node-name", NODE, "--poll-seconds", "0.1"])
             .arg("--registry-dir")
             .arg(dirs.registry())

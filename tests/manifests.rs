@@ -1,8 +1,9 @@
 //! Issue 22 and 36: every container of every workload that the Kustomize overlays of
 //! `packaging/kubernetes/` render (Debian sid's kubectl 1.36, `kubectl kustomize`, fetched by
 //! `packaging/scripts/kubectl.sh`) started by real runc the way kubelet and containerd's CRI
-//! would start it, from the images `packaging/build-images.sh` builds of this test build's
-//! binaries, unpacked as a pull would unpack them. kubernetes-validate says a manifest is well
+//! would start it, from the images `packaging/build-images.sh` builds of the binaries under
+//! test (this test build's, or the shipped build's: `common::binary`), unpacked as a pull
+//! would unpack them. kubernetes-validate says a manifest is well
 //! formed; only a start says whether runc accepts its mounts and whether the program finds what
 //! it needs under its securityContext (the device plugin's `/proc/driver` mount, refused by
 //! runc, and the checkpoint installer's `/usr/bin/accel-ctk`, absent from its image, both
@@ -42,7 +43,7 @@ use accel_container_runtime::kubelet::proto::deviceplugin::{
 };
 use common::grpc;
 use common::kubelet::{enflame_sysfs, Kubelet};
-use common::{busybox_rootfs, require_root, sh_ok, unique, Bundle, SimRoot};
+use common::{binary, busybox_rootfs, require_root, sh_ok, unique, Bundle, SimRoot, CTK};
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
@@ -283,21 +284,28 @@ fn dynamic(bin: &Path) -> bool {
     String::from_utf8_lossy(&out.stdout).contains("Requesting program interpreter")
 }
 
-/// This test build's accel-ctk: its directory holds every binary the images take.
+/// The accel-ctk under test: its directory holds every binary the images take.
 fn test_build() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_accel-ctk"))
+    Path::new(CTK.as_str())
 }
 
-/// Runs `packaging/build-images.sh` on this test build's binaries (`--bin-dir`), its archives
-/// in `out`: `--allow-dynamic` only where the build is dynamic (the debug build; `.ci/run`
-/// runs this file again on the shipped static build, which the script takes as it ships).
+/// Runs `packaging/build-images.sh` on the binaries under test (`--bin-dir`), its archives in
+/// `out`: `--allow-dynamic` only where the build is dynamic (cargo's debug build; `.ci/run`
+/// runs this file again with `ACCEL_TEST_BINARIES` at the shipped static build, which the
+/// script takes as it ships).
 fn build_images(out: &Path, images: &[&str]) {
-    // Cargo builds every binary the features allow for an integration test, in one directory.
-    let plugin = Path::new(env!("CARGO_BIN_EXE_accel-device-plugin"));
-    assert_eq!(plugin.parent(), test_build().parent());
+    // The script takes one directory: cargo builds every binary the features allow for an
+    // integration test in one, and ACCEL_TEST_BINARIES names one.
+    let plugin = binary(env!("CARGO_BIN_EXE_accel-device-plugin"));
+    assert_eq!(Path::new(&plugin).parent(), test_build().parent());
     #[cfg(feature = "dra")]
     assert_eq!(
-        Path::new(env!("CARGO_BIN_EXE_accel-dra-driver")).parent(),
+        Path::new(&binary(env!("CARGO_BIN_EXE_accel-dra-driver"))).parent(),
+        test_build().parent()
+    );
+    #[cfg(feature = "exporter")]
+    assert_eq!(
+        Path::new(&binary(env!("CARGO_BIN_EXE_accel-exporter"))).parent(),
         test_build().parent()
     );
     let mut cmd = Command::new("bash");

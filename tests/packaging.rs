@@ -8,11 +8,14 @@
 //! byte for byte. (tests/manifests.rs renders the overlays with kubectl and starts their
 //! containers from the images the script builds.)
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::CTK;
 use serde_yaml_ng::Value as Yaml;
 
 fn repo() -> &'static Path {
@@ -38,7 +41,7 @@ fn bin_names() -> BTreeSet<String> {
 
 /// The long flags `accel-ctk <args> --help` lists.
 fn ctk_flags(args: &[&str]) -> BTreeSet<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+    let out = Command::new(&*CTK)
         .args(args)
         .arg("--help")
         .output()
@@ -657,7 +660,7 @@ fn dry_run(engine: &str, start: Option<&str>) -> String {
     if let Some(text) = start {
         std::fs::write(&file, text).unwrap();
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+    let out = Command::new(&*CTK)
         .args(["runtime", "configure", "--runtime", engine, "--config"])
         .arg(&file)
         .args([
@@ -804,7 +807,7 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 }
 
 fn install_sh(root: &Path, extra: &[&str]) -> String {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
+    let bin_dir = Path::new(CTK.as_str()).parent().unwrap();
     assert!(bin_dir.join("accel-container-runtime").is_file());
     let out = Command::new("sh")
         .arg(repo().join("packaging/install.sh"))
@@ -974,7 +977,7 @@ fn image_entrypoint_installs_on_the_node_and_uninstalls() {
     let dir = tempfile::tempdir().unwrap();
     // The image, laid out as packaging/build-images.sh lays it out (ACCEL_IMAGE_DIR).
     let image = dir.path().join("image");
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_accel-ctk")).parent().unwrap();
+    let bin_dir = Path::new(CTK.as_str()).parent().unwrap();
     std::fs::create_dir_all(image.join("bin")).unwrap();
     std::fs::create_dir_all(image.join("etc/profiles")).unwrap();
     for b in ["accel-container-runtime", "accel-ctk"] {

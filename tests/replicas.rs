@@ -19,7 +19,7 @@ use common::grpc;
 use common::kubelet::{
     apply_answer, config, enflame_host, ids, rt, seed, shuffled, Kubelet, Plugin,
 };
-use common::{mknod, SimRoot};
+use common::{mknod, SimRoot, CTK};
 
 /// `GCU-<i>::<k>` for each device `i` and replica `k`.
 fn replicas(devices: impl IntoIterator<Item = u32>, n: u32) -> Vec<String> {
@@ -546,7 +546,7 @@ fn ctk_pods_names_who_holds_each_replica() {
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
     let run = |json: bool| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"));
+        let mut cmd = std::process::Command::new(&*CTK);
         cmd.args(["pods", "--socket"]).arg(&sock);
         if json {
             cmd.arg("--json");
@@ -621,7 +621,7 @@ fn write_checkpoint(
 
 /// `accel-ctk checkpoint check --checkpoint <cp>`: exit code and stdout + stderr.
 fn ctk_check(config: &Path, cp: &Path) -> (Option<i32>, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_accel-ctk"))
+    let out = std::process::Command::new(&*CTK)
         .args(["checkpoint", "check", "--checkpoint"])
         .arg(cp)
         .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)

@@ -23,7 +23,7 @@
 //! - [`Runc`]: a runc state dir (`--root`) plus a shim `config.toml` pointing every profile at
 //!   a `SimRoot` (`Runc::new(&sim)`; `Runc::with_config(&sim, extra_top_level_toml)`), given to
 //!   the shim through `ACCEL_CONTAINER_RUNTIME_CONFIG`. Methods run the shim binary
-//!   (`CARGO_BIN_EXE_accel-container-runtime`) exactly as an engine runs runc: [`Runc::run`],
+//!   ([`SHIM`]) exactly as an engine runs runc: [`Runc::run`],
 //!   [`Runc::create`] (detached, `--pid-file`, stdio to files so nothing holds a pipe open),
 //!   [`Runc::start`], [`Runc::exec`], [`Runc::update`], [`Runc::delete`], [`Runc::shim`] (any
 //!   argv), [`Runc::shim_stdin`] (any argv, bytes on stdin), and [`Runc::runc`] (the real runc
@@ -45,6 +45,10 @@
 //!   `SimRoot`, and `drm::install_profiles` to add their profile files to a `Runc`.
 //! - [`unique`]: a process- and thread-unique name for ids and files.
 //! - [`cgroup_v1`]: whether the host runs cgroup v1 (devices.list exists) or v2 (eBPF).
+//! - [`binary`]: the path of one of the crate's binaries, cargo's build or, with
+//!   `ACCEL_TEST_BINARIES=<dir>`, the one in `<dir>` ([`SHIM`] and [`CTK`] are the runtime's
+//!   and accel-ctk's). Every test that starts one of them goes through it, but
+//!   tests/crash_safety.rs (no shipped build has its failpoints).
 
 #![allow(dead_code)]
 
@@ -64,7 +68,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use serde_json::Value;
 use tempfile::TempDir;
@@ -74,7 +78,38 @@ pub const MARKER_VALUE: i32 = 42;
 pub const MARKER_SYMBOL: &str = "accel_sim_marker";
 pub const NVIDIA_MAJOR: u32 = 195;
 /// The shim under test.
-pub const SHIM: &str = env!("CARGO_BIN_EXE_accel-container-runtime");
+pub static SHIM: LazyLock<String> =
+    LazyLock::new(|| binary(env!("CARGO_BIN_EXE_accel-container-runtime")));
+/// accel-ctk under test.
+pub static CTK: LazyLock<String> = LazyLock::new(|| binary(env!("CARGO_BIN_EXE_accel-ctk")));
+
+/// `built` (a `CARGO_BIN_EXE_<name>` path), or with `ACCEL_TEST_BINARIES=<dir>` the file of
+/// the same name in `<dir>` (relative to the repository root). `.ci/run` points it at the
+/// shipped build (`target/<triple>/release`), so the suites run the binaries the packages hold
+/// without compiling the harnesses again under the release profile.
+///
+/// A missing or non-executable file panics rather than falling back to `built`: a mistyped
+/// directory would otherwise pass by testing cargo's debug build instead of the shipped one.
+pub fn binary(built: &'static str) -> String {
+    let Some(dir) = std::env::var_os("ACCEL_TEST_BINARIES") else {
+        return built.to_owned();
+    };
+    let name = Path::new(built)
+        .file_name()
+        .expect("CARGO_BIN_EXE_* names a file");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(name);
+    match path.metadata() {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
+        Ok(_) => panic!(
+            "ACCEL_TEST_BINARIES: {} is not an executable file",
+            path.display()
+        ),
+        Err(e) => panic!("ACCEL_TEST_BINARIES: {}: {e}", path.display()),
+    }
+    path.into_os_string()
+        .into_string()
+        .unwrap_or_else(|p| panic!("ACCEL_TEST_BINARIES: {p:?} is not UTF-8"))
+}
 /// The Debian multiarch library directory (where the fake driver puts its libraries).
 pub const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -157,7 +192,7 @@ pub fn output(cmd: &mut Command) -> Out {
 
 /// `accel-ctk args...`.
 pub fn accel_ctk<S: AsRef<OsStr>>(args: &[S]) -> Out {
-    output(Command::new(env!("CARGO_BIN_EXE_accel-ctk")).args(args))
+    output(Command::new(&*CTK).args(args))
 }
 
 #[track_caller]
@@ -696,7 +731,7 @@ impl Runc {
     }
 
     fn shim_cmd(&self) -> Command {
-        let mut c = Command::new(SHIM);
+        let mut c = Command::new(&*SHIM);
         c.env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.config_path())
             .arg("--root")
             .arg(self.state_dir());
@@ -1118,7 +1153,7 @@ impl Runc {
     fn launched(&self, launcher: &Path) -> Command {
         let mut c = Command::new(launcher);
         c.env("ACCEL_CONTAINER_RUNTIME_CONFIG", self.config_path())
-            .arg(SHIM)
+            .arg(&*SHIM)
             .arg("--root")
             .arg(self.state_dir());
         c

@@ -47,10 +47,11 @@ e2e=$(cargo test --test e2e_runc --no-run --message-format=json -q 2>/dev/null |
   grep -o '"executable":"[^"]*/deps/e2e_runc-[^"]*"' | tail -1 | cut -d'"' -f4)
 [ -x "$e2e" ] || { echo "tests/vm/run.sh: no e2e_runc test binary" >&2; exit 1; }
 # The CRI test (sid only) drives containerd 2 with the device plugin's and the DRA driver's
-# code: the dra feature (which has the plugin's).
+# code: the dra feature (which has the plugin's), with exporter too, as .ci/run's daemon tests
+# build the library, so that this is one more test binary rather than one more library build.
 e2e_cri=""
 if [ "$flavour" = sid ]; then
-  e2e_cri=$(cargo test --features dra --test e2e_cri --no-run --message-format=json -q 2>/dev/null |
+  e2e_cri=$(cargo test --features "dra exporter" --test e2e_cri --no-run --message-format=json -q 2>/dev/null |
     grep -o '"executable":"[^"]*/deps/e2e_cri-[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -x "$e2e_cri" ] || { echo "tests/vm/run.sh: no e2e_cri test binary" >&2; exit 1; }
 fi
