@@ -151,6 +151,19 @@ fn claim_of_8() -> ResourceClaim {
     .unwrap()
 }
 
+/// What a look at the node costs the driver: discovery, health, the pool's contents and its
+/// slices serialized.
+fn build(pool: &Pool, profile: &Profile) -> (Vec<table::DraDevice>, slices::Contents, Vec<u8>) {
+    let t = table::discover(profile).unwrap();
+    let healthy: Vec<bool> = t
+        .iter()
+        .map(|d| inventory::healthy(profile, &d.dev))
+        .collect();
+    let contents = slices::contents(pool, profile, &t, &healthy);
+    let s = slices::slices(pool, &contents, 1);
+    (t, contents, serde_json::to_vec(&s).unwrap())
+}
+
 fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
     let version = accel_container_runtime::discovery::driver_version(profile);
     let pool = Pool {
@@ -159,16 +172,7 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         vendor: "enflame",
         driver_version: version.as_deref(),
     };
-    let build = || {
-        let t = table::discover(profile).unwrap();
-        let healthy: Vec<bool> = t
-            .iter()
-            .map(|d| inventory::healthy(profile, &d.dev))
-            .collect();
-        let contents = slices::contents(&pool, profile, &t, &healthy);
-        let s = slices::slices(&pool, &contents, 1);
-        (t, contents, serde_json::to_vec(&s).unwrap())
-    };
+    let build = || build(&pool, profile);
     assert_eq!(build().0.len(), 64);
     c.bench_function("dra publish 64: discovery + health + slice JSON", |b| {
         b.iter(build)
@@ -272,16 +276,7 @@ fn sharing(c: &mut Criterion, r: &Path, profile: &Profile) {
         vendor: "enflame",
         driver_version: version.as_deref(),
     };
-    let build = || {
-        let t = table::discover(profile).unwrap();
-        let healthy: Vec<bool> = t
-            .iter()
-            .map(|d| inventory::healthy(profile, &d.dev))
-            .collect();
-        let contents = slices::contents(&pool, profile, &t, &healthy);
-        let s = slices::slices(&pool, &contents, 1);
-        (t, contents, serde_json::to_vec(&s).unwrap())
-    };
+    let build = || build(&pool, profile);
     let (table, contents, _) = build();
     assert_eq!(
         (table.len(), contents.counters.len(), contents.devices.len()),

@@ -305,7 +305,7 @@ impl Claims {
             return;
         };
         for p in r.devices.iter_mut().filter(|p| p.identity.is_none()) {
-            let name = format!("{}-{}", r.claim.uid, p.device);
+            let name = names::claim_device_name(&r.claim.uid, &p.device);
             let Some(d) = spec.devices.iter().find(|d| d.name == name) else {
                 continue;
             };
@@ -372,7 +372,8 @@ impl Claims {
         let results = allocation.results.as_deref().unwrap_or_default();
         let configs = allocation.config.as_deref().unwrap_or_default();
         let offered = offers::offers(profile, table);
-        let mut wanted: Vec<(Prepared, &DraDevice, Vec<String>)> = Vec::new();
+        // Each device with its name in the claim's CDI spec and its variables.
+        let mut wanted: Vec<(Prepared, &DraDevice, String, Vec<String>)> = Vec::new();
         for res in results.iter().filter(|x| x.driver == self.driver) {
             if res.pool != self.pool {
                 return Err(format!(
@@ -433,9 +434,9 @@ impl Claims {
             };
             match wanted
                 .iter_mut()
-                .find(|(p, _, _)| p.device == res.device && p.share_id == share_id)
+                .find(|(p, ..)| p.device == res.device && p.share_id == share_id)
             {
-                Some((p, _, _)) => {
+                Some((p, ..)) => {
                     if !p.request_names.contains(&request) {
                         p.request_names.push(request);
                     }
@@ -452,11 +453,12 @@ impl Claims {
                         usage,
                     },
                     dev,
+                    names::claim_device_name(&r.uid, &cdi_name),
                     env,
                 )),
             }
         }
-        let devices: Vec<Prepared> = wanted.iter().map(|(p, _, _)| p.clone()).collect();
+        let devices: Vec<Prepared> = wanted.iter().map(|(p, ..)| p.clone()).collect();
         let spec_path = self.spec_path(&r.uid);
         let state_err = |e: std::io::Error| {
             format!(
@@ -486,13 +488,9 @@ impl Claims {
         let spec = if wanted.is_empty() {
             None
         } else {
-            let chosen: Vec<(String, &DraDevice, &[String])> = wanted
+            let chosen: Vec<(&str, &DraDevice, &[String])> = wanted
                 .iter()
-                .map(|(p, d, env)| {
-                    let id = &p.cdi_device_ids[0];
-                    let name = id.rsplit_once('=').map_or(id.as_str(), |(_, n)| n);
-                    (name.to_string(), *d, env.as_slice())
-                })
+                .map(|(_, d, name, env)| (name.as_str(), *d, env.as_slice()))
                 .collect();
             Some(self.claim_spec(profile, r, &chosen)?)
         };
@@ -595,7 +593,7 @@ impl Claims {
         &self,
         profile: &Profile,
         r: &ClaimRef,
-        chosen: &[(String, &DraDevice, &[String])],
+        chosen: &[(&str, &DraDevice, &[String])],
     ) -> Result<Spec, String> {
         let full = crate::cdi::generate::generate(
             profile,
@@ -626,7 +624,7 @@ impl Claims {
             let mut edits = g.container_edits.clone();
             edits.env.extend(env.iter().cloned());
             devices.push(CdiDevice {
-                name: cdi_name.clone(),
+                name: cdi_name.to_string(),
                 container_edits: edits,
                 ..CdiDevice::default()
             });

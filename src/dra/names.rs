@@ -13,7 +13,12 @@ pub fn claim_kind(driver: &str) -> String {
 
 /// The fully-qualified CDI name of `device` in claim `uid`'s spec.
 pub fn claim_cdi_id(driver: &str, uid: &str, device: &str) -> String {
-    format!("{}={uid}-{device}", claim_kind(driver))
+    format!("{}={}", claim_kind(driver), claim_device_name(uid, device))
+}
+
+/// The name of claim `uid`'s device `device` in its CDI spec (`<uid>-gcu-3`).
+pub fn claim_device_name(uid: &str, device: &str) -> String {
+    format!("{uid}-{device}")
 }
 
 /// The file name of claim `uid`'s CDI spec (`k8s.gcu.enflame.com-claim_<uid>.json`).

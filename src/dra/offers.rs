@@ -65,6 +65,15 @@ pub const MEMORY: &str = "memory";
 pub const CORES: &str = "cores";
 pub const SLOTS: &str = "slots";
 
+/// One capacity of a shareable device: name, total, request policy `(default, min, step)`,
+/// and how a quantity of it is written.
+type Capacity = (
+    &'static str,
+    u64,
+    Option<(u64, u64, u64)>,
+    fn(u64) -> String,
+);
+
 /// The device's memory: what discovery read, else what the profile states.
 pub fn memory_of(sharing: &Sharing, d: &DraDevice) -> Option<u64> {
     d.dev.memory.or_else(|| {
@@ -182,16 +191,43 @@ impl Offer<'_> {
         }])
     }
 
+    /// The capacities the profile declares for its shareable devices, as this device has
+    /// them: name, total, request policy `(default, min, step)` and how a quantity of it is
+    /// written. The one list both the slice ([`Offer::capacity`]) and prepare's accounting
+    /// ([`Offer::totals`]) read.
+    fn capacities(&self, profile: &Profile) -> Vec<Capacity> {
+        let Some(c) = profile.sharing.as_ref().and_then(|s| s.capacity.as_ref()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if let (Some(p), Some(m)) = (&c.memory, self.memory) {
+            out.push((
+                MEMORY,
+                m,
+                p.parse().ok(),
+                crate::quantity::bytes as fn(u64) -> String,
+            ));
+        }
+        if let Some(p) = &c.cores {
+            out.push((CORES, 100, p.parse().ok(), |n: u64| n.to_string()));
+        }
+        if let Some(n) = c.slots {
+            out.push((SLOTS, n.into(), Some((1, 1, 1)), |n: u64| n.to_string()));
+        }
+        out
+    }
+
     /// The capacities a claim consumes part of: only on the shareable device, each with its
     /// total and request policy.
     pub fn capacity(&self, profile: &Profile) -> Option<BTreeMap<String, DeviceCapacity>> {
         if self.kind != Kind::Shared {
             return None;
         }
-        let c = profile.sharing.as_ref()?.capacity.as_ref()?;
-        let mut out = BTreeMap::new();
-        let mut put =
-            |name: &str, total: u64, policy: Option<(u64, u64, u64)>, q: fn(u64) -> String| {
+        profile.sharing.as_ref()?.capacity.as_ref()?;
+        let out = self
+            .capacities(profile)
+            .into_iter()
+            .map(|(name, total, policy, q)| {
                 let request_policy = policy.map(|(default, min, step)| {
                     // The API wants max a whole number of steps above min, at most the total.
                     let max = min + (total.saturating_sub(min) / step) * step;
@@ -205,42 +241,22 @@ impl Offer<'_> {
                         valid_values: None,
                     }
                 });
-                out.insert(
-                    name.to_string(),
-                    DeviceCapacity {
-                        value: Quantity(q(total)),
-                        request_policy,
-                    },
-                );
-            };
-        if let (Some(p), Some(m)) = (&c.memory, self.memory) {
-            put(MEMORY, m, p.parse().ok(), crate::quantity::bytes);
-        }
-        if let Some(p) = &c.cores {
-            put(CORES, 100, p.parse().ok(), |n| n.to_string());
-        }
-        if let Some(n) = c.slots {
-            put(SLOTS, n.into(), Some((1, 1, 1)), |n| n.to_string());
-        }
+                let capacity = DeviceCapacity {
+                    value: Quantity(q(total)),
+                    request_policy,
+                };
+                (name.to_string(), capacity)
+            })
+            .collect();
         Some(out)
     }
 
     /// The capacities of the shareable device as numbers: name → total.
     pub fn totals(&self, profile: &Profile) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        let Some(c) = profile.sharing.as_ref().and_then(|s| s.capacity.as_ref()) else {
-            return out;
-        };
-        if let (Some(_), Some(m)) = (&c.memory, self.memory) {
-            out.insert(MEMORY.to_string(), m);
-        }
-        if c.cores.is_some() {
-            out.insert(CORES.to_string(), 100);
-        }
-        if let Some(n) = c.slots {
-            out.insert(SLOTS.to_string(), n.into());
-        }
-        out
+        self.capacities(profile)
+            .into_iter()
+            .map(|(name, total, ..)| (name.to_string(), total))
+            .collect()
     }
 
     /// What a partition is granted: its part of the memory and compute, one slot.
