@@ -401,14 +401,7 @@ fn concurrent_claims_get_their_own_devices() {
     }
     api.put_claim("ns", "thief", &uid(99), DRIVER, NODE, &[("gcus", "gcu-2")]);
     rt().block_on(async {
-        let drv = Driver::start(
-            &cfg,
-            &api,
-            tempfile::tempdir().unwrap(),
-            Duration::from_millis(100),
-        );
-        wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (_, ch) = register(&drv.reg_socket()).await;
+        let (drv, ch) = Driver::serving(&cfg, &api, Duration::from_millis(100)).await;
         let one = prepare(
             &ch,
             PREPARE_V1,
@@ -459,9 +452,7 @@ fn a_node_missing_at_prepare_fails_it_and_caches_nothing() {
     api.put_claim("default", "six", UID_A, DRIVER, NODE, &[("gcus", "gcu-6")]);
     rt().block_on(async {
         // One look at the devices only: the table still lists gcu-6 when its node goes.
-        let drv = Driver::start(&cfg, &api, tempfile::tempdir().unwrap(), Duration::from_secs(3600));
-        wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (_, ch) = register(&drv.reg_socket()).await;
+        let (drv, ch) = Driver::serving(&cfg, &api, Duration::from_secs(3600)).await;
         let gcu6 = sim.path().join("dev/gcu6");
         std::fs::remove_file(&gcu6).unwrap();
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "six", UID_A)]).await;

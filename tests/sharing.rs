@@ -220,14 +220,7 @@ fn four_8gi_shares_fill_a_32gi_gcu_and_a_fifth_is_refused() {
     api.put_claim_results("ns", "whole", &uid(10), DRIVER, vec![whole("gcu-3")]);
     api.put_claim_results("ns", "half", &uid(11), DRIVER, vec![whole("gcu-3-half-0")]);
     rt().block_on(async {
-        let drv = Driver::start(
-            &cfg,
-            &api,
-            tempfile::tempdir().unwrap(),
-            Duration::from_millis(100),
-        );
-        wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (_, ch) = register(&drv.reg_socket()).await;
+        let (drv, ch) = Driver::serving(&cfg, &api, Duration::from_millis(100)).await;
         let r = prepare(
             &ch,
             PREPARE_V1,
@@ -326,14 +319,7 @@ fn a_part_and_its_whole_device_are_never_both_prepared() {
         api.put_claim_results("ns", name, &uid(20 + i), DRIVER, vec![res.clone()]);
     }
     rt().block_on(async {
-        let drv = Driver::start(
-            &cfg,
-            &api,
-            tempfile::tempdir().unwrap(),
-            Duration::from_millis(100),
-        );
-        wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (_, ch) = register(&drv.reg_socket()).await;
+        let (drv, ch) = Driver::serving(&cfg, &api, Duration::from_millis(100)).await;
         let go = |i: usize| {
             let ch = ch.clone();
             let name = claims[i].0;
@@ -433,14 +419,7 @@ fn wrong_allocations_and_configs_are_refused_naming_the_field() {
         ],
     );
     rt().block_on(async {
-        let drv = Driver::start(
-            &cfg,
-            &api,
-            tempfile::tempdir().unwrap(),
-            Duration::from_millis(100),
-        );
-        wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (_, ch) = register(&drv.reg_socket()).await;
+        let (drv, ch) = Driver::serving(&cfg, &api, Duration::from_millis(100)).await;
         for (i, (name, _, _, says)) in cases.iter().enumerate() {
             let u = uid(40 + i);
             let r = prepare(&ch, PREPARE_V1, vec![claim("ns", name, &u)]).await;

@@ -66,6 +66,19 @@ impl Driver {
         }
     }
 
+    /// `cfg`'s profiles served in a fresh dir, once the driver has published and kubelet
+    /// has registered it: the DRA channel kubelet calls.
+    pub async fn serving(
+        cfg: &Config,
+        api: &ApiServer,
+        poll: Duration,
+    ) -> (Driver, tonic::transport::Channel) {
+        let drv = Driver::start(cfg, api, tempfile::tempdir().unwrap(), poll);
+        wait_slices(api, "publish", |s| !s.is_empty()).await;
+        let (_, ch) = register(&drv.reg_socket()).await;
+        (drv, ch)
+    }
+
     pub fn cdi_dir(&self) -> PathBuf {
         self.cdi_dir.clone()
     }
