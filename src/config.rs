@@ -495,19 +495,52 @@ fn check_runtime(value: &str, path: &Path) -> Result<String, ConfigError> {
     Ok(low.to_string())
 }
 
-/// A profile before it is built: a built-in, or the table of an operator's file.
+/// A profile in precedence order: a built-in, or an operator's file already built (with the
+/// keys it did not know and the origin its warnings name).
 enum Source {
     Builtin(&'static Builtin),
-    File(toml::Table),
+    File { name: String, built: Box<Built> },
 }
 
+type Built = ((Profile, Vec<String>), String);
+
 impl Source {
-    fn name(&self) -> Option<&str> {
+    fn name(&self) -> &str {
         match self {
-            Source::Builtin(b) => Some(b.name),
-            Source::File(t) => t.get("name").and_then(toml::Value::as_str),
+            Source::Builtin(b) => b.name,
+            Source::File { name, .. } => name,
         }
     }
+}
+
+/// The profile of a parsed file `doc` of `origin`, config.toml's table `over` for it merged
+/// in.
+fn build(
+    doc: toml::Spanned<toml::de::DeTable<'_>>,
+    name: &str,
+    origin: String,
+    over: Option<&toml::Value>,
+    config_path: &Path,
+) -> Result<Built, ConfigError> {
+    let Some(over) = over else {
+        return Ok((Profile::from_document(doc, &origin)?, origin));
+    };
+    let invalid = |msg: String| ConfigError::Invalid {
+        path: config_path.into(),
+        msg,
+    };
+    let toml::Value::Table(over) = over else {
+        return Err(invalid(format!("profiles.{name} must be a table")));
+    };
+    let origin = format!(
+        "{origin} with [profiles.{name}] from {}",
+        config_path.display()
+    );
+    // Merged as parsed documents, so that every profile is read by the one deserializer.
+    let text = toml::to_string(over).map_err(|e| invalid(format!("profiles.{name}: {e}")))?;
+    let over = profile::parse_document(&text, &origin)?;
+    let merged = profile::merge_documents(doc, over);
+    Ok((Profile::from_document(merged, &origin)?, origin))
 }
 
 /// Every profile, from the built-ins, `files` and config.toml's `[profiles.*]` tables. All
@@ -520,66 +553,55 @@ fn load_profiles(
     config_path: &Path,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    let mut tables = Vec::with_capacity(files.len());
-    for (path, text) in &files {
-        // A file gone since it was listed is read now, for its error.
-        let text = match text {
-            Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
-            None => crate::bounded::read_text(path, MAX_FILE_SIZE)
-                .map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
-                })?
-                .into(),
-        };
-        let origin = path.display().to_string();
-        let table: toml::Table = toml::from_str(&text).map_err(|source| ProfileError::Parse {
-            origin: origin.clone(),
-            source,
-        })?;
-        tables.push((origin, table));
-    }
-    // (origin, source) in precedence order; a later one of the same name replaces.
+    // In precedence order; a later one of the same name replaces.
     let mut sources: Vec<(String, Source)> = profile::BUILTIN
         .iter()
         .map(|b| (b.origin(), Source::Builtin(b)))
         .collect();
-    for (origin, table) in tables {
-        let file = Source::File(table);
-        sources.retain(|(_, s)| s.name() != Some(file.name().unwrap_or_default()));
+    for (path, text) in files {
+        // A file gone since it was listed is read now, for its error.
+        let text = match text {
+            Some(text) => text,
+            None => crate::bounded::read_text(&path, MAX_FILE_SIZE).map_err(|source| {
+                ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                }
+            })?,
+        };
+        let origin = path.display().to_string();
+        // Built as it is read, so one parsed file is held at a time, not all of them.
+        let doc = profile::parse_document(&text, &origin)?;
+        let name = profile::document_name(&doc).unwrap_or_default().to_string();
+        let built = build(
+            doc,
+            &name,
+            origin.clone(),
+            overrides.get(&name),
+            config_path,
+        )?;
+        let file = Source::File {
+            name,
+            built: Box::new(built),
+        };
+        sources.retain(|(_, s)| s.name() != file.name());
         sources.push((origin, file));
     }
 
     let mut profiles = Vec::new();
     for (origin, source) in sources {
-        let name = source.name().unwrap_or_default().to_string();
-        let ((p, unknown), origin) = match (source, overrides.remove(&name)) {
-            (Source::Builtin(b), None) => (b.profile()?, origin),
-            (Source::File(table), None) => (Profile::from_table(table, &origin)?, origin),
-            (source, Some(toml::Value::Table(over))) => {
-                let origin = format!(
-                    "{origin} with [profiles.{name}] from {}",
-                    config_path.display()
-                );
-                let built = match source {
-                    Source::Builtin(b) => {
-                        let mut table = b.table()?;
-                        profile::merge_tables(&mut table, over);
-                        Profile::from_table(table, &origin)?
-                    }
-                    Source::File(mut table) => {
-                        profile::merge_tables(&mut table, over);
-                        Profile::from_table(table, &origin)?
-                    }
-                };
-                (built, origin)
-            }
-            (_, Some(_)) => {
-                return Err(ConfigError::Invalid {
-                    path: config_path.into(),
-                    msg: format!("profiles.{name} must be a table"),
-                })
-            }
+        let name = source.name().to_string();
+        let over = overrides.remove(&name);
+        let ((p, unknown), origin) = match source {
+            Source::Builtin(b) => build(
+                profile::parse_document(b.text, &origin)?,
+                &name,
+                origin,
+                over.as_ref(),
+                config_path,
+            )?,
+            // Built with config.toml's keys for it when it was read.
+            Source::File { built, .. } => *built,
         };
         warnings.extend(
             unknown

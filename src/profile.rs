@@ -10,6 +10,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
 
 /// A profile compiled into the binary: the text of its file under `config/profiles/`,
 /// parsed like any profile file when a create needs it.
@@ -42,17 +44,9 @@ impl Builtin {
         format!("built-in {}", self.file)
     }
 
-    /// The profile's table: its text parsed.
-    pub fn table(&self) -> Result<toml::Table, ProfileError> {
-        toml::from_str(self.text).map_err(|source| ProfileError::Parse {
-            origin: self.origin(),
-            source,
-        })
-    }
-
     /// The built-in profile, with the keys it did not know.
     pub fn profile(&self) -> Result<(Profile, Vec<String>), ProfileError> {
-        Profile::from_table(self.table()?, &self.origin())
+        Profile::from_text(self.text, &self.origin())
     }
 }
 
@@ -694,15 +688,37 @@ impl Profile {
         table: toml::Table,
         origin: &str,
     ) -> Result<(Profile, Vec<String>), ProfileError> {
+        // As text, so that profiles are read by one deserializer only (each one more is the
+        // whole of Profile's reading code again, in the binary and in what a create touches).
+        let text = toml::to_string(&table).map_err(|e| ProfileError::Invalid {
+            origin: origin.to_string(),
+            msg: e.to_string(),
+        })?;
+        Profile::from_text(&text, origin)
+    }
+
+    /// [`Profile::from_table`] of a profile's text.
+    pub fn from_text(text: &str, origin: &str) -> Result<(Profile, Vec<String>), ProfileError> {
+        Profile::from_document(parse_document(text, origin)?, origin)
+    }
+
+    /// [`Profile::from_table`] of a parsed profile file. Every device create builds every
+    /// profile, so none goes through a [`toml::Table`] on the way: copying each key and value
+    /// out of the text into a table and reading them again was a tenth of an 8-GPU create
+    /// (benches/BENCHMARKS.md, "Profiles read without a table").
+    pub fn from_document(
+        doc: Spanned<DeTable<'_>>,
+        origin: &str,
+    ) -> Result<(Profile, Vec<String>), ProfileError> {
         let mut unknown = Vec::new();
-        let value = toml::Value::Table(table);
         let profile: Profile =
-            serde_ignored::deserialize(value, |path| unknown.push(path.to_string())).map_err(
-                |source| ProfileError::Parse {
-                    origin: origin.to_string(),
-                    source,
-                },
-            )?;
+            serde_ignored::deserialize(toml::de::Deserializer::from(doc), |path| {
+                unknown.push(path.to_string())
+            })
+            .map_err(|source| ProfileError::Parse {
+                origin: origin.to_string(),
+                source,
+            })?;
         profile.validate(origin)?;
         Ok((profile, unknown))
     }
@@ -1132,16 +1148,43 @@ pub fn has_dotdot(p: &Path) -> bool {
         .any(|c| c == b"..")
 }
 
+/// A profile file's text parsed, borrowing from it.
+pub fn parse_document<'t>(
+    text: &'t str,
+    origin: &str,
+) -> Result<Spanned<DeTable<'t>>, ProfileError> {
+    DeTable::parse(text).map_err(|source| ProfileError::Parse {
+        origin: origin.to_string(),
+        source,
+    })
+}
+
+/// A parsed profile file's `name`, where it is a string.
+pub fn document_name<'d>(doc: &'d Spanned<DeTable<'_>>) -> Option<&'d str> {
+    match doc.get_ref().get("name")?.get_ref() {
+        DeValue::String(s) => Some(s),
+        _ => None,
+    }
+}
+
 /// Merges `over` into `base`: tables recursively, everything else replaced.
-pub fn merge_tables(base: &mut toml::Table, over: toml::Table) {
-    for (k, v) in over {
-        match (base.get_mut(&k), v) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
-            (_, v) => {
-                base.insert(k, v);
+pub fn merge_documents<'a>(
+    mut base: Spanned<DeTable<'a>>,
+    over: Spanned<DeTable<'a>>,
+) -> Spanned<DeTable<'a>> {
+    fn merge<'a>(base: &mut DeTable<'a>, over: DeTable<'a>) {
+        for (k, v) in over {
+            let (span, v) = (v.span(), v.into_inner());
+            match (base.get_mut(&**k.get_ref()).map(Spanned::get_mut), v) {
+                (Some(DeValue::Table(b)), DeValue::Table(o)) => merge(b, o),
+                (_, v) => {
+                    base.insert(k, Spanned::new(span, v));
+                }
             }
         }
     }
+    merge(base.get_mut(), over.into_inner());
+    base
 }
 
 #[cfg(test)]
@@ -1357,11 +1400,17 @@ mod tests {
 
     #[test]
     fn merge_overrides_nested_keys_only() {
-        let mut base: toml::Table = toml::from_str("a = 1\n[t]\nx = 1\ny = 2\n").unwrap();
-        merge_tables(&mut base, toml::from_str("[t]\ny = 3\n").unwrap());
-        assert_eq!(base["a"].as_integer(), Some(1));
-        assert_eq!(base["t"]["x"].as_integer(), Some(1));
-        assert_eq!(base["t"]["y"].as_integer(), Some(3));
+        let base = "a = 1\nl = [1, 2]\n[t]\nx = 1\ny = 2\n[[p]]\nn = 1\n";
+        let over = "l = [3]\nt.y = 3\nt.z = { u = 1 }\n[[p]]\nm = 2\n";
+        let merged = merge_documents(
+            parse_document(base, "b").unwrap(),
+            parse_document(over, "o").unwrap(),
+        );
+        let got = toml::Table::deserialize(toml::de::Deserializer::from(merged)).unwrap();
+        let want: toml::Table =
+            toml::from_str("a = 1\nl = [3]\n[t]\nx = 1\ny = 3\nz = { u = 1 }\n[[p]]\nm = 2\n")
+                .unwrap();
+        assert_eq!(got, want);
     }
 
     #[test]
