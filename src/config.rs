@@ -554,10 +554,7 @@ fn load_profiles(
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
     // In precedence order; a later one of the same name replaces.
-    let mut sources: Vec<(String, Source)> = profile::BUILTIN
-        .iter()
-        .map(|b| (b.origin(), Source::Builtin(b)))
-        .collect();
+    let mut sources: Vec<Source> = profile::BUILTIN.iter().map(Source::Builtin).collect();
     for (path, text) in files {
         // A file gone since it was listed is read now, for its error.
         let text = match text {
@@ -573,33 +570,25 @@ fn load_profiles(
         // Built as it is read, so one parsed file is held at a time, not all of them.
         let doc = profile::parse_document(&text, &origin)?;
         let name = profile::document_name(&doc).unwrap_or_default().to_string();
-        let built = build(
-            doc,
-            &name,
-            origin.clone(),
-            overrides.get(&name),
-            config_path,
-        )?;
+        let built = build(doc, &name, origin, overrides.get(&name), config_path)?;
         let file = Source::File {
             name,
             built: Box::new(built),
         };
-        sources.retain(|(_, s)| s.name() != file.name());
-        sources.push((origin, file));
+        sources.retain(|s| s.name() != file.name());
+        sources.push(file);
     }
 
     let mut profiles = Vec::new();
-    for (origin, source) in sources {
+    for source in sources {
         let name = source.name().to_string();
         let over = overrides.remove(&name);
         let ((p, unknown), origin) = match source {
-            Source::Builtin(b) => build(
-                profile::parse_document(b.text, &origin)?,
-                &name,
-                origin,
-                over.as_ref(),
-                config_path,
-            )?,
+            Source::Builtin(b) => {
+                let origin = b.origin();
+                let doc = profile::parse_document(b.text, &origin)?;
+                build(doc, &name, origin, over.as_ref(), config_path)?
+            }
             // Built with config.toml's keys for it when it was read.
             Source::File { built, .. } => *built,
         };
