@@ -43,11 +43,6 @@ impl Builtin {
     pub fn origin(&self) -> String {
         format!("built-in {}", self.file)
     }
-
-    /// The built-in profile, with the keys it did not know.
-    pub fn profile(&self) -> Result<(Profile, Vec<String>), ProfileError> {
-        Profile::from_text(self.text, &self.origin())
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1224,7 +1219,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
         for b in BUILTIN {
             assert_eq!(std::fs::read_to_string(dir.join(b.file)).unwrap(), b.text);
-            let (p, unknown) = b.profile().unwrap();
+            let (p, unknown) = Profile::from_text(b.text, &b.origin()).unwrap();
             assert_eq!(p.name, b.name, "{}", b.file);
             assert!(unknown.is_empty(), "{}: {unknown:?}", b.file);
         }
