@@ -835,6 +835,97 @@ fn hostile_sources_give_absent_values_and_counted_reasons() {
 /// A stand-in kubelet's PodResources serving a device plugin pod, a DRA claim, replicas of a
 /// shared device and an idle device; a real Prometheus scrapes the exporter; PromQL gives
 /// each held device's memory used with the pod holding it, and the idle one's without.
+/// The node and the target labels the Prometheus operator (from the endpoints of the
+/// exporter's Service) and Kubernetes service discovery give the exporter's pod: the scrape
+/// jobs below are the shipped ones with their discovery replaced by a static target so
+/// labelled.
+const EXPORTER_NODE: &str = "node-a";
+const EXPORTER_TARGET: [(&str, &str); 3] = [
+    ("namespace", "accel-system"),
+    ("pod", "accel-exporter-x7k2p"),
+    ("container", "accel-exporter"),
+];
+
+fn monitoring(file: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(repo().join("packaging/monitoring").join(file)).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap()
+}
+
+/// Relabel rules as Prometheus' configuration spells them (the operator's are camelCase).
+fn relabel_rules(rules: &serde_json::Value) -> serde_json::Value {
+    let snake = |k: &str| match k {
+        "sourceLabels" => "source_labels".to_string(),
+        "targetLabel" => "target_label".to_string(),
+        other => other.to_string(),
+    };
+    rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            r.as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (snake(k), v.clone()))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        })
+        .collect::<Vec<serde_json::Value>>()
+        .into()
+}
+
+/// The job the Prometheus operator makes of the shipped ServiceMonitor's endpoint: the
+/// target labelled with the exporter pod's namespace, service, pod, container and endpoint
+/// (the operator's own relabelling), then the endpoint's `relabelings`, `honorLabels`.
+fn servicemonitor_job(addr: SocketAddr) -> String {
+    let sm = monitoring("accel-exporter-servicemonitor.yaml");
+    let ep = &sm["spec"]["endpoints"][0];
+    let mut labels: serde_json::Map<String, serde_json::Value> = EXPORTER_TARGET
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    labels.insert("service".into(), "accel-exporter".into());
+    labels.insert("endpoint".into(), ep["port"].clone());
+    labels.insert(
+        "__meta_kubernetes_pod_node_name".into(),
+        EXPORTER_NODE.into(),
+    );
+    let job = serde_json::json!([{
+        "job_name": "servicemonitor",
+        "metrics_path": ep["path"],
+        "honor_labels": ep["honorLabels"].as_bool().unwrap_or(false),
+        "static_configs": [{"targets": [addr.to_string()], "labels": labels}],
+        "relabel_configs": relabel_rules(&ep["relabelings"]),
+    }]);
+    serde_yaml_ng::to_string(&job).unwrap()
+}
+
+/// The shipped scrape config's job, its pod discovery replaced by a static target with the
+/// labels Kubernetes' pod discovery gives the exporter's `metrics` port.
+fn scrape_config_job(addr: SocketAddr) -> String {
+    let mut job = monitoring("prometheus-scrape-config.yaml")[0].clone();
+    let j = job.as_object_mut().unwrap();
+    assert!(j.remove("kubernetes_sd_configs").is_some(), "{j:?}");
+    j.insert("job_name".into(), "scrape-config".into());
+    j.insert(
+        "static_configs".into(),
+        serde_json::json!([{
+            "targets": [addr.to_string()],
+            "labels": {
+                "__meta_kubernetes_namespace": EXPORTER_TARGET[0].1,
+                "__meta_kubernetes_pod_name": EXPORTER_TARGET[1].1,
+                "__meta_kubernetes_pod_container_name": EXPORTER_TARGET[2].1,
+                "__meta_kubernetes_pod_container_port_name": "metrics",
+                "__meta_kubernetes_pod_node_name": EXPORTER_NODE,
+                // Both jobs scrape one exporter: an instance of its own keeps the
+                // dashboard's joins on `instance` one-to-one.
+                "instance": "scrape-config",
+            },
+        }]),
+    );
+    serde_yaml_ng::to_string(&serde_json::json!([job])).unwrap()
+}
+
 #[test]
 fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
     require_root();
@@ -1021,8 +1112,9 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
     std::fs::write(
         &prom_cfg,
         format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: accel-exporter\n    static_configs:\n      - targets: ['{}']\n",
-            ex.addr
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{}{}",
+            servicemonitor_job(ex.addr),
+            scrape_config_job(ex.addr)
         ),
     )
     .unwrap();
@@ -1059,44 +1151,66 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         }
         serde_json::from_str(&body).ok()
     };
-    let t = Instant::now();
-    let result = loop {
-        if let Some(v) = query("accel_memory_used_bytes{profile=\"enflame\"}") {
-            let r = v["data"]["result"].as_array().cloned().unwrap_or_default();
-            if r.len() == 4 {
-                break r;
+    let val = |s: &serde_json::Value| s["value"][1].as_str().unwrap().parse::<f64>().unwrap();
+    // Issue 42 item 9: under each shipped scrape config, a series names the holder the
+    // exporter gave it and no other: never the exporter's own pod (an idle GCU, the shared
+    // one, the exporter's own counters).
+    for job in ["servicemonitor", "scrape-config"] {
+        let t = Instant::now();
+        let result = loop {
+            let q = format!("accel_memory_used_bytes{{profile=\"enflame\",job=\"{job}\"}}");
+            if let Some(v) = query(&q) {
+                let r = v["data"]["result"].as_array().cloned().unwrap_or_default();
+                if r.len() == 4 {
+                    break r;
+                }
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{job}: Prometheus has not scraped the exporter in 60 s\n{}",
+                std::fs::read_to_string(&prom_log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        let by_device = |d: &str| {
+            result
+                .iter()
+                .find(|s| s["metric"]["device"] == d)
+                .unwrap_or_else(|| panic!("{job}: device {d}: {result:?}"))
+                .clone()
+        };
+        let d0 = by_device("0");
+        assert_eq!(d0["metric"]["pod"], "train", "{job}: {d0}");
+        assert_eq!(d0["metric"]["container"], "main", "{job}: {d0}");
+        assert_eq!(d0["metric"]["namespace"], "ml", "{job}: {d0}");
+        assert_eq!(val(&d0), g(0));
+        let d1 = by_device("1");
+        assert_eq!(d1["metric"]["pod"], "infer", "{job}: {d1}");
+        assert_eq!(d1["metric"]["claim"], "infer-gcu");
+        assert_eq!(val(&d1), g(1));
+        for d in ["2", "3"] {
+            let s = by_device(d);
+            for l in ["namespace", "pod", "container"] {
+                assert!(s["metric"].get(l).is_none(), "{job}: {l}: {s}");
             }
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "Prometheus has not scraped the exporter in 60 s\n{}",
-            std::fs::read_to_string(&prom_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    let by_device = |d: &str| {
-        result
-            .iter()
-            .find(|s| s["metric"]["device"] == d)
-            .unwrap_or_else(|| panic!("device {d}: {result:?}"))
-            .clone()
-    };
-    let val = |s: &serde_json::Value| s["value"][1].as_str().unwrap().parse::<f64>().unwrap();
-    let d0 = by_device("0");
-    assert_eq!(d0["metric"]["pod"], "train", "{d0}");
-    assert_eq!(d0["metric"]["container"], "main");
-    assert_eq!(val(&d0), g(0));
-    let d1 = by_device("1");
-    assert_eq!(d1["metric"]["pod"], "infer", "{d1}");
-    assert_eq!(d1["metric"]["claim"], "infer-gcu");
-    assert_eq!(val(&d1), g(1));
-    for d in ["2", "3"] {
-        let s = by_device(d);
-        assert!(s["metric"].get("pod").is_none(), "{s}");
+        for l in ["namespace", "pod", "container"] {
+            let held_by_exporter = query(&format!(
+                "{{job=\"{job}\",{l}=~\"{}|{}|{}\"}}",
+                EXPORTER_TARGET[0].1, EXPORTER_TARGET[1].1, EXPORTER_TARGET[2].1
+            ))
+            .unwrap();
+            assert_eq!(
+                held_by_exporter["data"]["result"],
+                serde_json::json!([]),
+                "{job}: series labelled with the exporter's own {l}"
+            );
+        }
+        assert_eq!(d0["metric"]["node"], EXPORTER_NODE, "{job}: {d0}");
     }
     // The join operators use: memory per pod through the holder list.
     let per_pod = query(
-        "sum by (pod) (accel_memory_used_bytes * on (profile, device) group_right accel_device_holder_info)",
+        "sum by (pod) (accel_memory_used_bytes{job=\"servicemonitor\"} * on (profile, device) group_right accel_device_holder_info{job=\"servicemonitor\"})",
     )
     .unwrap();
     let pods: Vec<String> = per_pod["data"]["result"]
