@@ -620,6 +620,99 @@ fn a_rolling_updates_two_instances_keep_one_set_of_claims() {
     });
 }
 
+/// Issue 42 item 12: every driver wrote claims' `status.devices` under one field manager, so
+/// where one claim holds devices of two of a node's drivers, the second driver's apply took
+/// the first one's entries out (server-side apply removes what the manager applied before and
+/// leaves out now). A field manager per driver keeps each driver's entries.
+#[test]
+fn policies_narrower_than_the_api_a_field_manager_per_driver_keeps_both_drivers_status() {
+    const NV: &str = "gpu.nvidia.com";
+    let sim = common::SimRoot::builder()
+        .enflame(8)
+        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
+        .nvidia(&[("0000:41:00.0", 0)])
+        .library(common::LIB_DIR, "libcuda.so.550.54.14", "libcuda.so.1")
+        .library(
+            common::LIB_DIR,
+            "libnvidia-ml.so.550.54.14",
+            "libnvidia-ml.so.1",
+        )
+        .build();
+    common::kubelet::enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_millis(100),
+        );
+        wait_slices(&api, "publish", |s| !s.is_empty()).await;
+        let start = std::time::Instant::now();
+        let gpu = loop {
+            let d = devices(&api.slices_of(NV));
+            if let Some(name) = d.first().and_then(|d| d["name"].as_str()) {
+                break name.to_string();
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no {NV} slice");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let result = |req: &str, driver: &str, device: &str| {
+            serde_json::json!({"request": req, "driver": driver, "pool": NODE, "device": device})
+        };
+        api.put_claim_results(
+            "default",
+            "both",
+            UID_A,
+            DRIVER,
+            vec![
+                result("gcus", DRIVER, "gcu-1"),
+                result("gpus", NV, &gpu),
+            ],
+        );
+        for driver in [DRIVER, NV] {
+            let reg = drv
+                .dir
+                .path()
+                .join(format!("plugins_registry/{driver}-reg.sock"));
+            let (_, ch) = register(&reg).await;
+            let r = prepare(&ch, PREPARE_V1, vec![claim("default", "both", UID_A)]).await;
+            assert_eq!(r.claims[UID_A].error, "", "{driver}");
+        }
+        let status = api.claim("default", "both")["status"]["devices"].clone();
+        let mut held: Vec<(String, String)> = status
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["driver"].as_str().unwrap().to_string(),
+                    e["device"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        held.sort();
+        assert_eq!(
+            held,
+            [(DRIVER.to_string(), "gcu-1".to_string()), (NV.to_string(), gpu)],
+            "{status}"
+        );
+        let managers: std::collections::BTreeSet<String> = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.contains("/resourceclaims/both/status"))
+            .map(|r| {
+                let q = r.path.split_once("fieldManager=").unwrap().1;
+                q.split('&').next().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(managers.len(), 2, "{managers:?}");
+        drv.stop().await;
+    });
+}
+
 /// The DRA DaemonSet's admission policy, evaluated as kube-apiserver evaluates it (CEL, its
 /// variables in order, every validation) on the writes a driver can make.
 mod policy {
@@ -634,14 +727,17 @@ mod policy {
         "/packaging/kubernetes/components/dra/accel-dra-driver.yaml"
     );
 
-    fn policy() -> Value {
+    const SLICES: &str = "accel-dra-driver-own-node-slices";
+    const CLAIM_STATUS: &str = "accel-dra-driver-claim-status";
+
+    fn policy(name: &str) -> Value {
         let text = std::fs::read_to_string(MANIFEST).unwrap();
         let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
         docs.into_iter()
-            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-            .expect("the DaemonSet's ValidatingAdmissionPolicy")
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the DaemonSet's ValidatingAdmissionPolicy {name}"))
     }
 
     fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
@@ -653,7 +749,18 @@ mod policy {
 
     /// What the policy answers a request: `Err` with the first failing validation's message.
     fn admit(op: &str, node: Option<&str>, object: Value, old: Value) -> Result<(), String> {
-        let p = policy();
+        admit_by(SLICES, op, node, object, old)
+    }
+
+    /// As [`admit`], by the policy `name`.
+    fn admit_by(
+        name: &str,
+        op: &str,
+        node: Option<&str>,
+        object: Value,
+        old: Value,
+    ) -> Result<(), String> {
+        let p = policy(name);
         let extra = match node {
             Some(n) => json!({"authentication.kubernetes.io/node-name": [n]}),
             None => json!({}),
@@ -700,7 +807,7 @@ mod policy {
     }
 
     fn slice(driver: &str, node: &str) -> Value {
-        json!({"spec": {"driver": driver, "nodeName": node}})
+        json!({"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}}})
     }
 
     /// Every driver name the shipped profiles give, as the driver derives them.
@@ -768,6 +875,115 @@ mod policy {
         }
         assert_eq!(
             admit("CREATE", None, ours, Value::Null).unwrap_err(),
+            "the driver's token names no node"
+        );
+    }
+
+    /// Issue 42 item 12: the slice policy pinned the node and the driver but not the pool,
+    /// so a node's driver could publish into another node's pool (or one made up), which the
+    /// scheduler reads as that pool's.
+    #[test]
+    fn policies_narrower_than_the_api_a_slice_is_in_its_nodes_pool() {
+        let mine = slice("gcu.enflame.com", "n1");
+        assert_eq!(
+            admit("CREATE", Some("n1"), mine.clone(), Value::Null),
+            Ok(())
+        );
+        let mut elsewhere = mine.clone();
+        elsewhere["spec"]["pool"]["name"] = "n2".into();
+        for (op, new, old) in [
+            ("CREATE", elsewhere.clone(), Value::Null),
+            ("UPDATE", elsewhere.clone(), mine.clone()),
+            ("UPDATE", mine, elsewhere.clone()),
+            ("DELETE", Value::Null, elsewhere),
+        ] {
+            let e = admit(op, Some("n1"), new, old).unwrap_err();
+            assert!(e.contains("of the pool n1"), "{op}: {e}");
+        }
+    }
+
+    /// A claim allocated `gcu-1` of `gcu.enflame.com` and `gpu-0` of `gpu.example.com` on
+    /// `node`, reserved for one pod, as the scheduler leaves it; `devices` its status.devices.
+    fn allocated(node: &str, devices: Value) -> Value {
+        json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "status": {
+                "allocation": {
+                    "devices": {"results": [
+                        {"request": "a", "driver": "gcu.enflame.com", "pool": node, "device": "gcu-1"},
+                        {"request": "b", "driver": "gpu.example.com", "pool": node, "device": "gpu-0"},
+                    ]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node]}
+                    ]}]},
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}],
+                "devices": devices,
+            },
+        })
+    }
+
+    /// Issue 42 item 12: `resourceclaims/status` patch, granted for every claim, covers on
+    /// 1.34 and 1.35 the allocation and reservedFor as much as status.devices, and every
+    /// driver's entries, on every node. The policy leaves the driver its own entries on its
+    /// own node's claims.
+    #[test]
+    fn policies_narrower_than_the_api_claim_status_is_the_drivers_entries_alone() {
+        let ours = json!({"driver": "gcu.enflame.com", "pool": "n1", "device": "gcu-1"});
+        let theirs = json!({"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"});
+        let before = allocated("n1", json!([theirs]));
+        let after = allocated("n1", json!([theirs, ours]));
+        let status = |node: Option<&str>, new: &Value, old: &Value| {
+            admit_by(CLAIM_STATUS, "UPDATE", node, new.clone(), old.clone())
+        };
+        assert_eq!(status(Some("n1"), &after, &before), Ok(()));
+        // Its own entry written again, changed, or taken out: still its own.
+        assert_eq!(status(Some("n1"), &before, &after), Ok(()));
+
+        let mut realloc = after.clone();
+        realloc["status"]["allocation"]["devices"]["results"][0]["device"] = "gcu-2".into();
+        assert_eq!(
+            status(Some("n1"), &realloc, &before).unwrap_err(),
+            "accel-dra-driver may not change a claim's allocation"
+        );
+        let mut dealloc = after.clone();
+        dealloc["status"]
+            .as_object_mut()
+            .unwrap()
+            .remove("allocation");
+        assert_eq!(
+            status(Some("n1"), &dealloc, &before).unwrap_err(),
+            "accel-dra-driver may not change a claim's allocation"
+        );
+        let mut reserved = after.clone();
+        reserved["status"]["reservedFor"] = json!([]);
+        assert_eq!(
+            status(Some("n1"), &reserved, &before).unwrap_err(),
+            "accel-dra-driver may not change a claim's reservedFor"
+        );
+        // Another driver's entry dropped or rewritten.
+        for devices in [
+            json!([ours]),
+            json!([ours, {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0", "data": {"x": "y"}}]),
+        ] {
+            assert_eq!(
+                status(Some("n1"), &allocated("n1", devices), &before).unwrap_err(),
+                "accel-dra-driver may only write status.devices entries of its own drivers"
+            );
+        }
+        // Another node's claim.
+        let e = status(Some("n2"), &allocated("n1", json!([theirs, ours])), &before).unwrap_err();
+        assert!(e.contains("claims allocated to that node"), "{e}");
+        let unallocated = json!({"status": {}});
+        let e = status(
+            Some("n1"),
+            &json!({"status": {"devices": [ours]}}),
+            &unallocated,
+        )
+        .unwrap_err();
+        assert!(e.contains("claims allocated to that node"), "{e}");
+        assert_eq!(
+            status(None, &after, &before).unwrap_err(),
             "the driver's token names no node"
         );
     }

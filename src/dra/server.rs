@@ -313,7 +313,7 @@ impl Driver {
             "kind": "ResourceClaim",
             "status": {"devices": entries},
         });
-        let pp = kube::api::PatchParams::apply(super::slices::MANAGER).force();
+        let pp = kube::api::PatchParams::apply(&super::slices::status_manager(&self.name)).force();
         if let Err(e) = api
             .patch_status(&r.name, &pp, &kube::api::Patch::Apply(&patch))
             .await

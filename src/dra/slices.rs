@@ -40,6 +40,14 @@ const MAX_STRING: usize = 64;
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "accel-dra-driver";
 
+/// The field manager of `driver`'s entries in a claim's `status.devices`. One per driver, not
+/// [`MANAGER`]: server-side apply takes out of that list what a manager applied before and
+/// leaves out now, so two of a node's drivers preparing one claim under one manager would each
+/// remove the other's entries.
+pub fn status_manager(driver: &str) -> String {
+    format!("{MANAGER}/{driver}")
+}
+
 /// What one profile publishes on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool<'a> {

@@ -24,11 +24,21 @@ pub struct Request {
     pub body: Option<Value>,
 }
 
+/// A `status.devices` entry's keys (its list-map keys in the API): driver, pool, device, share.
+type DeviceKey = [Option<String>; 4];
+
+fn device_key(d: &Value) -> DeviceKey {
+    ["driver", "pool", "device", "shareID"].map(|k| d[k].as_str().map(String::from))
+}
+
 #[derive(Default)]
 struct State {
     slices: BTreeMap<String, Value>,
     /// `<namespace>/<name>` → claim.
     claims: BTreeMap<String, Value>,
+    /// `<namespace>/<name>` → field manager → the `status.devices` entries (by their keys)
+    /// it applied last.
+    status_owners: BTreeMap<String, BTreeMap<String, Vec<DeviceKey>>>,
     requests: Vec<Request>,
     version: u64,
     /// Every change of a slice, in order: (resourceVersion, event type, the slice then).
@@ -573,30 +583,50 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
             Some(s) => (200, st.changed("DELETED", s)),
             None => status(404, "NotFound", &n[1..]),
         },
-        // Server-side apply of a claim's status: the applied `status.devices` entries replace
-        // those with the same driver, pool, device and share, the others stay.
+        // Server-side apply of a claim's status, as the API server merges `status.devices` (a
+        // list-map keyed by driver, pool, device and share): each entry is owned by the field
+        // managers that applied it; an apply replaces the entries it names and removes those
+        // its manager applied before and leaves out now, unless another manager owns them.
         ("PATCH", None) if path.ends_with("/status") => {
             let parts: Vec<&str> = path.split('/').collect();
             if parts.len() != 9 || parts[4] != "namespaces" || parts[6] != "resourceclaims" {
                 return status(404, "NotFound", path);
             }
-            let key = format!("{}/{}", parts[5], parts[7]);
-            let Some(claim) = st.claims.get_mut(&key) else {
-                return status(404, "NotFound", &key);
+            let Some(manager) = param(query, "fieldManager").map(decode) else {
+                return status(
+                    400,
+                    "BadRequest",
+                    "PATCH is not supported without a field manager",
+                );
             };
+            let key = format!("{}/{}", parts[5], parts[7]);
+            if !st.claims.contains_key(&key) {
+                return status(404, "NotFound", &key);
+            }
             let applied = body.unwrap_or_default()["status"]["devices"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            let id = |d: &Value| {
-                ["driver", "pool", "device", "shareID"].map(|k| d[k].as_str().map(String::from))
-            };
+            let applied_keys: Vec<DeviceKey> = applied.iter().map(device_key).collect();
+            let owners = st.status_owners.entry(key.clone()).or_default();
+            let before = owners
+                .insert(manager.clone(), applied_keys.clone())
+                .unwrap_or_default();
+            let dropped: Vec<DeviceKey> = before
+                .into_iter()
+                .filter(|k| !applied_keys.contains(k))
+                .filter(|k| !owners.iter().any(|(m, ks)| *m != manager && ks.contains(k)))
+                .collect();
+            let claim = st.claims.get_mut(&key).unwrap();
             let mut devices: Vec<Value> = claim["status"]["devices"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|d| !applied.iter().any(|a| id(a) == id(d)))
+                .filter(|d| {
+                    let k = device_key(d);
+                    !applied_keys.contains(&k) && !dropped.contains(&k)
+                })
                 .collect();
             devices.extend(applied);
             claim["status"]["devices"] = devices.into();
