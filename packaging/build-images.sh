@@ -142,10 +142,11 @@ needs() {
 if [ "$build" = 1 ]; then
     rustflags="$(bash packaging/target.sh --rustflags)"
     if needs accel-container-runtime; then
-        RUSTFLAGS="$rustflags" cargo build --release --locked --bins --target "$triple"
+        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --bin accel-container-runtime
     fi
-    if needs accel-device-plugin; then
-        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
+    # accel-ctk (in the runtime's image) is built with the device plugin, as for the packages.
+    if needs accel-container-runtime || needs accel-device-plugin; then
+        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-ctk
     fi
     if needs accel-dra-driver; then
         RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver

@@ -42,10 +42,11 @@ done
 triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
     rustflags="$(bash packaging/target.sh --rustflags)"
-    RUSTFLAGS="$rustflags" cargo build --release --locked --bins --target "$triple"
-    # The device plugin alone carries the gRPC stack (feature `plugin`); building only its
-    # binary with the feature leaves the runtime and accel-ctk above untouched.
-    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --bin accel-container-runtime
+    # The gRPC stack (feature `plugin`) for the device plugin and accel-ctk (`accel-ctk pods`
+    # asks kubelet's PodResources), never for the runtime above: a feature is the library's,
+    # so each binary gets it by being built in this command and not in that one.
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-ctk
     # The DRA driver (feature `dra`: the API client too), for the packages and its image
     # (packaging/build-images.sh builds the images of these same commands).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
@@ -68,6 +69,12 @@ for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver 
         *"static-pie linked"*|*"statically linked"*) ;;
         *) echo "build-packages.sh: $bin: file(1) says neither static nor dynamic: $kind" >&2; exit 1 ;;
     esac
+done
+# Every accel-ctk subcommand the README and docs/ name is in the packaged accel-ctk (one
+# built without a feature lacks the subcommands behind it).
+for sub in $(grep -ohE 'accel-ctk [a-z][a-z-]+' README.md docs/*.md | awk '{print $2}' | sort -u); do
+    "target/$triple/release/accel-ctk" "$sub" --help >/dev/null 2>&1 ||
+        { echo "build-packages.sh: the docs name \`accel-ctk $sub\`, which the packaged accel-ctk lacks" >&2; exit 1; }
 done
 rm -f "$out"/*.deb "$out"/*.rpm
 cargo deb --no-build --target "$triple" --output "$out/"

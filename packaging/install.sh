@@ -142,7 +142,10 @@ if [ "$build" = 1 ]; then
     # shipped target with its one flag (glibc, static).
     triple="$(bash "$src/packaging/target.sh")"
     rustflags="$(bash "$src/packaging/target.sh" --rustflags)"
-    (cd "$src" && RUSTFLAGS="$rustflags" cargo build --release --locked --bins --target "$triple")
+    # accel-ctk with kubelet's protocols (feature `plugin`, for `accel-ctk pods`), as the
+    # packages build it; the runtime without.
+    (cd "$src" && RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --bin accel-container-runtime)
+    (cd "$src" && RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-ctk)
     : "${bin_dir:=${CARGO_TARGET_DIR:-$src/target}/$triple/release}"
 fi
 : "${bin_dir:=$src/target/release}"

@@ -381,10 +381,57 @@ fn image_script_builds_what_the_packages_ship() {
     assert!(with("plugin", "accel-device-plugin"));
     assert!(with("dra", "accel-dra-driver"));
     assert!(with("exporter", "accel-exporter"));
-    assert!(images.iter().any(|w| w.contains(&"--bins".to_owned())));
+    assert!(with("plugin", "accel-ctk"));
     let script = read(IMAGES);
     assert!(script.contains("'Requesting program interpreter'"));
     assert!(script.contains("strip \"$2\""));
+}
+
+/// Issue 42 item 4: `accel-ctk pods` is documented, but the packages built accel-ctk without
+/// the feature that has it (`plugin`: kubelet's protocols). Every script that builds a shipped
+/// accel-ctk (the packages, the images, install.sh) builds it with that feature, and none
+/// builds all binaries at once without it (`--bins`, which would make one without);
+/// build-packages.sh then runs each subcommand the docs name on the packaged binary.
+#[test]
+fn packaged_accel_ctk_has_every_subcommand_the_docs_name() {
+    for rel in [
+        "packaging/build-packages.sh",
+        IMAGES,
+        "packaging/install.sh",
+    ] {
+        let builds: Vec<Vec<String>> = logical_lines(&read(rel))
+            .iter()
+            .filter(|l| l.contains("cargo build") && !l.trim_start().starts_with('#'))
+            .map(|l| {
+                // install.sh runs each in a subshell: `(cd "$src" && ... --bin accel-ctk)`.
+                cargo_build_words(l)
+                    .into_iter()
+                    .map(|w| w.trim_end_matches(')').to_string())
+                    .collect()
+            })
+            .collect();
+        let ctk: Vec<&Vec<String>> = builds
+            .iter()
+            .filter(|w| w.windows(2).any(|p| p == ["--bin", "accel-ctk"]))
+            .collect();
+        assert_eq!(ctk.len(), 1, "{rel}: accel-ctk built by {ctk:?}");
+        assert!(
+            ctk[0].windows(2).any(|p| p == ["--features", "plugin"]),
+            "{rel}: accel-ctk built without the plugin feature: {:?}",
+            ctk[0]
+        );
+        assert!(
+            !builds.iter().any(|w| w.iter().any(|x| x == "--bins")),
+            "{rel}: a --bins build: {builds:?}"
+        );
+    }
+    // The docs' subcommands, as build-packages.sh finds them, include the one behind the
+    // feature, and the script checks them.
+    let script = read("packaging/build-packages.sh");
+    assert!(script.contains(r#"grep -ohE 'accel-ctk [a-z][a-z-]+' README.md docs/*.md"#));
+    assert!(script.contains(r#""target/$triple/release/accel-ctk" "$sub" --help"#));
+    let docs = std::fs::read_to_string(repo().join("docs/operating.md")).unwrap();
+    assert!(docs.contains("accel-ctk pods"));
 }
 
 /// The base's `images:` list as (name, newName, newTag).
