@@ -1701,3 +1701,83 @@ fn exporter_daemonset_starts_and_serves() {
         "{page}"
     );
 }
+
+/// Issue 42 item 11: the exporter serves every holder's namespace, pod, container and claim
+/// names on its pod IP, to any pod that reaches it. Wherever the exporter runs, a
+/// NetworkPolicy selects exactly its pods, admits only the monitoring namespace on the metrics
+/// port, and allows no egress (the exporter opens no connection).
+#[test]
+fn tenant_names_on_an_open_port_only_the_monitoring_namespace_reaches_the_exporter() {
+    let mut checked = 0;
+    for o in overlays() {
+        let docs = rendered(&o);
+        let Some(exporter) = workloads(&docs).remove("accel-exporter") else {
+            continue;
+        };
+        let pod_labels = &exporter["spec"]["template"]["metadata"]["labels"];
+        let policies: Vec<&Yaml> = docs
+            .iter()
+            .filter(|d| yaml_str(d, "kind") == "NetworkPolicy")
+            .filter(|d| {
+                let sel = d["spec"]["podSelector"]["matchLabels"]
+                    .as_mapping()
+                    .unwrap();
+                !sel.is_empty()
+                    && sel
+                        .iter()
+                        .all(|(k, v)| pod_labels[k.as_str().unwrap()] == *v)
+            })
+            .collect();
+        assert_eq!(policies.len(), 1, "overlays/{o}: {policies:?}");
+        let spec = &policies[0]["spec"];
+        assert_eq!(
+            yaml_str(&policies[0]["metadata"], "namespace"),
+            yaml_str(&exporter["metadata"], "namespace")
+        );
+        assert!(spec["podSelector"]["matchExpressions"].is_null());
+        assert_eq!(
+            strings(&spec["policyTypes"]).unwrap(),
+            ["Ingress", "Egress"],
+            "overlays/{o}"
+        );
+        assert!(
+            seq(spec, "egress").is_empty(),
+            "overlays/{o}: egress allowed"
+        );
+        let ingress = seq(spec, "ingress");
+        assert_eq!(ingress.len(), 1, "overlays/{o}: {ingress:?}");
+        let from = seq(&ingress[0], "from");
+        assert_eq!(from.len(), 1, "overlays/{o}: {from:?}");
+        let peer = from[0].as_mapping().unwrap();
+        assert_eq!(
+            peer.len(),
+            1,
+            "overlays/{o}: a peer of one selector: {peer:?}"
+        );
+        assert_eq!(
+            from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"].as_str(),
+            Some("monitoring"),
+            "overlays/{o}"
+        );
+        let ports = seq(&ingress[0], "ports");
+        let container = &seq(&exporter["spec"]["template"]["spec"], "containers")[0];
+        let metrics = seq(container, "ports")
+            .iter()
+            .find(|p| p["name"].as_str() == Some("metrics"))
+            .expect("the exporter's metrics port");
+        assert_eq!(ports.len(), 1, "overlays/{o}: {ports:?}");
+        assert_eq!(ports[0]["port"].as_str(), Some("metrics"));
+        assert_eq!(ports[0]["protocol"], metrics["protocol"]);
+        let listen = seq(container, "args")
+            .iter()
+            .filter_map(|a| a.as_str()?.strip_prefix("--listen="))
+            .next()
+            .expect("--listen");
+        assert!(
+            listen.ends_with(&format!(":{}", metrics["containerPort"].as_u64().unwrap())),
+            "{listen}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no overlay runs the exporter");
+}
