@@ -123,6 +123,30 @@ impl Exporter {
         body
     }
 
+    /// SIGTERM, as the kubelet stops a pod: the exit status within 10 s, and the log.
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) of the child this test started and has not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no exit 10 s after SIGTERM\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
+    }
+
     /// Scrapes until `ready` holds of the page (polls run on their own period).
     fn until(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
         let t = Instant::now();
@@ -253,6 +277,16 @@ fn hygon_files(root: &Path, host: &DrmHost) {
 /// the GPUs `uuids` (GPU i: i+1 GiB of 80 GiB used, 20+i % busy, 50+i °C, 250.5 W, 700 W
 /// limit, 1 000 000 mJ, clocks 1410/1980/1593 MHz, no ECC (NOT_SUPPORTED), 2 PCIe replays).
 fn nvml_stand_in(sim: &SimRoot) {
+    nvml_stand_in_lacking(sim, &[]);
+}
+
+/// [`nvml_stand_in`] with the functions `lacking` left out of its symbol table (renamed), as
+/// an older or a broken driver's library would be.
+fn nvml_stand_in_lacking(sim: &SimRoot, lacking: &[&str]) {
+    let renamed: String = lacking
+        .iter()
+        .map(|s| format!("#define {s} {s}_absent\n"))
+        .collect();
     let uuids: Vec<String> = sim
         .gpus()
         .iter()
@@ -265,7 +299,7 @@ fn nvml_stand_in(sim: &SimRoot) {
         .collect();
     let n = uuids.len();
     let src = format!(
-        r#"
+        r#"{renamed}
 #include <string.h>
 #include <strings.h>
 typedef struct {{ int i; }} dev;
@@ -1127,4 +1161,61 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         }
     }
     drop(rt);
+}
+
+/// Issue 42 item 3: an NVML that lacks a symbol the exporter calls is an error said once,
+/// never a panic: one lacking `nvmlShutdown` (which nvml-wrapper's Drop calls unchecked: a
+/// panic, an abort in a release build) is refused at load, one lacking a reading's symbol
+/// gives the other readings, and SIGTERM exits 0 with neither.
+#[test]
+fn nvml_lacking_a_symbol_is_an_error_said_once_and_sigterm_exits_0() {
+    require_root();
+    for lacking in ["nvmlShutdown", "nvmlDeviceGetPowerUsage"] {
+        let sim = SimRoot::builder()
+            .nvidia(&[("0000:af:00.0", 1), ("0000:3b:00.0", 3)])
+            .build();
+        nvml_stand_in_lacking(&sim, &[lacking]);
+        let scratch = tempfile::tempdir().unwrap();
+        let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+        let mut ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.2"]);
+        let page = ex.until("three polls", |p| {
+            value(p, "accel_exporter_polls_total", &["profile=\"nvidia\""])
+                .is_some_and(|n| n >= 3.0)
+        });
+        let (status, log) = ex.stop();
+        assert_eq!(status.code(), Some(0), "{lacking}: {status}\n{log}");
+        assert!(!log.contains("panicked"), "{lacking}\n{log}");
+        let not_in_library = |metric: &str| {
+            value(
+                &page,
+                "accel_exporter_source_errors_total",
+                &[
+                    "source=\"nvml\"",
+                    &format!("metric=\"{metric}\""),
+                    "reason=\"not-in-library\"",
+                ],
+            )
+        };
+        if lacking == "nvmlShutdown" {
+            // Refused at load: nothing read through it, the refusal counted at each poll.
+            assert!(
+                not_in_library("-").is_some_and(|n| n >= 3.0),
+                "{lacking}\n{page}"
+            );
+            assert!(
+                samples(&page, "accel_memory_used_bytes").is_empty(),
+                "{page}"
+            );
+        } else {
+            // Loaded: every other reading there, the one whose symbol is absent counted.
+            assert!(not_in_library("power").is_some(), "{lacking}\n{page}");
+            assert_eq!(samples(&page, "accel_memory_used_bytes").len(), 2, "{page}");
+            assert!(samples(&page, "accel_power_watts").is_empty(), "{page}");
+        }
+        assert_eq!(
+            log.lines().filter(|l| l.contains(lacking)).count(),
+            1,
+            "{lacking}: said once\n{log}"
+        );
+    }
 }
