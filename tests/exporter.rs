@@ -1219,3 +1219,102 @@ fn nvml_lacking_a_symbol_is_an_error_said_once_and_sigterm_exits_0() {
         );
     }
 }
+
+/// The exporter's sockets (accepted connections and its listener), from /proc.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Issue 42 item 7: clients that stop reading (a request burst sent, nothing read, a receive
+/// buffer of 4 KiB) and clients that send nothing, 100 of them, on the shared metrics server:
+/// a scrape is still answered at once, and the server has closed every one of them within its
+/// 10 s per-connection deadline.
+#[test]
+fn clients_that_stop_reading_neither_hold_connections_nor_deny_scrapes() {
+    require_root();
+    const DEADLINE: Duration = Duration::from_secs(10);
+    let gpus: Vec<(String, u32)> = (0..16)
+        .map(|i| (format!("0000:{:02x}:00.0", 0x10 + i), i))
+        .collect();
+    let gpus: Vec<(&str, u32)> = gpus.iter().map(|(b, m)| (b.as_str(), *m)).collect();
+    let sim = SimRoot::builder().nvidia(&gpus).build();
+    nvml_stand_in(&sim);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+    let ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.5"]);
+    let page = ex.until("sixteen GPUs read", |p| {
+        samples(p, "accel_memory_used_bytes").len() == 16
+    });
+    // Larger than what a 4 KiB receive buffer and the server's send buffer take in.
+    assert!(page.len() > 32 << 10, "{}", page.len());
+    let pid = ex.child.id();
+    let before = sockets(pid);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let burst = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", ex.addr).repeat(64);
+    let opened = Instant::now();
+    let mut held: Vec<TcpStream> = Vec::new();
+    for i in 0..100 {
+        let s = rt.block_on(async {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.connect(ex.addr).await.unwrap().into_std().unwrap()
+        });
+        s.set_nonblocking(false).unwrap();
+        if i < 50 {
+            // Never read: the answers fill the buffers and the server's write waits.
+            (&s).write_all(burst.as_bytes()).unwrap();
+        }
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let during = sockets(pid);
+    assert!(
+        during >= before + 40,
+        "the flood reached the server: {before} -> {during}"
+    );
+    // A scrape is answered at once.
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&ex.addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        ex.addr
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let r = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(
+        r.is_ok() && text.starts_with("HTTP/1.1 200") && text.contains("accel_device_info"),
+        "no scrape answered in {:?} under 100 stalled clients ({before} -> {during} sockets): {r:?}\n{}",
+        t.elapsed(),
+        &text[..text.len().min(300)]
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Every stalled connection closed by the server within its deadline (with slack for a
+    // loaded machine), the clients still holding theirs open.
+    while sockets(pid) > before && opened.elapsed() < DEADLINE + Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = sockets(pid);
+    assert!(
+        after <= before,
+        "{before} sockets before, {during} during, {after} at {:?}\n{}",
+        opened.elapsed(),
+        std::fs::read_to_string(&ex.log).unwrap_or_default()
+    );
+    drop(held);
+}
