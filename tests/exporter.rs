@@ -1318,3 +1318,134 @@ fn clients_that_stop_reading_neither_hold_connections_nor_deny_scrapes() {
     );
     drop(held);
 }
+
+/// Issue 42 item 8: PodResources stops answering (the stand-in kubelet gone). Until the
+/// holders' maximum age (three `List` periods by default) the device keeps its holder's
+/// labels and `accel_exporter_pod_resources_stale` says they are stale, with their age; past
+/// it the labels are gone, stale still 1 and the age past the limit; the log says what was
+/// done when it was done.
+#[test]
+fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale() {
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    shell(sim.path());
+    script(sim.path(), "/usr/bin/efsmi", EFSMI);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("enflame", sim.path())], "");
+    let answer = ListPodResourcesResponse {
+        pod_resources: vec![PodResources {
+            name: "train".into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerResources {
+                name: "main".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "enflame.com/gcu".into(),
+                    device_ids: vec!["GCU-0".into()],
+                    topology: None,
+                }],
+                dynamic_resources: vec![],
+            }],
+        }],
+    };
+    let sock = scratch.path().join("pod-resources/kubelet.sock");
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&sock) })
+        .unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(grpc::pod_resources_server(move || answer.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let ex = Exporter::start(
+        &cfg,
+        &[
+            &format!("--pod-resources-socket={}", sock.display()),
+            "--poll-seconds=0.5",
+            "--pod-resources-seconds=1",
+        ],
+    );
+    let held = |p: &str| {
+        value(
+            p,
+            "accel_device_healthy",
+            &["device=\"0\"", "pod=\"train\"", "container=\"main\""],
+        )
+        .is_some()
+            && value(
+                p,
+                "accel_device_holder_info",
+                &["device=\"0\"", "pod=\"train\""],
+            )
+            .is_some()
+    };
+    ex.until("the holder's labels", held);
+    // kubelet stops answering.
+    rt.shutdown_background();
+    let stopped = Instant::now();
+    let stale = |p: &str| value(p, "accel_exporter_pod_resources_stale", &[]);
+    let age = |p: &str| value(p, "accel_exporter_pod_resources_age_seconds", &[]);
+    let mut seen_stale_held = None;
+    let dropped = loop {
+        let (_, _, page) = get(ex.addr, "/metrics", None).expect("scrape");
+        let t = stopped.elapsed();
+        if held(&page) {
+            if stale(&page) == Some(1.0) {
+                seen_stale_held = Some((t, age(&page)));
+            }
+        } else {
+            break Some((t, page));
+        }
+        if t > Duration::from_secs(15) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = || std::fs::read_to_string(&ex.log).unwrap_or_default();
+    let Some((t, page)) = dropped else {
+        panic!(
+            "the holder's labels still on device 0 15 s after PodResources stopped answering\n{}",
+            log()
+        );
+    };
+    let (t_stale, age_stale) = seen_stale_held.unwrap_or_else(|| {
+        panic!(
+            "never labelled and marked stale before the labels went\n{page}\n{}",
+            log()
+        )
+    });
+    // Kept for the maximum age (3 s here) from the last answer (at most one period, 1 s,
+    // before the stand-in stopped), then dropped.
+    assert!(
+        t >= Duration::from_millis(1500) && t < Duration::from_secs(8),
+        "dropped {t:?} after PodResources stopped\n{}",
+        log()
+    );
+    assert!(
+        age_stale.is_some_and(|a| a > 0.0 && a <= 3.5),
+        "age {age_stale:?} at {t_stale:?}"
+    );
+    assert_eq!(stale(&page), Some(1.0), "{page}");
+    assert!(age(&page).is_some_and(|a| a > 3.0), "{page}");
+    assert!(!page.contains("pod=\"train\""), "{page}");
+    assert_eq!(
+        value(&page, "accel_exporter_pod_resources_up", &[]),
+        Some(0.0)
+    );
+    let log = log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("PodResources") && l.contains("kept")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("PodResources") && l.contains("dropped")),
+        "{log}"
+    );
+}
