@@ -123,6 +123,30 @@ impl Exporter {
         body
     }
 
+    /// SIGTERM, as the kubelet stops a pod: the exit status within 10 s, and the log.
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) of the child this test started and has not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no exit 10 s after SIGTERM\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
+    }
+
     /// Scrapes until `ready` holds of the page (polls run on their own period).
     fn until(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
         let t = Instant::now();
@@ -253,6 +277,16 @@ fn hygon_files(root: &Path, host: &DrmHost) {
 /// the GPUs `uuids` (GPU i: i+1 GiB of 80 GiB used, 20+i % busy, 50+i °C, 250.5 W, 700 W
 /// limit, 1 000 000 mJ, clocks 1410/1980/1593 MHz, no ECC (NOT_SUPPORTED), 2 PCIe replays).
 fn nvml_stand_in(sim: &SimRoot) {
+    nvml_stand_in_lacking(sim, &[]);
+}
+
+/// [`nvml_stand_in`] with the functions `lacking` left out of its symbol table (renamed), as
+/// an older or a broken driver's library would be.
+fn nvml_stand_in_lacking(sim: &SimRoot, lacking: &[&str]) {
+    let renamed: String = lacking
+        .iter()
+        .map(|s| format!("#define {s} {s}_absent\n"))
+        .collect();
     let uuids: Vec<String> = sim
         .gpus()
         .iter()
@@ -265,7 +299,7 @@ fn nvml_stand_in(sim: &SimRoot) {
         .collect();
     let n = uuids.len();
     let src = format!(
-        r#"
+        r#"{renamed}
 #include <string.h>
 #include <strings.h>
 typedef struct {{ int i; }} dev;
@@ -1241,4 +1275,291 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         }
     }
     drop(rt);
+}
+
+/// Issue 42 item 3: an NVML that lacks a symbol the exporter calls is an error said once,
+/// never a panic: one lacking `nvmlShutdown` (which nvml-wrapper's Drop calls unchecked: a
+/// panic, an abort in a release build) is refused at load, one lacking a reading's symbol
+/// gives the other readings, and SIGTERM exits 0 with neither.
+#[test]
+fn nvml_lacking_a_symbol_is_an_error_said_once_and_sigterm_exits_0() {
+    require_root();
+    for lacking in ["nvmlShutdown", "nvmlDeviceGetPowerUsage"] {
+        let sim = SimRoot::builder()
+            .nvidia(&[("0000:af:00.0", 1), ("0000:3b:00.0", 3)])
+            .build();
+        nvml_stand_in_lacking(&sim, &[lacking]);
+        let scratch = tempfile::tempdir().unwrap();
+        let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+        let mut ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.2"]);
+        let page = ex.until("three polls", |p| {
+            value(p, "accel_exporter_polls_total", &["profile=\"nvidia\""])
+                .is_some_and(|n| n >= 3.0)
+        });
+        let (status, log) = ex.stop();
+        assert_eq!(status.code(), Some(0), "{lacking}: {status}\n{log}");
+        assert!(!log.contains("panicked"), "{lacking}\n{log}");
+        let not_in_library = |metric: &str| {
+            value(
+                &page,
+                "accel_exporter_source_errors_total",
+                &[
+                    "source=\"nvml\"",
+                    &format!("metric=\"{metric}\""),
+                    "reason=\"not-in-library\"",
+                ],
+            )
+        };
+        if lacking == "nvmlShutdown" {
+            // Refused at load: nothing read through it, the refusal counted at each poll.
+            assert!(
+                not_in_library("-").is_some_and(|n| n >= 3.0),
+                "{lacking}\n{page}"
+            );
+            assert!(
+                samples(&page, "accel_memory_used_bytes").is_empty(),
+                "{page}"
+            );
+        } else {
+            // Loaded: every other reading there, the one whose symbol is absent counted.
+            assert!(not_in_library("power").is_some(), "{lacking}\n{page}");
+            assert_eq!(samples(&page, "accel_memory_used_bytes").len(), 2, "{page}");
+            assert!(samples(&page, "accel_power_watts").is_empty(), "{page}");
+        }
+        assert_eq!(
+            log.lines().filter(|l| l.contains(lacking)).count(),
+            1,
+            "{lacking}: said once\n{log}"
+        );
+    }
+}
+
+/// The exporter's sockets (accepted connections and its listener), from /proc.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Issue 42 item 7: clients that stop reading (a request burst sent, nothing read, a receive
+/// buffer of 4 KiB) and clients that send nothing, 100 of them, on the shared metrics server:
+/// a scrape is still answered at once, and the server has closed every one of them within its
+/// 10 s per-connection deadline.
+#[test]
+fn clients_that_stop_reading_neither_hold_connections_nor_deny_scrapes() {
+    require_root();
+    const DEADLINE: Duration = Duration::from_secs(10);
+    let gpus: Vec<(String, u32)> = (0..16)
+        .map(|i| (format!("0000:{:02x}:00.0", 0x10 + i), i))
+        .collect();
+    let gpus: Vec<(&str, u32)> = gpus.iter().map(|(b, m)| (b.as_str(), *m)).collect();
+    let sim = SimRoot::builder().nvidia(&gpus).build();
+    nvml_stand_in(&sim);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+    let ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.5"]);
+    let page = ex.until("sixteen GPUs read", |p| {
+        samples(p, "accel_memory_used_bytes").len() == 16
+    });
+    // Larger than what a 4 KiB receive buffer and the server's send buffer take in.
+    assert!(page.len() > 32 << 10, "{}", page.len());
+    let pid = ex.child.id();
+    let before = sockets(pid);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let burst = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", ex.addr).repeat(64);
+    let opened = Instant::now();
+    let mut held: Vec<TcpStream> = Vec::new();
+    for i in 0..100 {
+        let s = rt.block_on(async {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.connect(ex.addr).await.unwrap().into_std().unwrap()
+        });
+        s.set_nonblocking(false).unwrap();
+        if i < 50 {
+            // Never read: the answers fill the buffers and the server's write waits.
+            (&s).write_all(burst.as_bytes()).unwrap();
+        }
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let during = sockets(pid);
+    assert!(
+        during >= before + 40,
+        "the flood reached the server: {before} -> {during}"
+    );
+    // A scrape is answered at once.
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&ex.addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        ex.addr
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let r = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(
+        r.is_ok() && text.starts_with("HTTP/1.1 200") && text.contains("accel_device_info"),
+        "no scrape answered in {:?} under 100 stalled clients ({before} -> {during} sockets): {r:?}\n{}",
+        t.elapsed(),
+        &text[..text.len().min(300)]
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Every stalled connection closed by the server within its deadline (with slack for a
+    // loaded machine), the clients still holding theirs open.
+    while sockets(pid) > before && opened.elapsed() < DEADLINE + Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = sockets(pid);
+    assert!(
+        after <= before,
+        "{before} sockets before, {during} during, {after} at {:?}\n{}",
+        opened.elapsed(),
+        std::fs::read_to_string(&ex.log).unwrap_or_default()
+    );
+    drop(held);
+}
+
+/// Issue 42 item 8: PodResources stops answering (the stand-in kubelet gone). Until the
+/// holders' maximum age (three `List` periods by default) the device keeps its holder's
+/// labels and `accel_exporter_pod_resources_stale` says they are stale, with their age; past
+/// it the labels are gone, stale still 1 and the age past the limit; the log says what was
+/// done when it was done.
+#[test]
+fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale() {
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    shell(sim.path());
+    script(sim.path(), "/usr/bin/efsmi", EFSMI);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("enflame", sim.path())], "");
+    let answer = ListPodResourcesResponse {
+        pod_resources: vec![PodResources {
+            name: "train".into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerResources {
+                name: "main".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "enflame.com/gcu".into(),
+                    device_ids: vec!["GCU-0".into()],
+                    topology: None,
+                }],
+                dynamic_resources: vec![],
+            }],
+        }],
+    };
+    let sock = scratch.path().join("pod-resources/kubelet.sock");
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&sock) })
+        .unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(grpc::pod_resources_server(move || answer.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let ex = Exporter::start(
+        &cfg,
+        &[
+            &format!("--pod-resources-socket={}", sock.display()),
+            "--poll-seconds=0.5",
+            "--pod-resources-seconds=1",
+        ],
+    );
+    let held = |p: &str| {
+        value(
+            p,
+            "accel_device_healthy",
+            &["device=\"0\"", "pod=\"train\"", "container=\"main\""],
+        )
+        .is_some()
+            && value(
+                p,
+                "accel_device_holder_info",
+                &["device=\"0\"", "pod=\"train\""],
+            )
+            .is_some()
+    };
+    ex.until("the holder's labels", held);
+    // kubelet stops answering.
+    rt.shutdown_background();
+    let stopped = Instant::now();
+    let stale = |p: &str| value(p, "accel_exporter_pod_resources_stale", &[]);
+    let age = |p: &str| value(p, "accel_exporter_pod_resources_age_seconds", &[]);
+    let mut seen_stale_held = None;
+    let dropped = loop {
+        let (_, _, page) = get(ex.addr, "/metrics", None).expect("scrape");
+        let t = stopped.elapsed();
+        if held(&page) {
+            if stale(&page) == Some(1.0) {
+                seen_stale_held = Some((t, age(&page)));
+            }
+        } else {
+            break Some((t, page));
+        }
+        if t > Duration::from_secs(15) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = || std::fs::read_to_string(&ex.log).unwrap_or_default();
+    let Some((t, page)) = dropped else {
+        panic!(
+            "the holder's labels still on device 0 15 s after PodResources stopped answering\n{}",
+            log()
+        );
+    };
+    let (t_stale, age_stale) = seen_stale_held.unwrap_or_else(|| {
+        panic!(
+            "never labelled and marked stale before the labels went\n{page}\n{}",
+            log()
+        )
+    });
+    // Kept for the maximum age (3 s here) from the last answer (at most one period, 1 s,
+    // before the stand-in stopped), then dropped.
+    assert!(
+        t >= Duration::from_millis(1500) && t < Duration::from_secs(8),
+        "dropped {t:?} after PodResources stopped\n{}",
+        log()
+    );
+    assert!(
+        age_stale.is_some_and(|a| a > 0.0 && a <= 3.5),
+        "age {age_stale:?} at {t_stale:?}"
+    );
+    assert_eq!(stale(&page), Some(1.0), "{page}");
+    assert!(age(&page).is_some_and(|a| a > 3.0), "{page}");
+    assert!(!page.contains("pod=\"train\""), "{page}");
+    assert_eq!(
+        value(&page, "accel_exporter_pod_resources_up", &[]),
+        Some(0.0)
+    );
+    let log = log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("PodResources") && l.contains("kept")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("PodResources") && l.contains("dropped")),
+        "{log}"
+    );
 }

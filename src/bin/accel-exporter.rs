@@ -40,6 +40,10 @@ struct Args {
     /// Seconds between PodResources List calls.
     #[arg(long, default_value_t = 10.0)]
     pod_resources_seconds: f64,
+    /// Seconds the pod labels of PodResources' last answer are kept while later List calls
+    /// fail; then devices are exported without them [default: 3 × --pod-resources-seconds].
+    #[arg(long)]
+    pod_resources_max_age_seconds: Option<f64>,
     /// `<profile>=<driver name>`, repeatable: the DRA driver's name where it is not derived
     /// from the profile (as accel-dra-driver's --driver-name).
     #[arg(long = "driver-name", value_parser = daemon::driver_name_arg)]
@@ -66,6 +70,10 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.pod_resources = (!args.no_pod_resources).then_some(args.pod_resources_socket);
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
     opts.pod_resources_poll = seconds("pod-resources-seconds", args.pod_resources_seconds)?;
+    opts.pod_resources_max_age = args
+        .pod_resources_max_age_seconds
+        .map(|s| seconds("pod-resources-max-age-seconds", s))
+        .transpose()?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     // Polls run on blocking threads; two workers serve the scrapes and PodResources.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,5 +1,6 @@
 //! What a scrape renders: the last snapshot of every profile, the last PodResources answer
-//! and the error counts, as metric families built afresh at each scrape (so a device or pod
+//! (its holders only while younger than their maximum age, [`State::holders`]) and the error
+//! counts, as metric families built afresh at each scrape (so a device or pod
 //! that is gone leaves no stale series). Nothing here reads a file, calls a library or runs a
 //! program.
 //!
@@ -9,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -127,12 +129,39 @@ const KINDS: [MetricKind; 10] = [
 /// The error counter's key: (profile, source, metric, reason).
 pub type ErrorKey = (String, String, String, &'static str);
 
+/// kubelet's last answer, which the holder labels come from.
+#[derive(Debug, Default)]
+pub struct Attribution {
+    pub holders: Arc<Holders>,
+    /// When `List` last answered; `None` before it ever has.
+    pub answered: Option<Instant>,
+    /// The last `List` failed: `holders` are an earlier answer's.
+    pub failed: bool,
+}
+
+/// The holders a scrape labels devices with, and how current they are.
+#[derive(Debug)]
+pub struct Current {
+    /// The last answer's, or none where it is older than the maximum age.
+    pub holders: Arc<Holders>,
+    /// Since the last answer.
+    pub age: Option<Duration>,
+    /// Not the last `List`'s: it failed, or its answer is past the maximum age.
+    pub stale: bool,
+    /// Past the maximum age: the labels are dropped.
+    pub expired: bool,
+}
+
 /// Everything a scrape renders, written by the pollers.
 #[derive(Debug, Default)]
 pub struct State {
     /// By profile name.
     pub profiles: RwLock<BTreeMap<String, Arc<ProfileSnapshot>>>,
-    pub holders: RwLock<Arc<Holders>>,
+    pub attribution: RwLock<Attribution>,
+    /// How old an answer's holders may be and still label devices: a device since given to
+    /// another pod must not keep the first one's labels while kubelet does not answer.
+    /// `None`: until the next answer.
+    pub holders_max_age: Option<Duration>,
     pub errors: Mutex<BTreeMap<ErrorKey, u64>>,
     pub polls: Mutex<BTreeMap<String, u64>>,
     /// PodResources: whether the last `List` answered, and failures by reason.
@@ -192,11 +221,46 @@ impl State {
         }
     }
 
+    /// A state whose holders label devices for at most `max_age` after kubelet's answer.
+    pub fn new(holders_max_age: Duration) -> State {
+        State {
+            holders_max_age: Some(holders_max_age),
+            ..State::default()
+        }
+    }
+
+    /// The holders as of now: none past their maximum age.
+    pub fn holders(&self) -> Current {
+        let a = self.attribution.read().unwrap_or_else(|e| e.into_inner());
+        let age = a.answered.map(|t| t.elapsed());
+        let expired = matches!((age, self.holders_max_age), (Some(age), Some(max)) if age > max);
+        Current {
+            holders: if expired {
+                Arc::default()
+            } else {
+                Arc::clone(&a.holders)
+            },
+            age,
+            stale: a.failed || expired,
+            expired,
+        }
+    }
+
     pub fn pod_resources(&self, result: Result<Holders, &'static str>) {
         let ok = result.is_ok();
         match result {
-            Ok(h) => *self.holders.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(h),
+            Ok(h) => {
+                *self.attribution.write().unwrap_or_else(|e| e.into_inner()) = Attribution {
+                    holders: Arc::new(h),
+                    answered: Some(Instant::now()),
+                    failed: false,
+                }
+            }
             Err(reason) => {
+                self.attribution
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed = true;
                 *self
                     .pod_resources_errors
                     .lock()
@@ -280,7 +344,8 @@ impl Collector for Exposition {
             .values()
             .cloned()
             .collect();
-        let holders = Arc::clone(&s.holders.read().unwrap_or_else(|e| e.into_inner()));
+        let current = s.holders();
+        let holders = &current.holders;
         // Each device's identity and pod labels, once.
         let mut devices: Vec<(&ProfileSnapshot, &Device, Labels, Labels)> = Vec::new();
         let mut held: Vec<(Labels, f64)> = Vec::new();
@@ -409,6 +474,22 @@ impl Collector for Exposition {
                 None,
                 &[(Vec::new(), if up { 1.0 } else { 0.0 })],
             )?;
+            gauge(
+                &mut enc,
+                "accel_exporter_pod_resources_stale",
+                "1 when the holder labels are not the last List's: kept from an earlier answer until its maximum age, then dropped",
+                None,
+                &[(Vec::new(), if current.stale { 1.0 } else { 0.0 })],
+            )?;
+        }
+        if let Some(age) = current.age {
+            gauge(
+                &mut enc,
+                "accel_exporter_pod_resources_age",
+                "Time since PodResources last answered List (the answer the holder labels come from)",
+                Some(&Unit::Seconds),
+                &[(Vec::new(), age.as_secs_f64())],
+            )?;
         }
         let pr: Vec<(Labels, f64)> = s
             .pod_resources_errors
@@ -426,5 +507,59 @@ impl Collector for Exposition {
             &pr,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::proto::podresources::{
+        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    };
+
+    /// Issue 42 item 8: the last answer's holders are kept, marked stale, while `List` fails,
+    /// and dropped past their maximum age; the next answer is current again.
+    #[test]
+    fn holders_are_stale_after_a_failure_and_gone_past_their_age() {
+        let answer = Holders::from_list(&ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "p".into(),
+                namespace: "n".into(),
+                containers: vec![ContainerResources {
+                    name: "c".into(),
+                    devices: vec![ContainerDevices {
+                        resource_name: "example.com/gpu".into(),
+                        device_ids: vec!["GPU-0".into()],
+                        topology: None,
+                    }],
+                    dynamic_resources: vec![],
+                }],
+            }],
+        });
+        let s = State::new(Duration::from_millis(200));
+        s.pod_resources(Ok(answer.clone()));
+        let now = s.holders();
+        assert!(!now.stale && !now.expired && now.holders.count == 1);
+        s.pod_resources(Err("unreachable"));
+        let now = s.holders();
+        assert!(
+            now.stale && !now.expired && now.holders.count == 1,
+            "{now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        let now = s.holders();
+        assert!(
+            now.stale && now.expired && now.holders.count == 0,
+            "{now:?}"
+        );
+        assert!(now.age.is_some_and(|a| a >= Duration::from_millis(250)));
+        s.pod_resources(Ok(answer));
+        let now = s.holders();
+        assert!(!now.stale && now.holders.count == 1);
+        // Without a maximum age (a state built for tests), kept until the next answer.
+        let s = State::default();
+        s.pod_resources(Ok(Holders::default()));
+        s.pod_resources(Err("timeout"));
+        assert!(s.holders().stale && !s.holders().expired);
     }
 }

@@ -49,6 +49,9 @@ pub struct Options {
     pub poll: Duration,
     /// PodResources `List` is called this often (and less after a rate-limit refusal).
     pub pod_resources_poll: Duration,
+    /// How long an answer's holders label devices when later `List`s fail; `None`: three
+    /// `pod_resources_poll` periods.
+    pub pod_resources_max_age: Option<Duration>,
     /// DRA driver names by profile, where not derived from the profile (as the DRA driver's
     /// `--driver-name`).
     pub driver_names: BTreeMap<String, String>,
@@ -61,8 +64,15 @@ impl Options {
             pod_resources: Some(crate::kubelet::proto::podresources::SOCKET.into()),
             poll: Duration::from_secs(5),
             pod_resources_poll: Duration::from_secs(10),
+            pod_resources_max_age: None,
             driver_names: BTreeMap::new(),
         }
+    }
+
+    /// [`Options::pod_resources_max_age`], its default filled in.
+    pub fn holders_max_age(&self) -> Duration {
+        self.pod_resources_max_age
+            .unwrap_or(self.pod_resources_poll.saturating_mul(3))
     }
 }
 
@@ -148,7 +158,8 @@ pub async fn list_pod_resources(
 }
 
 /// Asks kubelet who holds what every `every` (doubling the wait, to 5 minutes, while it
-/// refuses for its rate limit) until `stop`.
+/// refuses for its rate limit) until `stop`. Each failure reason, the holders' expiry and the
+/// recovery are logged once.
 async fn pod_resources_loop(
     socket: PathBuf,
     every: Duration,
@@ -157,19 +168,31 @@ async fn pod_resources_loop(
 ) {
     let mut wait = every;
     let mut said: Option<&'static str> = None;
+    let mut said_dropped = false;
+    let max_age = state.holders_max_age.unwrap_or(Duration::MAX);
     loop {
         let r = list_pod_resources(&socket).await;
         match &r {
             Ok(_) => {
+                if said.is_some() {
+                    log::info!("PodResources at {} answers again", socket.display());
+                }
                 wait = every;
                 said = None;
+                said_dropped = false;
             }
             Err(reason) => {
                 if said != Some(*reason) {
-                    log::warn!(
-                        "PodResources at {}: {reason}; devices are exported without pod labels until it answers",
-                        socket.display()
-                    );
+                    let now = state.holders();
+                    let kept = match now.age {
+                        Some(age) if !now.expired && now.holders.count > 0 => format!(
+                            "the pod labels of its answer of {:.1} s ago are kept until it is {:.1} s old, then dropped",
+                            age.as_secs_f64(),
+                            max_age.as_secs_f64()
+                        ),
+                        _ => "devices are exported without pod labels until it answers".into(),
+                    };
+                    log::warn!("PodResources at {}: {reason}; {kept}", socket.display());
                     said = Some(*reason);
                 }
                 if *reason == "rate-limited" {
@@ -178,8 +201,28 @@ async fn pod_resources_loop(
             }
         }
         state.pod_resources(r.map(|resp| Holders::from_list(&resp)));
+        // Woken at the expiry too, so the log says when the labels went.
+        let now = state.holders();
+        let until_expiry = match now.age {
+            Some(age) if now.stale && !now.expired => max_age.saturating_sub(age),
+            _ => wait,
+        };
+        let nap = wait.min(until_expiry.saturating_add(Duration::from_millis(10)));
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(nap) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = state.holders();
+        if now.expired && !said_dropped {
+            log::warn!(
+                "PodResources at {} has not answered for {:.1} s: pod labels dropped until it answers",
+                socket.display(),
+                now.age.unwrap_or_default().as_secs_f64()
+            );
+            said_dropped = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait.saturating_sub(nap)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -192,7 +235,7 @@ pub async fn start(
     opts: Options,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, Arc<State>)> {
-    let state = Arc::new(State::default());
+    let state = Arc::new(State::new(opts.holders_max_age()));
     for p in profiles {
         let driver = opts.driver_names.get(&p.name).cloned();
         tokio::spawn(poll_loop(

@@ -4,8 +4,14 @@
 //! A scrape gets the Prometheus text format (0.0.4) unless its `Accept` asks for OpenMetrics
 //! (Prometheus 2.5+ asks for it first), both encoded by `prometheus-client`. The endpoint only
 //! renders what is already in memory: nothing a scrape does opens a device, a socket or a
-//! file, so a scrape storm costs CPU for the encoding and nothing else. Connections are
-//! bounded in number and in the time their request headers may take.
+//! file, so a scrape storm costs CPU for the encoding and nothing else.
+//!
+//! The endpoint faces any pod of the node, so no client can hold it: each connection answers
+//! one request and lives at most [`CONNECTION_DEADLINE`] in all (reading the request and
+//! writing the answer: a client that stops reading is cut off there); at most
+//! [`MAX_CONNECTIONS`] are open, and a new one closes the oldest, so connections left open
+//! never keep a scrape waiting; and a page being sent to slow clients is one page shared by
+//! them, not one each ([`Pages`]).
 //!
 //! Names follow Prometheus' rules (docs/exporter.md): `accel_` first, base units (seconds),
 //! `_total` on counters (added by the encoder), labels of few values (`resource`, `driver`,
@@ -13,9 +19,10 @@
 //!
 //! Ref: prometheus/docs `instrumenting/exposition_formats.md`, `practices/naming.md`.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
@@ -67,8 +74,45 @@ pub fn encode(registry: &Registry, format: Format) -> String {
 /// What the endpoint answers `/metrics` with: the page in the format asked for.
 pub type Render = Arc<dyn Fn(Format) -> String + Send + Sync>;
 
-/// At most this many connections are served at once; more wait in the listen queue.
+/// At most this many connections are open at once; one more closes the oldest.
 const MAX_CONNECTIONS: usize = 64;
+
+/// A connection's whole life: its request read and its answer written, or it is closed.
+/// Prometheus' default scrape timeout.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a page still being sent to a client is given to the next requests of the same
+/// format instead of a fresh one.
+const SHARE_FOR: Duration = Duration::from_secs(1);
+
+/// Renders pages, sharing one with the requests that come while an earlier client is still
+/// being sent it (within [`SHARE_FOR`]): clients that read slowly, or never, pin one page
+/// between them rather than one each. A page nobody holds any more is never reused, so
+/// requests one after the other each see the state of their moment.
+struct Pages {
+    render: Render,
+    /// By format: when the last page was rendered, and the page.
+    last: Mutex<[Option<(Instant, Bytes)>; 2]>,
+}
+
+impl Pages {
+    fn page(&self, format: Format) -> Bytes {
+        let i = match format {
+            Format::Text => 0,
+            Format::OpenMetrics => 1,
+        };
+        // Renders one at a time, too: a burst of scrapes costs one page of memory at a time.
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, page)) = &last[i] {
+            if !page.is_unique() && at.elapsed() < SHARE_FOR {
+                return page.clone();
+            }
+        }
+        let page = Bytes::from((self.render)(format));
+        last[i] = Some((Instant::now(), page.clone()));
+        page
+    }
+}
 
 /// Serves `render` at `http://<addr>/metrics` until `stop` turns true. Returns the address
 /// bound (port 0 picks one) once listening.
@@ -79,16 +123,14 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let pages = Arc::new(Pages {
+        render,
+        last: Mutex::new([None, None]),
+    });
     tokio::spawn(async move {
+        let mut open: VecDeque<tokio::task::JoinHandle<()>> = VecDeque::new();
+        let mut said = false;
         loop {
-            let permit = tokio::select! {
-                p = Arc::clone(&slots).acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-                _ = stopped(&mut stop) => return,
-            };
             let (stream, _) = tokio::select! {
                 a = listener.accept() => match a {
                     Ok(a) => a,
@@ -100,22 +142,37 @@ pub async fn serve(
                 },
                 _ = stopped(&mut stop) => return,
             };
-            let render = Arc::clone(&render);
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let render = Arc::clone(&render);
-                    async move { Ok::<_, Infallible>(answer(&req, &render)) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-                drop(permit);
-            });
+            open.retain(|c| !c.is_finished());
+            if open.len() >= MAX_CONNECTIONS {
+                // The oldest has had the longest to send its request and read its answer; a
+                // scrape takes milliseconds, so it is the one least likely to be one.
+                if let Some(c) = open.pop_front() {
+                    c.abort();
+                }
+                if !said {
+                    log::warn!(
+                        "metrics endpoint: {MAX_CONNECTIONS} connections open; each new one closes the oldest (said once)"
+                    );
+                    said = true;
+                }
+            }
+            open.push_back(tokio::spawn(connection(stream, Arc::clone(&pages))));
         }
     });
     Ok(bound)
+}
+
+/// Serves one request on `stream` within [`CONNECTION_DEADLINE`], then closes it.
+async fn connection(stream: tokio::net::TcpStream, pages: Arc<Pages>) {
+    let svc = hyper::service::service_fn(move |req| {
+        let pages = Arc::clone(&pages);
+        async move { Ok::<_, Infallible>(answer(&req, &pages)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    // Past the deadline the connection is dropped: the socket closed, the page let go.
+    let _ = tokio::time::timeout(CONNECTION_DEADLINE, conn).await;
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).
@@ -123,9 +180,9 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-fn answer(req: &Request<Incoming>, render: &Render) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, ctype: &str, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
+fn answer(req: &Request<Incoming>, pages: &Pages) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, ctype: &str, body: Bytes| {
+        let mut r = Response::new(Full::new(body));
         *r.status_mut() = status;
         if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
             r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
@@ -136,7 +193,7 @@ fn answer(req: &Request<Incoming>, render: &Render) -> Response<Full<Bytes>> {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "GET /metrics\n".into(),
+            Bytes::from_static(b"GET /metrics\n"),
         );
     }
     match req.uri().path() {
@@ -146,10 +203,18 @@ fn answer(req: &Request<Incoming>, render: &Render) -> Response<Full<Bytes>> {
                 .get(hyper::header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
             let format = Format::from_accept(accept);
-            reply(StatusCode::OK, format.content_type(), render(format))
+            reply(StatusCode::OK, format.content_type(), pages.page(format))
         }
-        "/" => reply(StatusCode::OK, "text/plain", "metrics at /metrics\n".into()),
-        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        "/" => reply(
+            StatusCode::OK,
+            "text/plain",
+            Bytes::from_static(b"metrics at /metrics\n"),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"not found\n"),
+        ),
     }
 }
 
@@ -408,6 +473,30 @@ pub fn daemon_render() -> Render {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 42 item 7: clients still being sent a page share it; a page nobody holds is
+    /// rendered afresh.
+    #[test]
+    fn a_page_held_by_slow_clients_is_shared_not_rendered_per_client() {
+        let renders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = Arc::clone(&renders);
+        let pages = Pages {
+            render: Arc::new(move |_| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                format!("page {i}\n").repeat(1000)
+            }),
+            last: Mutex::new([None, None]),
+        };
+        let held: Vec<Bytes> = (0..64).map(|_| pages.page(Format::Text)).collect();
+        assert_eq!(renders.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(held.iter().all(|p| p.as_ptr() == held[0].as_ptr()));
+        // Another format is its own page.
+        assert!(pages.page(Format::OpenMetrics).starts_with(b"page 1\n"));
+        drop(held);
+        // Nobody holds the text page: the next request sees the state of its moment.
+        assert!(pages.page(Format::Text).starts_with(b"page 2\n"));
+        assert!(pages.page(Format::Text).starts_with(b"page 3\n"));
+    }
 
     #[test]
     fn families_render_in_both_formats() {

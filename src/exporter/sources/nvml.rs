@@ -5,8 +5,17 @@
 //! what runs; never a name the dynamic loader would look up in this process's own paths.
 //! Loaded once, at the first poll that needs it, and again after it failed.
 //!
+//! A library that lacks a symbol never panics the exporter. nvml-wrapper looks up each
+//! function when it is called (a missing one is `FailedToLoadSymbol`: that reading is absent,
+//! counted `not-in-library`) except `nvmlShutdown`, which its `Drop` calls unchecked: a panic
+//! where it is absent, an abort (exit 134) in a release build (`panic = "abort"`). So the
+//! symbols without which nothing can be done or undone ([`REQUIRED`]) are looked up before
+//! `nvmlInit` and a library lacking one is refused, uninitialised, in one counted failure;
+//! and [`Loaded`] never lets that `Drop` run without the symbol.
+//!
 //! Ref: NVML API Reference Guide, Device Queries (units: %, bytes, °C, mW, mJ, MHz).
 
+use std::ffi::OsStr;
 use std::os::fd::AsRawFd as _;
 
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
@@ -22,10 +31,45 @@ use super::DeviceRef;
 
 const SOURCE: &str = "nvml";
 
+/// The functions a library must have to be used at all: initialising and shutting it down,
+/// and the two device look-ups every reading goes through. A reading's own function missing
+/// costs that reading only.
+const REQUIRED: [&[u8]; 4] = [
+    b"nvmlInit_v2\0",
+    b"nvmlShutdown\0",
+    b"nvmlDeviceGetHandleByUUID\0",
+    b"nvmlDeviceGetHandleByPciBusId_v2\0",
+];
+
+/// An initialised NVML, shut down when dropped where the library has `nvmlShutdown`. Where it
+/// has not (only if a library changed under [`load`]'s check), the handle is forgotten:
+/// nvml-wrapper's `Drop` would panic, and unloading a library that was initialised and never
+/// shut down could pull its code from under threads it started; one leaked handle is the
+/// sound cost.
+struct Loaded(Option<Nvml>);
+
+impl Loaded {
+    fn get(&self) -> Option<&Nvml> {
+        self.0.as_ref()
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            if n.lib().nvmlShutdown.is_ok() {
+                drop(n);
+            } else {
+                std::mem::forget(n);
+            }
+        }
+    }
+}
+
 /// NVML, once loaded.
 #[derive(Default)]
 pub struct NvmlSource {
-    nvml: Option<Nvml>,
+    nvml: Option<Loaded>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -49,8 +93,21 @@ fn reason(e: &NvmlError) -> Option<&'static str> {
     })
 }
 
+/// The names of the [`REQUIRED`] functions `lib` lacks.
+fn lacking(lib: &libloading::Library) -> Vec<String> {
+    REQUIRED
+        .iter()
+        .filter(|name| {
+            // SAFETY: only the address is looked up, never called, and it does not outlive
+            // `lib`.
+            unsafe { lib.get::<unsafe extern "C" fn()>(name) }.is_err()
+        })
+        .map(|name| String::from_utf8_lossy(&name[..name.len() - 1]).into_owned())
+        .collect()
+}
+
 /// Loads `cfg.library` from `profile`'s driver root.
-fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Nvml, (&'static str, String)> {
+fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Loaded, (&'static str, String)> {
     let stem = cfg.library.split(".so").next().unwrap_or(&cfg.library);
     let cache = crate::ldcache::load(&profile.driver_root).unwrap_or_default();
     let mut resolver = Resolver::new(&profile.driver_root);
@@ -79,10 +136,26 @@ fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Nvml, (&'static str, Stri
         return Err(("not-a-file", format!("{shown}: not a regular file")));
     }
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    Nvml::builder()
-        .lib_path(std::ffi::OsStr::new(&path))
+    // SAFETY: loading runs the library's initialisers, as nvml-wrapper's own load of this
+    // same file does next; held open until then so they run once.
+    let lib = unsafe { libloading::Library::new(OsStr::new(&path)) }
+        .map_err(|e| ("nvml-error", format!("{shown}: {e}")))?;
+    let missing = lacking(&lib);
+    if !missing.is_empty() {
+        return Err((
+            "not-in-library",
+            format!(
+                "{shown} lacks {}: refused, never initialised (not an NVML the exporter can use)",
+                missing.join(", ")
+            ),
+        ));
+    }
+    let nvml = Nvml::builder()
+        .lib_path(OsStr::new(&path))
         .init()
-        .map_err(|e| (reason(&e).unwrap_or("nvml-error"), format!("{shown}: {e}")))
+        .map_err(|e| (reason(&e).unwrap_or("nvml-error"), format!("{shown}: {e}")))?;
+    drop(lib);
+    Ok(Loaded(Some(nvml)))
 }
 
 impl NvmlSource {
@@ -104,7 +177,9 @@ impl NvmlSource {
                 }
             }
         }
-        let Some(nvml) = &self.nvml else { return };
+        let Some(nvml) = self.nvml.as_ref().and_then(Loaded::get) else {
+            return;
+        };
         let mut lost = false;
         for (dev, readings) in devs.iter().zip(out.iter_mut()) {
             let handle = match (dev.uuid, dev.pci_bus_id) {
