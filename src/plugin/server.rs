@@ -42,6 +42,8 @@ pub enum PluginError {
     Cdi(#[from] CdiError),
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error(transparent)]
+    SocketDir(#[from] crate::kubelet::socket::DirTooLong),
 }
 
 #[derive(Debug, Clone)]
@@ -311,6 +313,7 @@ pub async fn run(
             plugin.cdi = cdi.then(|| opts.cdi_target());
             plugin.host_root = opts.host_root.clone();
             plugin.instance = opts.instance.clone();
+            plugin.place_socket(&opts.kubelet_dir)?;
             plugins.push((Arc::new(plugin), rx));
         }
     }
