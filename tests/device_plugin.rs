@@ -896,6 +896,10 @@ impl PluginProcess {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    fn signal(&self, sig: &str) {
+        common::sh_ok(std::process::Command::new("kill").args([sig, &self.child.id().to_string()]));
+    }
 }
 
 impl Drop for PluginProcess {
@@ -1008,5 +1012,64 @@ fn a_plugin_socket_path_that_fits_bound_through_a_path_that_does_not() {
         let shown = String::from_utf8_lossy(dir.as_os_str().as_bytes()).into_owned();
         assert!(log.contains(&shown) && log.contains("too long"), "{log}");
         assert_eq!(kubelet.count(), 2, "{log}");
+    });
+}
+
+/// Issue 42, item 10: the old instance of an upgrade stood aside for any newer instance's
+/// socket file, also one a dead instance left (bound, its process gone), and the resource
+/// went unserved for good. It stands aside only for a newer instance that answers, and
+/// takes the resource back when that one stops answering (stopped: its socket still takes
+/// connections, nothing answers on them). Both instances are the real binary.
+#[test]
+fn the_old_instance_stands_aside_only_for_a_newer_one_that_answers() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let old_name = "accel-enflame-com-gcu@0ld-pod-uid.sock";
+        let new_name = "accel-enflame-com-gcu@new-pod-uid.sock";
+        let old = PluginProcess::spawn(scratch.path(), kubelet.dir(), "0ld-pod-uid");
+        wait_registration(&kubelet, 0, Duration::from_secs(10), &[&old]).await;
+        kubelet.updates.recv().await.unwrap();
+
+        // A newer instance's socket left by a process gone; kubelet ends the old one's stream.
+        let stale = kubelet
+            .dir()
+            .join("accel-enflame-com-gcu@dead-pod-uid.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        drop(kubelet.drop_stream.lock().unwrap().take());
+        wait_registration(&kubelet, 1, Duration::from_secs(10), &[&old]).await;
+        assert_eq!(endpoints(&kubelet), [old_name, old_name]);
+
+        // A live newer instance: it registers, and the old one stands aside.
+        let new = PluginProcess::spawn(scratch.path(), kubelet.dir(), "new-pod-uid");
+        wait_registration(&kubelet, 2, Duration::from_secs(10), &[&old, &new]).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            endpoints(&kubelet),
+            [old_name, old_name, new_name],
+            "{}",
+            old.log()
+        );
+
+        // The newer one stops answering: the old one registers again.
+        new.signal("-STOP");
+        let t = Instant::now();
+        wait_registration(&kubelet, 3, Duration::from_secs(10), &[&old]).await;
+        eprintln!(
+            "the old instance took over {:?} after the newer stopped",
+            t.elapsed()
+        );
+        assert_eq!(endpoints(&kubelet)[3], old_name);
+        // Gone for good, its socket left behind: the old one keeps the resource.
+        new.signal("-KILL");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(kubelet.count(), 4, "{}", old.log());
+        assert!(kubelet.dir().join(new_name).exists());
+        let ch = grpc::connect(&kubelet.dir().join(old_name), "localhost")
+            .await
+            .unwrap();
+        assert!(grpc::get_options(&ch).await.is_ok());
     });
 }
