@@ -865,3 +865,211 @@ fn allocate_answers_give_exactly_those_devices_through_runtime_and_runc() {
         assert_enflame_1_3(&r, &format!("{strategy:?}: "));
     }
 }
+
+/// `accel-device-plugin` as its DaemonSet runs it: `--kubelet-dir` and `--instance` given,
+/// POD_UID unset, the config of `scratch`, its log kept in a file; killed on drop.
+struct PluginProcess {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl PluginProcess {
+    fn spawn(scratch: &Path, kubelet_dir: &Path, instance: &str) -> PluginProcess {
+        let log = scratch.join(format!("plugin-{instance}.log"));
+        let child = std::process::Command::new(binary(env!("CARGO_BIN_EXE_accel-device-plugin")))
+            .arg("--kubelet-dir")
+            .arg(kubelet_dir)
+            .args(["--instance", instance])
+            .env(
+                "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                scratch.join("config.toml"),
+            )
+            .env_remove("POD_UID")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        PluginProcess { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: &str) {
+        common::sh_ok(std::process::Command::new("kill").args([sig, &self.child.id().to_string()]));
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The endpoints kubelet was given, in order.
+fn endpoints(kubelet: &Kubelet) -> Vec<String> {
+    kubelet
+        .registrations
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.endpoint.clone())
+        .collect()
+}
+
+/// Registration `n` (0-based) within `limit`, with the logs of `plugins` when it does not come.
+async fn wait_registration(
+    kubelet: &Kubelet,
+    n: usize,
+    limit: Duration,
+    plugins: &[&PluginProcess],
+) {
+    let t = Instant::now();
+    while kubelet.count() <= n {
+        if t.elapsed() > limit {
+            let logs: Vec<String> = plugins.iter().map(|p| p.log()).collect();
+            panic!(
+                "no registration {} within {limit:?}; endpoints {:?}; logs:\n{}",
+                n + 1,
+                endpoints(kubelet),
+                logs.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 42, item 1: a kubelet root a few characters longer than `/var/lib/kubelet` (k0s'
+/// and other distributions') makes the plugin's socket path 100-107 bytes: it fits a socket
+/// address (108 bytes with the NUL), but the socket was bound under `.<name>.<pid>.tmp`
+/// beside it, which does not, and the plugin never served. Here the path is 107 bytes; an
+/// instance name that does not fit is hashed; where no name fits, the plugin exits naming
+/// the directory.
+#[test]
+fn a_plugin_socket_path_that_fits_bound_through_a_path_that_does_not() {
+    use std::os::unix::ffi::OsStrExt;
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    let uid = "6b1f3c2e-0d4a-4c8e-9f7a-1a2b3c4d5e6f";
+    let name = format!("accel-enflame-com-gcu@{uid}.sock");
+    // kubelet's directory under a longer name: a link to the stand-in's.
+    let links = tempfile::tempdir().unwrap();
+    let name_len = name.len();
+    let pad = |extra: usize| {
+        let n = 107 - name_len - 1 - links.path().as_os_str().len() - 1 + extra;
+        links.path().join("k".repeat(n))
+    };
+    rt().block_on(async move {
+        let kubelet = Kubelet::started();
+        let dir = pad(0);
+        std::os::unix::fs::symlink(kubelet.dir(), &dir).unwrap();
+        assert_eq!(dir.join(&name).as_os_str().len(), 107);
+        let plugin = PluginProcess::spawn(scratch.path(), &dir, uid);
+        wait_registration(&kubelet, 0, Duration::from_secs(10), &[&plugin]).await;
+        assert_eq!(endpoints(&kubelet), [name.as_str()]);
+        let ch = grpc::connect(&kubelet.dir().join(&name), "localhost")
+            .await
+            .unwrap();
+        assert!(grpc::get_options(&ch).await.is_ok());
+        drop(plugin);
+
+        // 10 bytes longer: the instance does not fit, its hash does.
+        let dir = pad(10);
+        std::os::unix::fs::symlink(kubelet.dir(), &dir).unwrap();
+        let plugin = PluginProcess::spawn(scratch.path(), &dir, uid);
+        wait_registration(&kubelet, 1, Duration::from_secs(10), &[&plugin]).await;
+        let hashed = endpoints(&kubelet)[1].clone();
+        assert!(
+            hashed.starts_with("accel-enflame-com-gcu@") && !hashed.contains(uid),
+            "{hashed}"
+        );
+        assert!(dir.join(&hashed).as_os_str().len() <= 107);
+        drop(plugin);
+
+        // 50 bytes longer: no name fits; the plugin says which directory is too long.
+        let dir = pad(50);
+        std::os::unix::fs::symlink(kubelet.dir(), &dir).unwrap();
+        let mut plugin = PluginProcess::spawn(scratch.path(), &dir, uid);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = plugin.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "still running 10 s on with no socket name that fits:\n{}",
+                plugin.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let log = plugin.log();
+        assert!(!status.success(), "{log}");
+        eprintln!("no name fits: {}", log.trim_end());
+        let shown = String::from_utf8_lossy(dir.as_os_str().as_bytes()).into_owned();
+        assert!(log.contains(&shown) && log.contains("too long"), "{log}");
+        assert_eq!(kubelet.count(), 2, "{log}");
+    });
+}
+
+/// Issue 42, item 10: the old instance of an upgrade stood aside for any newer instance's
+/// socket file, also one a dead instance left (bound, its process gone), and the resource
+/// went unserved for good. It stands aside only for a newer instance that answers, and
+/// takes the resource back when that one stops answering (stopped: its socket still takes
+/// connections, nothing answers on them). Both instances are the real binary.
+#[test]
+fn the_old_instance_stands_aside_only_for_a_newer_one_that_answers() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let old_name = "accel-enflame-com-gcu@0ld-pod-uid.sock";
+        let new_name = "accel-enflame-com-gcu@new-pod-uid.sock";
+        let old = PluginProcess::spawn(scratch.path(), kubelet.dir(), "0ld-pod-uid");
+        wait_registration(&kubelet, 0, Duration::from_secs(10), &[&old]).await;
+        kubelet.updates.recv().await.unwrap();
+
+        // A newer instance's socket left by a process gone; kubelet ends the old one's stream.
+        let stale = kubelet
+            .dir()
+            .join("accel-enflame-com-gcu@dead-pod-uid.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        drop(kubelet.drop_stream.lock().unwrap().take());
+        wait_registration(&kubelet, 1, Duration::from_secs(10), &[&old]).await;
+        assert_eq!(endpoints(&kubelet), [old_name, old_name]);
+
+        // A live newer instance: it registers, and the old one stands aside.
+        let new = PluginProcess::spawn(scratch.path(), kubelet.dir(), "new-pod-uid");
+        wait_registration(&kubelet, 2, Duration::from_secs(10), &[&old, &new]).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            endpoints(&kubelet),
+            [old_name, old_name, new_name],
+            "{}",
+            old.log()
+        );
+
+        // The newer one stops answering: the old one registers again.
+        new.signal("-STOP");
+        let t = Instant::now();
+        wait_registration(&kubelet, 3, Duration::from_secs(10), &[&old]).await;
+        eprintln!(
+            "the old instance took over {:?} after the newer stopped",
+            t.elapsed()
+        );
+        assert_eq!(endpoints(&kubelet)[3], old_name);
+        // Gone for good, its socket left behind: the old one keeps the resource.
+        new.signal("-KILL");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(kubelet.count(), 4, "{}", old.log());
+        assert!(kubelet.dir().join(new_name).exists());
+        let ch = grpc::connect(&kubelet.dir().join(old_name), "localhost")
+            .await
+            .unwrap();
+        assert!(grpc::get_options(&ch).await.is_ok());
+    });
+}

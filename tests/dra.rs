@@ -556,12 +556,12 @@ fn a_rolling_updates_two_instances_keep_one_set_of_claims() {
     rt().block_on(async {
         let old = Driver::start_with(&cfg, &api, dir, old_opts.clone());
         wait_slices(&api, "publish", |s| !s.is_empty()).await;
-        let (old_info, old_ch) = register(&socket_paths(&old_opts, DRIVER).1).await;
+        let (old_info, old_ch) = register(&socket_paths(&old_opts, DRIVER).unwrap().1).await;
         let a = prepare(&old_ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
         assert_eq!(a.claims[&uid(1)].error, "");
 
         let new = Driver::start_with(&cfg, &api, tempfile::tempdir().unwrap(), new_opts.clone());
-        let (new_info, new_ch) = register(&socket_paths(&new_opts, DRIVER).1).await;
+        let (new_info, new_ch) = register(&socket_paths(&new_opts, DRIVER).unwrap().1).await;
         assert_eq!(new_info.name, old_info.name);
         assert_ne!(new_info.endpoint, old_info.endpoint);
         // The old one's claim is the new one's to keep others off.
@@ -596,12 +596,16 @@ fn a_rolling_updates_two_instances_keep_one_set_of_claims() {
         let _dir = old.stop().await;
         for p in [
             &old_info.endpoint,
-            &socket_paths(&old_opts, DRIVER).1.display().to_string(),
+            &socket_paths(&old_opts, DRIVER)
+                .unwrap()
+                .1
+                .display()
+                .to_string(),
         ] {
             assert!(!std::path::Path::new(p).exists(), "{p} left behind");
         }
         assert!(std::path::Path::new(&new_info.endpoint).exists());
-        assert!(socket_paths(&new_opts, DRIVER).1.exists());
+        assert!(socket_paths(&new_opts, DRIVER).unwrap().1.exists());
         assert!(
             api.requests()[writes_before..]
                 .iter()
@@ -1181,4 +1185,154 @@ mod selectors {
         assert!(selects(&ex[3], &yes));
         assert!(!selects(&ex[3], &amd("1002-74a1", 64 << 30, "pci0000:80")));
     }
+}
+
+/// `accel-dra-driver` started with kubelet's registry and plugins directories under `root`
+/// and `instance`, against the stand-in API server; its log kept in a file, killed on drop.
+struct DriverProcess {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl DriverProcess {
+    fn spawn(
+        scratch: &std::path::Path,
+        api: &ApiServer,
+        root: &std::path::Path,
+        instance: &str,
+    ) -> Self {
+        let kubeconfig = scratch.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: {}\n\
+                 contexts:\n- name: s\n  context:\n    cluster: s\n    user: s\n\
+                 current-context: s\nusers:\n- name: s\n  user: {{}}\n",
+                api.url
+            ),
+        )
+        .unwrap();
+        let log = scratch.join("driver.log");
+        let child =
+            std::process::Command::new(common::binary(env!("CARGO_BIN_EXE_accel-dra-driver")))
+                .args([
+                    "--node-name",
+                    NODE,
+                    "--poll-seconds",
+                    "0.1",
+                    "--instance",
+                    instance,
+                ])
+                .arg("--registry-dir")
+                .arg(root.join("plugins_registry"))
+                .arg("--plugins-dir")
+                .arg(root.join("plugins"))
+                .arg("--cdi-dir")
+                .arg(scratch.join("cdi"))
+                .arg("--state-dir")
+                .arg(scratch.join("state"))
+                .env(
+                    "ACCEL_CONTAINER_RUNTIME_CONFIG",
+                    scratch.join("config.toml"),
+                )
+                .env("KUBECONFIG", &kubeconfig)
+                .env_remove("POD_UID")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+        DriverProcess { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The one file `dir` holds once there (20 s at most, or until the driver exits).
+    fn wait_file(&mut self, dir: &std::path::Path) -> PathBuf {
+        let start = std::time::Instant::now();
+        loop {
+            let found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map(|d| d.map(|e| e.unwrap().path()).collect())
+                .unwrap_or_default();
+            if let [one] = &found[..] {
+                return one.clone();
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("accel-dra-driver exited ({status}):\n{}", self.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{} holds {found:?} after 20 s:\n{}",
+                dir.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DriverProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 42, item 1: a kubelet root dir a few characters longer than `/var/lib/kubelet` (as
+/// k0s and other distributions have it) makes the registration socket's path 100-107 bytes:
+/// it fits a socket address (108 bytes with the NUL), but it was bound under
+/// `.<name>.<pid>.tmp` beside it, which does not, and the driver exited at start. Here the
+/// real driver, a pod UID for instance (too long to fit: hashed), the registration socket's
+/// path exactly 107 bytes: registered and serving. With a root no name fits under, it exits
+/// naming the directory.
+#[test]
+fn socket_paths_that_fit_bound_through_a_path_that_does_not() {
+    use std::os::unix::ffi::OsStrExt;
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.put_claim("ns", "a", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
+    let base = tempfile::tempdir().unwrap();
+    // `<root>/plugins_registry/gcu.enflame.com-<16 hex digits>-reg.sock`: 60 bytes and the
+    // root's name.
+    let root = |extra: usize| {
+        let n = 107 - 60 - base.path().as_os_str().len() + extra;
+        base.path().join("k".repeat(n))
+    };
+    let uid = "6b1f3c2e-0d4a-4c8e-9f7a-1a2b3c4d5e6f";
+    let at = root(0);
+    let mut drv = DriverProcess::spawn(scratch.path(), &api, &at, uid);
+    let reg = drv.wait_file(&at.join("plugins_registry"));
+    assert_eq!(reg.as_os_str().len(), 107, "{}", reg.display());
+    rt().block_on(async {
+        let (info, ch) = register(&reg).await;
+        assert!(info.endpoint.len() <= 107, "{}", info.endpoint);
+        let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", UID_A)]).await;
+        assert_eq!(r.claims[UID_A].error, "", "{}", drv.log());
+    });
+    drop(drv);
+
+    // No name fits: the driver says which directory is too long.
+    let at = root(40);
+    let mut drv = DriverProcess::spawn(scratch.path(), &api, &at, uid);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = drv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still running with no socket name that fits:\n{}",
+            drv.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = drv.log();
+    assert!(!status.success(), "{log}");
+    eprintln!("no name fits: {}", log.trim_end());
+    let shown = String::from_utf8_lossy(at.as_os_str().as_bytes()).into_owned();
+    assert!(log.contains(&shown) && log.contains("too long"), "{log}");
 }

@@ -37,7 +37,7 @@ struct Args {
     host_root: PathBuf,
     /// This instance's name, where an upgrade runs two at once (default: the variable POD_UID,
     /// which the DaemonSet sets from metadata.uid): its socket carries it, and the older
-    /// instance stops registering once the newer serves.
+    /// instance does not register while the newer answers.
     #[arg(long)]
     instance: Option<String>,
     /// Seconds between health polls (inotify reports changes at once; this is the fallback).

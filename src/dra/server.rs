@@ -32,7 +32,7 @@ use crate::kubelet::proto::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, DRA_PLUGIN_TYPE,
     PLUGINS_DIR, PLUGINS_REGISTRY,
 };
-use crate::kubelet::socket::{self, Serving};
+use crate::kubelet::socket::{self, DirTooLong, Serving};
 use crate::profile::Profile;
 
 use super::claims::{ClaimRef, Claims, Prepared};
@@ -66,6 +66,8 @@ pub enum DraError {
     },
     #[error("{0}")]
     Name(String),
+    #[error(transparent)]
+    SocketDir(#[from] DirTooLong),
     #[error("cannot open the claim records in {}: {source}", path.display())]
     State {
         path: PathBuf,
@@ -101,40 +103,25 @@ pub struct Options {
     pub instance: Option<String>,
 }
 
-/// A unix socket's path must fit `sockaddr_un` (108 bytes with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
-
 /// The DRA socket and the registration socket of `driver`'s instance: `dra.sock` and
 /// `<driver>-reg.sock`, or with an instance `dra-<instance>.sock` and
 /// `<driver>-<instance>-reg.sock` (as kubelet's rolling-update helper names them), the
-/// instance replaced by a hash of it where the path would not fit a socket address.
-pub fn socket_paths(opts: &Options, driver: &str) -> (PathBuf, PathBuf) {
-    let dir = opts.plugins_dir.join(driver);
-    let Some(instance) = opts.instance.as_deref() else {
-        return (
-            dir.join("dra.sock"),
-            opts.registry_dir.join(format!("{driver}-reg.sock")),
-        );
-    };
-    let fits = |p: &Path| p.as_os_str().len() <= MAX_SOCKET_PATH;
-    let short = format!(
-        "{:016x}",
-        instance.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
-    );
-    let pick = |make: &dyn Fn(&str) -> PathBuf| {
-        let p = make(instance);
-        if fits(&p) {
-            p
-        } else {
-            make(&short)
-        }
-    };
-    (
-        pick(&|i| dir.join(format!("dra-{i}.sock"))),
-        pick(&|i| opts.registry_dir.join(format!("{driver}-{i}-reg.sock"))),
-    )
+/// instance replaced by a hash of it where the path would not fit a socket address; an
+/// error naming the directory where no name fits.
+pub fn socket_paths(opts: &Options, driver: &str) -> Result<(PathBuf, PathBuf), DirTooLong> {
+    let dra = socket::place(
+        &opts.plugins_dir.join(driver),
+        opts.instance.as_deref(),
+        |i| match i {
+            None => "dra.sock".into(),
+            Some(i) => format!("dra-{i}.sock"),
+        },
+    )?;
+    let reg = socket::place(&opts.registry_dir, opts.instance.as_deref(), |i| match i {
+        None => format!("{driver}-reg.sock"),
+        Some(i) => format!("{driver}-{i}-reg.sock"),
+    })?;
+    Ok((dra, reg))
 }
 
 impl Options {
@@ -191,7 +178,7 @@ impl Driver {
             source,
         })?;
         Ok(Driver {
-            endpoint: socket_paths(opts, &name).0,
+            endpoint: socket_paths(opts, &name)?.0,
             profile,
             name,
             claims,
@@ -607,7 +594,7 @@ pub fn start(
     .add_service(
         health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(served.clone()),
     );
-    let reg = socket_paths(opts, &driver.name).1;
+    let reg = socket_paths(opts, &driver.name)?.1;
     for path in [&driver.endpoint, &reg] {
         if let Some(dir) = path.parent() {
             crate::atomic::make_dirs(dir).map_err(listen(path))?;

@@ -13,9 +13,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::kubelet::host_root::HostRoot;
 use crate::kubelet::inventory;
+use crate::kubelet::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use crate::kubelet::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::kubelet::proto::deviceplugin::registration_client::RegistrationClient;
-use crate::kubelet::proto::deviceplugin::{RegisterRequest, KUBELET_SOCKET, VERSION};
+use crate::kubelet::proto::deviceplugin::{Empty, RegisterRequest, KUBELET_SOCKET, VERSION};
 use crate::kubelet::socket::{self, Serving};
 use crate::profile::Profile;
 
@@ -42,6 +43,8 @@ pub enum PluginError {
     Cdi(#[from] CdiError),
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error(transparent)]
+    SocketDir(#[from] crate::kubelet::socket::DirTooLong),
 }
 
 #[derive(Debug, Clone)]
@@ -62,8 +65,8 @@ pub struct Options {
     /// Where the host's `/` is in this container (see `host_root`).
     pub host_root: HostRoot,
     /// This instance's name (the pod's UID under the DaemonSet), where an upgrade runs two
-    /// at once: each serves its own socket, and the older stops registering once the newer
-    /// serves.
+    /// at once: each serves its own socket, and the older does not register while a newer
+    /// one answers on its socket.
     pub instance: Option<String>,
 }
 
@@ -144,23 +147,30 @@ async fn manage(
     loop {
         // A newer instance of this plugin serving the resource (an upgrade's new pod): kubelet
         // took its registration and ended ours; registering again would take it back, and the
-        // two would trade it for as long as both run. Ours waits while that one serves.
-        if let Some(newer) = newer_instance(&opts.kubelet_dir, &plugin, &path) {
+        // two would trade it for as long as both run. Ours waits while that one answers, and
+        // takes the resource back when it stops (a socket a dead instance left is no reason).
+        if let Some(newer) = newer_instance(&opts.kubelet_dir, &plugin, &path).await {
             if !yielded {
                 log::info!(
-                    "{}: a newer instance serves it ({newer}); not registering again while it does",
+                    "{}: a newer instance serves it ({newer}); not registering again while it answers",
                     plugin.resource
                 );
                 yielded = true;
             }
             tokio::select! {
-                _ = tokio::time::sleep(opts.max_backoff.min(Duration::from_secs(5))) => {}
+                _ = tokio::time::sleep(opts.max_backoff.min(RECHECK)) => {}
                 ev = events.recv() => if ev.is_none() { return stop(server, &path) },
                 _ = shutdown.wait_for(|s| *s) => return stop(server, &path),
             }
             continue;
         }
-        yielded = false;
+        if yielded {
+            log::info!(
+                "{}: no newer instance answers any more; registering again",
+                plugin.resource
+            );
+            yielded = false;
+        }
         if server
             .as_ref()
             .is_none_or(|s| s.id.is_none() || s.id != FileId::of(&path))
@@ -241,16 +251,40 @@ async fn manage(
     }
 }
 
-/// The socket of another instance of `plugin` in kubelet's directory made after ours (`own`),
-/// by its name; `None` when there is none, or ours is not served yet.
-fn newer_instance(dir: &Path, plugin: &Plugin, own: &Path) -> Option<String> {
+/// How often an instance standing aside looks whether the newer one still answers.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// How long a newer instance has to answer: a stopped process's socket still takes
+/// connections, and nothing answers on them.
+const ANSWER: Duration = Duration::from_secs(1);
+
+/// Another instance of `plugin` in kubelet's directory, its socket made after ours (`own`),
+/// that answers GetDevicePluginOptions within [`ANSWER`], by its socket's name; `None` when
+/// there is none, or ours is not served yet.
+async fn newer_instance(dir: &Path, plugin: &Plugin, own: &Path) -> Option<String> {
+    for name in newer_sockets(dir, plugin, own) {
+        if answers(&dir.join(&name)).await {
+            return Some(name);
+        }
+    }
+    None
+}
+
+/// The sockets of other instances of `plugin` in `dir` made after ours (`own`), by name.
+fn newer_sockets(dir: &Path, plugin: &Plugin, own: &Path) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
-    plugin.instance.as_ref()?;
-    let mine = std::fs::symlink_metadata(own).ok()?;
+    if plugin.instance.is_none() {
+        return Vec::new();
+    }
+    let (Ok(mine), Some(own_name), Ok(entries)) = (
+        std::fs::symlink_metadata(own),
+        own.file_name(),
+        std::fs::read_dir(dir),
+    ) else {
+        return Vec::new();
+    };
     let base = plugin.socket_base();
-    let own_name = own.file_name()?;
-    std::fs::read_dir(dir)
-        .ok()?
+    entries
         .filter_map(Result::ok)
         .filter(|e| e.file_name() != own_name)
         .filter(|e| {
@@ -268,7 +302,21 @@ fn newer_instance(dir: &Path, plugin: &Plugin, own: &Path) -> Option<String> {
             })
         })
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .next()
+        .collect()
+}
+
+/// Whether a device plugin answers on `socket` within [`ANSWER`].
+async fn answers(socket: &Path) -> bool {
+    let call = async {
+        let ch = crate::kubelet::client::connect(socket, "localhost")
+            .await
+            .ok()?;
+        DevicePluginClient::new(ch)
+            .get_device_plugin_options(Empty {})
+            .await
+            .ok()
+    };
+    matches!(tokio::time::timeout(ANSWER, call).await, Ok(Some(_)))
 }
 
 /// Stops the server; its socket goes with it unless a newer plugin took the name since.
@@ -311,6 +359,7 @@ pub async fn run(
             plugin.cdi = cdi.then(|| opts.cdi_target());
             plugin.host_root = opts.host_root.clone();
             plugin.instance = opts.instance.clone();
+            plugin.place_socket(&opts.kubelet_dir)?;
             plugins.push((Arc::new(plugin), rx));
         }
     }

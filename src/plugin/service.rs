@@ -5,6 +5,7 @@
 //! Requests are bounded by the device table: IDs the plugin does not offer are refused or left
 //! out before any work that grows with them.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +16,7 @@ use crate::kubelet::host_root::HostRoot;
 use crate::kubelet::inventory;
 use crate::kubelet::proto::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::kubelet::proto::deviceplugin::*;
+use crate::kubelet::socket::DirTooLong;
 use crate::profile::Profile;
 
 use super::allocate::{allocate, AllocateError, Strategy};
@@ -97,8 +99,10 @@ pub struct Plugin {
     /// Where the CDI spec the `cdi-*` answers name is kept current (None: not written).
     pub(super) cdi: Option<CdiTarget>,
     pub(super) host_root: HostRoot,
-    /// This instance's name, where two may run at once ([`Plugin::socket_name`]).
+    /// This instance's name, where two may run at once ([`Plugin::place_socket`]).
     pub(super) instance: Option<String>,
+    /// The socket's name in kubelet's directory.
+    socket: String,
     /// The last re-discovery error logged, so a lasting one is logged once.
     last_error: Mutex<Option<String>>,
 }
@@ -145,7 +149,7 @@ impl Plugin {
             .map(|d| inventory::healthy(&profile, &d.dev))
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
-        let plugin = Plugin {
+        let mut plugin = Plugin {
             resource: offer.resource.clone(),
             profile,
             strategies,
@@ -160,8 +164,10 @@ impl Plugin {
             cdi: None,
             host_root: HostRoot::default(),
             instance: None,
+            socket: String::new(),
             last_error: Mutex::new(None),
         };
+        plugin.socket = format!("{}.sock", plugin.socket_base());
         (plugin, rx)
     }
 
@@ -183,24 +189,28 @@ impl Plugin {
         }
     }
 
-    /// The socket's name in kubelet's directory.
-    ///
-    /// With an instance name (the pod's UID: two pods of one DaemonSet run at once during an
-    /// upgrade), `accel-<resource>@<instance>.sock`, so neither takes the other's socket;
-    /// the instance is hashed where the name would not fit a socket address in kubelet's
-    /// directory.
+    /// The socket's name in kubelet's directory (`accel-<resource>.sock` until
+    /// [`Plugin::place_socket`]).
     pub fn socket_name(&self) -> String {
+        self.socket.clone()
+    }
+
+    /// Names the socket for kubelet's directory `dir`: with an instance name (the pod's UID:
+    /// two pods of one DaemonSet run at once during an upgrade),
+    /// `accel-<resource>@<instance>.sock`, so neither takes the other's socket; the instance
+    /// hashed where the path would not fit a socket address, an error where nothing fits.
+    pub fn place_socket(&mut self, dir: &Path) -> Result<(), DirTooLong> {
         let base = self.socket_base();
-        match &self.instance {
+        let path = crate::kubelet::socket::place(dir, self.instance.as_deref(), |i| match i {
             None => format!("{base}.sock"),
-            Some(i) if base.len() + i.len() <= 64 => format!("{base}@{i}.sock"),
-            Some(i) => format!(
-                "{base}@{:016x}.sock",
-                i.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-                })
-            ),
-        }
+            Some(i) => format!("{base}@{i}.sock"),
+        })?;
+        self.socket = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        Ok(())
     }
 
     /// What every instance's socket for this resource is named from (`accel-<resource>`).
