@@ -489,17 +489,29 @@ fn rdev(r: u64) -> String {
 }
 
 /// What `dev` is now: each node resolved beneath dev-root as the runtime resolves it, with
-/// its device number, and discovery's PCI bus id and UUID.
+/// its device number, discovery's PCI bus id and UUID, and where its first node's device sits
+/// in sysfs.
 pub fn identity_of(profile: &Profile, dev: &DraDevice) -> Result<Identity, String> {
     let root = crate::discovery::DevRoot::new(profile);
     let mut rdevs = Vec::new();
+    let mut first = None;
     for n in &dev.dev.nodes {
         let (_, st) = root.host_node(&n.path, true).map_err(|e| e.to_string())?;
+        first.get_or_insert(st.st_rdev);
         rdevs.push(rdev(st.st_rdev));
     }
+    let sysfs = first.and_then(|r| {
+        let root = crate::inroot::Root::open(&profile.driver_root).ok()?;
+        crate::topology::sysfs_path_of_char_device(
+            &root,
+            nix::sys::stat::major(r),
+            nix::sys::stat::minor(r),
+        )
+    });
     Ok(Identity {
         rdevs,
         pci_bus_id: dev.dev.pci_bus_id.clone(),
         uuid: dev.dev.uuid.clone(),
+        sysfs,
     })
 }

@@ -15,7 +15,8 @@
 //!
 //! A device is what it is, not the name it goes by: each record keeps, per device, what the
 //! device was when prepared ([`Identity`]) and the boot it was prepared in, and two devices
-//! are one by identity ([`Identity::same`]), not by name.
+//! are one by identity, not by name: within one boot the same PCI function or a node in
+//! common; across a reboot, what survives one ([`Identity::across_boots`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -89,17 +90,61 @@ pub struct Identity {
     /// The vendor's UUID, where discovery found it unique on the node.
     #[serde(default)]
     pub uuid: Option<String>,
+    /// Where the device sits in sysfs (`devices/pci0000:00/0000:00:01.0/0000:03:00.0`), as
+    /// its first node's `/sys/dev/char` link says, where the kernel has one: the slot, which
+    /// a reboot keeps, not the class device's name, which a probe hands out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sysfs: Option<String>,
 }
 
 impl Identity {
-    /// Whether `self` and `other` are one device: the same PCI function where both know
-    /// theirs (it survives reboots and driver reloads); else, only within one boot, a node in
-    /// common (minors are handed out again at every driver load).
-    pub fn same(&self, other: &Identity, same_boot: bool) -> bool {
+    /// Whether `self` and `other`, both of one boot, are one device: the same PCI function
+    /// where both know theirs, else a node in common.
+    pub fn same_now(&self, other: &Identity) -> bool {
         if let (Some(a), Some(b)) = (&self.pci_bus_id, &other.pci_bus_id) {
             return a.eq_ignore_ascii_case(b);
         }
-        same_boot && self.rdevs.iter().any(|r| other.rdevs.contains(r))
+        self.rdevs.iter().any(|r| other.rdevs.contains(r))
+    }
+
+    /// Whether `self`, of an earlier boot, and `other` are one device, by what survives a
+    /// reboot: the PCI function, the vendor's UUID and the sysfs path, each where both know
+    /// it, must all agree; where none is known to both, the nodes' numbers, only when every
+    /// node's major is one the vendor fixes (`fixed_majors`: the profile's `device-majors`;
+    /// a dynamic major and the minors under it are handed out again at each driver load).
+    /// `None` when nothing that survives is known to both: the name is then all there is.
+    pub fn across_boots(&self, other: &Identity, fixed_majors: &[u64]) -> Option<bool> {
+        let both = |a: &Option<String>, b: &Option<String>| {
+            a.as_deref()
+                .zip(b.as_deref())
+                .map(|(a, b)| a.eq_ignore_ascii_case(b))
+        };
+        let said: Vec<bool> = [
+            both(&self.pci_bus_id, &other.pci_bus_id),
+            both(&self.uuid, &other.uuid),
+            both(&self.sysfs, &other.sysfs),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !said.is_empty() {
+            return Some(said.iter().all(|s| *s));
+        }
+        let fixed = |i: &Identity| {
+            !i.rdevs.is_empty()
+                && i.rdevs.iter().all(|r| {
+                    r.split_once(':')
+                        .and_then(|(m, _)| m.parse::<u64>().ok())
+                        .is_some_and(|m| fixed_majors.contains(&m))
+                })
+        };
+        (fixed(self) && fixed(other)).then(|| {
+            let mut a = self.rdevs.clone();
+            let mut b = other.rdevs.clone();
+            a.sort();
+            b.sort();
+            a == b
+        })
     }
 }
 
@@ -111,6 +156,9 @@ impl std::fmt::Display for Identity {
         }
         if let Some(u) = &self.uuid {
             write!(f, ", UUID {u}")?;
+        }
+        if let Some(p) = &self.sysfs {
+            write!(f, ", sysfs {p}")?;
         }
         Ok(())
     }
@@ -515,7 +563,7 @@ pub fn decide<'t>(
         }
     }
     if let Some(rec) = disk.records.get(&r.uid) {
-        check_again(rec, &devices, node.boot_id).map_err(|why| refuse(*why))?;
+        check_again(&node, rec, &devices).map_err(|why| refuse(*why))?;
         if rec.devices == devices && rec.same_boot(node.boot_id) && disk.spec_in_place {
             return Ok(Plan {
                 devices,
@@ -537,10 +585,7 @@ pub fn decide<'t>(
                 other
                     .devices
                     .iter()
-                    .filter(|d| {
-                        !d.admin_access
-                            && d.identity.as_ref().is_some_and(|x| x.same(mine, same_boot))
-                    })
+                    .filter(|d| !d.admin_access && one_device(&node, d, p, same_boot))
                     .map(|d| (&other.claim, d)),
             );
         }
@@ -548,11 +593,7 @@ pub fn decide<'t>(
             devices
                 .iter()
                 .enumerate()
-                .filter(|&(j, d)| {
-                    j != i
-                        && !d.admin_access
-                        && d.identity.as_ref().is_some_and(|x| x.same(mine, true))
-                })
+                .filter(|&(j, d)| j != i && !d.admin_access && one_device(&node, d, p, true))
                 .map(|(_, d)| (r, d)),
         );
         let totals = node
@@ -570,28 +611,47 @@ pub fn decide<'t>(
     })
 }
 
+/// Whether `was` (prepared in this boot, or in an earlier one: `same_boot`) and `now` are
+/// one device: within one boot by identity ([`Identity::same_now`]); across a reboot by what
+/// survives one ([`Identity::across_boots`]), and where nothing that does is known to both,
+/// by the physical device their names stand for (a device known by its node alone is its
+/// name: a GCU whose driver makes `/dev/gcu1` by hand).
+fn one_device(node: &Node, was: &Prepared, now: &Prepared, same_boot: bool) -> bool {
+    let (Some(a), Some(b)) = (&was.identity, &now.identity) else {
+        return false;
+    };
+    if same_boot {
+        return a.same_now(b);
+    }
+    a.across_boots(b, &node.profile.device_majors)
+        .unwrap_or_else(|| {
+            let parent = |name: &str| {
+                node.offers
+                    .iter()
+                    .find(|o| o.name == name)
+                    .map(|o| o.parent.name.as_str())
+            };
+            parent(&was.device).is_some_and(|p| Some(p) == parent(&now.device))
+        })
+}
+
 /// A claim prepared before (its record `rec`) is prepared again: each device it was allocated
-/// must still be the device the record names, by [`Identity::same`] (across a reboot only the
-/// PCI function can say so). Otherwise the name has come to stand for another device (a card
-/// gone and the driver reloaded): refused, naming both.
-fn check_again(rec: &Record, devices: &[Prepared], boot_id: &str) -> Result<(), Box<Why>> {
-    let same_boot = rec.same_boot(boot_id);
+/// must still be the device the record names ([`one_device`]). Otherwise the name has come to
+/// stand for another device (a card gone and the driver reloaded, another card in the slot):
+/// refused, naming both.
+fn check_again(node: &Node, rec: &Record, devices: &[Prepared]) -> Result<(), Box<Why>> {
+    let same_boot = rec.same_boot(node.boot_id);
     for p in devices {
-        let Some(was) = rec
-            .devices
-            .iter()
-            .find(|d| d.device == p.device)
-            .and_then(|d| d.identity.as_ref())
-        else {
+        let Some(was) = rec.devices.iter().find(|d| d.device == p.device) else {
             continue;
         };
-        let Some(now) = p.identity.as_ref() else {
+        let (Some(was_id), Some(now)) = (&was.identity, &p.identity) else {
             continue;
         };
-        if !was.same(now, same_boot) {
+        if !one_device(node, was, p, same_boot) {
             return Err(Box::new(Why::NotTheSame {
                 device: p.device.clone(),
-                was: was.clone(),
+                was: was_id.clone(),
                 now: now.clone(),
                 same_boot,
             }));
@@ -943,6 +1003,8 @@ mod tests {
         records: HashMap<String, Record>,
         spec_in_place: bool,
         boot: String,
+        /// The profile's `device-majors` when the claim is decided.
+        device_majors: Vec<u64>,
     }
 
     type Want = Result<&'static [&'static str], (fn(&Why) -> bool, &'static str)>;
@@ -1013,6 +1075,7 @@ mod tests {
             records: HashMap::new(),
             spec_in_place: true,
             boot: BOOT.into(),
+            device_majors: Vec::new(),
         };
         for (n, results) in &case.held {
             let (devices, ..) = run(&profile, &table, *n, results, &[], &world)
@@ -1028,6 +1091,8 @@ mod tests {
             );
         }
         (case.then)(&mut world);
+        let mut profile = profile;
+        profile.device_majors = world.device_majors.clone();
         let got = run(&profile, &table, 1, &case.results, &case.configs, &world);
         match (&got, &case.want) {
             (Ok((devices, ..)), Ok(want)) => {
@@ -1476,6 +1541,172 @@ mod tests {
             want: Ok(&["x-0-shared"]),
         };
         assert_eq!(check(&limited).unwrap().1[0], ["MEM=4", "PCT=10"]);
+    }
+
+    /// The record of claim 1 (this claim) and claim 2 made in [`BOOT`], and the node rebooted.
+    fn rebooted(w: &mut World) {
+        w.boot = "boot-2".into();
+    }
+
+    /// `f` applied to the identity of every device of every record, and of the host's `x-0`.
+    fn everywhere(w: &mut World, f: fn(&mut Identity, bool)) {
+        for r in w.records.values_mut() {
+            for d in &mut r.devices {
+                f(d.identity.as_mut().unwrap(), false);
+            }
+        }
+        f(identity(&mut w.facts, "x-0"), true);
+    }
+
+    /// Issue 42, item 6: across a reboot a device is compared by what survives one, and
+    /// refused only when that differs; known by its node alone, it is its name.
+    #[test]
+    fn identity_that_does_not_survive_a_reboot_is_compared_by_what_does() {
+        let again = |name, then: fn(&mut World), want: Want| Case {
+            name,
+            results: vec![res("x-0")],
+            configs: vec![],
+            held: vec![(1, vec![res("x-0")])],
+            then,
+            want,
+        };
+        let cases = vec![
+            again(
+                "enflame class: its nodes alone, their major dynamic",
+                rebooted,
+                Ok(&["x-0"]),
+            ),
+            again(
+                "enflame class: its nodes alone, the dynamic major another after the reboot",
+                |w| {
+                    rebooted(w);
+                    identity(&mut w.facts, "x-0").rdevs = vec!["238:0".into()];
+                },
+                Ok(&["x-0"]),
+            ),
+            again(
+                "a vendor-fixed major: the same numbers",
+                |w| {
+                    rebooted(w);
+                    w.device_majors = vec![240];
+                },
+                Ok(&["x-0"]),
+            ),
+            again(
+                "a vendor-fixed major: other numbers",
+                |w| {
+                    rebooted(w);
+                    w.device_majors = vec![240];
+                    identity(&mut w.facts, "x-0").rdevs = vec!["240:7".into()];
+                },
+                Err((
+                    |w| matches!(w, Why::NotTheSame { same_boot: false, .. }),
+                    "device x-0 was prepared for it as nodes 240:0 in an earlier boot and is now nodes 240:7: not the same device",
+                )),
+            ),
+            again(
+                "sysfs: the same place, other numbers",
+                |w| {
+                    rebooted(w);
+                    everywhere(w, |i, _| i.sysfs = Some("devices/platform/gcu.0".into()));
+                    identity(&mut w.facts, "x-0").rdevs = vec!["240:7".into()];
+                },
+                Ok(&["x-0"]),
+            ),
+            again(
+                "sysfs: the numbers now another device's",
+                |w| {
+                    rebooted(w);
+                    everywhere(w, |i, now| {
+                        i.sysfs = Some(format!("devices/platform/gcu.{}", if now { 5 } else { 0 }))
+                    });
+                },
+                Err((
+                    |w| matches!(w, Why::NotTheSame { same_boot: false, .. }),
+                    "as nodes 240:0, sysfs devices/platform/gcu.0 in an earlier boot and is now nodes 240:0, sysfs devices/platform/gcu.5: not the same device",
+                )),
+            ),
+            again(
+                "NVIDIA class: the same PCI function and UUID, another minor",
+                |w| {
+                    rebooted(w);
+                    everywhere(w, |i, _| {
+                        i.pci_bus_id = Some("0000:3b:00.0".into());
+                        i.uuid = Some("GPU-8f6b1c01".into());
+                    });
+                    w.device_majors = vec![240];
+                    identity(&mut w.facts, "x-0").rdevs = vec!["240:7".into()];
+                },
+                Ok(&["x-0"]),
+            ),
+            again(
+                "NVIDIA class: another GPU in the slot (its UUID)",
+                |w| {
+                    rebooted(w);
+                    everywhere(w, |i, now| {
+                        i.pci_bus_id = Some("0000:3b:00.0".into());
+                        i.uuid = Some(format!("GPU-8f6b1c0{}", u8::from(now)));
+                    });
+                },
+                Err((
+                    |w| matches!(w, Why::NotTheSame { .. }),
+                    "UUID GPU-8f6b1c00 in an earlier boot and is now nodes 240:0, PCI 0000:3b:00.0, UUID GPU-8f6b1c01",
+                )),
+            ),
+            again(
+                "DRM class: another card at the same PCI address, under other bridges",
+                |w| {
+                    rebooted(w);
+                    everywhere(w, |i, now| {
+                        i.pci_bus_id = Some("0000:03:00.0".into());
+                        let bridge = if now { "0000:00:1c.0" } else { "0000:00:01.0" };
+                        i.sysfs = Some(format!("devices/pci0000:00/{bridge}/0000:03:00.0"));
+                    });
+                },
+                Err((
+                    |w| matches!(w, Why::NotTheSame { .. }),
+                    "sysfs devices/pci0000:00/0000:00:01.0/0000:03:00.0 in an earlier boot and is now nodes 240:0, PCI 0000:03:00.0, sysfs devices/pci0000:00/0000:00:1c.0/0000:03:00.0",
+                )),
+            ),
+            Case {
+                name: "another claim's device of an earlier boot, known by its node alone, holds it",
+                results: vec![res("x-0")],
+                configs: vec![],
+                held: vec![(2, vec![res("x-0")])],
+                then: rebooted,
+                want: Err((
+                    |w| matches!(w, Why::Held { .. }),
+                    "device x-0 (nodes 240:0) is prepared for claim ns/c2",
+                )),
+            },
+            Case {
+                name: "another claim's device of an earlier boot, known by its node alone, is not another's",
+                results: vec![res("x-1")],
+                configs: vec![],
+                held: vec![(2, vec![res("x-0")])],
+                then: |w| {
+                    rebooted(w);
+                    identity(&mut w.facts, "x-1").rdevs = vec!["240:0".into()];
+                },
+                want: Ok(&["x-1"]),
+            },
+            Case {
+                name: "another claim's device of an earlier boot, on another PCI function now at its node",
+                results: vec![res("x-0")],
+                configs: vec![],
+                held: vec![(2, vec![res("x-0")])],
+                then: |w| {
+                    rebooted(w);
+                    everywhere(w, |i, now| {
+                        i.pci_bus_id = Some(format!("0000:{}:00.0", if now { "af" } else { "3b" }))
+                    });
+                },
+                want: Ok(&["x-0"]),
+            },
+        ];
+        for case in &cases {
+            let _ = check(case);
+        }
     }
 
     #[test]
