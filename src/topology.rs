@@ -130,6 +130,21 @@ pub fn bdf_of_char_device(root: &Root, major: u64, minor: u64) -> Option<String>
         .find(|p| is_bdf(p))
 }
 
+/// Where the device that owns char device `major:minor` sits in sysfs: `/sys/dev/char/M:m`
+/// links to its class device, `<device>/<class>/<name>`, and this is the device's path from
+/// `devices` on, without the class device, whose name a probe hands out (`card0` today,
+/// `card2` after a reboot). `None` without a link, or for a device with no parent
+/// (`devices/virtual/...`).
+pub fn sysfs_path_of_char_device(root: &Root, major: u64, minor: u64) -> Option<String> {
+    let link = PathBuf::from(format!("sys/dev/char/{major}:{minor}"));
+    let parts = link_components(root, &link)?;
+    let parts = &parts[parts.iter().position(|p| p == "devices")?..];
+    if parts.len() < 4 || parts[1] == "virtual" {
+        return None;
+    }
+    Some(parts[..parts.len() - 2].join("/"))
+}
+
 fn stat_node(host: &Path) -> (Option<u64>, Option<u64>) {
     match std::fs::metadata(host) {
         Ok(m) if m.file_type().is_char_device() || m.file_type().is_block_device() => {
@@ -322,5 +337,30 @@ mod tests {
             Some("0000:05:00.0")
         );
         assert_eq!(bdf_of_char_device(&root, 240, 1), None);
+        assert_eq!(
+            sysfs_path_of_char_device(&root, 240, 0).as_deref(),
+            Some("devices/pci0000:00/0000:00:02.0/0000:05:00.0")
+        );
+        assert_eq!(sysfs_path_of_char_device(&root, 240, 1), None);
+    }
+
+    #[test]
+    fn a_char_device_without_a_parent_has_no_sysfs_path() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("sys/dev/char")).unwrap();
+        for (link, to) in [
+            ("10:200", "../../devices/virtual/misc/tun"),
+            ("240:0", "../../devices/platform/gcu.0/enflame/gcu0"),
+            ("240:1", "gcu1"),
+        ] {
+            symlink(to, root.path().join("sys/dev/char").join(link)).unwrap();
+        }
+        let root = Root::open(root.path()).unwrap();
+        assert_eq!(sysfs_path_of_char_device(&root, 10, 200), None);
+        assert_eq!(
+            sysfs_path_of_char_device(&root, 240, 0).as_deref(),
+            Some("devices/platform/gcu.0")
+        );
+        assert_eq!(sysfs_path_of_char_device(&root, 240, 1), None);
     }
 }

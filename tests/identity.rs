@@ -3,7 +3,9 @@
 //! leaving and coming back between two prepares or two container starts) run end to end: the
 //! DRA driver or the device plugin under the stand-in kubelet (and API server), and what each
 //! claim or answer gives a container checked from inside it, through our runtime and real
-//! runc. Each failed on 73afeb9, before the fix.
+//! runc. Each failed on 73afeb9, before the fix. At the end, issue 42's item 6 (identity
+//! that does not survive a reboot), one test per identity class; the enflame one failed on
+//! 4f6aabe.
 //!
 //! Classes tested elsewhere: 3 at discovery level and 6 in tests/drm.rs, 9 in src/inroot.rs,
 //! 10 in src/dra/slices.rs, 12 in tests/doctor_propagation.rs.
@@ -31,7 +33,9 @@ use common::apiserver::ApiServer;
 use common::dra::{cdi_ids, claim, options, prepare, register, unprepare, Driver, DRIVER, NODE};
 use common::drm::{self, Func, DRM_MAJOR};
 use common::grpc::{self, PREPARE_V1};
-use common::kubelet::{apply_answer, config, enflame_host, ids, rt, Kubelet, STRATEGIES};
+use common::kubelet::{
+    apply_answer, config, enflame_host, enflame_sysfs, ids, rt, Kubelet, STRATEGIES,
+};
 use common::{binary, mknod, Bundle, Probe, Report, Runc, SimRoot, LIB_DIR, NVIDIA_MAJOR};
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -1087,4 +1091,333 @@ fn class8_a_huge_claim_record_does_not_stop_the_driver() {
         "peak resident memory {peak} KiB with the 64 MiB record (up in {up:?}; {first_peak} KiB without it)"
     );
     drv.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 42, item 6: identity that does not survive a reboot fails closed on the device it names
+// ---------------------------------------------------------------------------------------------
+
+/// `n` GCUs as the seed has them, with each GCU's `/sys/dev/char` link into its PCI function
+/// (`with_sysfs`) or without any (a driver that makes its nodes by hand: nothing but the
+/// node's numbers is known of a GCU).
+fn gcu_host(with_sysfs: bool) -> SimRoot {
+    let sim = SimRoot::builder()
+        .enflame(8)
+        .library(LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
+        .build();
+    if with_sysfs {
+        enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    }
+    sim
+}
+
+/// Claim A prepared on gcu-1; the node reboots (a new boot id, the driver started afresh,
+/// the slices gone) with the same GCUs. kubelet prepares A again: accepted, on the same
+/// device, with the same answer, whether or not sysfs knows the GCUs' PCI functions. Before
+/// the fix a GCU whose PCI function is not known was refused after every reboot ("prepared
+/// for it as nodes M:1 in an earlier boot and is now nodes M:1: not the same device").
+#[test]
+fn identity_that_does_not_survive_a_reboot_enflame_claim_prepared_again_after_reboot() {
+    for with_sysfs in [false, true] {
+        let sim = gcu_host(with_sysfs);
+        let major = sim.enflame_major().unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let cfg = config(&sim, scratch.path(), "");
+        let boot = scratch.path().join("boot_id");
+        std::fs::write(&boot, BOOT_1).unwrap();
+        let api = ApiServer::start();
+        api.put_claim("ns", "a", &uid(1), DRIVER, NODE, &[("gcus", "gcu-1")]);
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut opts = options(dir.path(), Duration::from_millis(50));
+            with_boot_id(&mut opts, &boot);
+            let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+            published(&api, DRIVER, 8).await;
+            let (_, ch) = register(&drv.reg_socket()).await;
+            let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+            assert_eq!(r.claims[&uid(1)].error, "", "sysfs {with_sysfs}");
+            let dir = drv.stop().await;
+
+            // The reboot.
+            std::fs::write(&boot, BOOT_2).unwrap();
+            api.wipe();
+            let drv = Driver::start_with(&cfg, &api, dir, opts);
+            published(&api, DRIVER, 8).await;
+            let (_, ch) = register(&drv.reg_socket()).await;
+            let again = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+            assert_eq!(
+                again.claims[&uid(1)].error,
+                "",
+                "sysfs {with_sysfs}: the claim's pod stays down after the reboot"
+            );
+            assert_eq!(
+                again.claims[&uid(1)],
+                r.claims[&uid(1)],
+                "sysfs {with_sysfs}"
+            );
+            let spec = std::fs::read_to_string(drv.spec_path(&uid(1))).unwrap();
+            assert!(spec.contains("/dev/gcu1\""), "{spec}");
+            assert!(!spec.contains("/dev/gcu2\""), "{spec}");
+            let record = std::fs::read_to_string(
+                drv.dir
+                    .path()
+                    .join(format!("state/{DRIVER}/{}.json", uid(1))),
+            )
+            .unwrap();
+            assert!(record.contains(&format!("{major}:1")), "{record}");
+            assert!(record.contains(BOOT_2.trim()), "{record}");
+            drv.stop().await;
+        });
+    }
+}
+
+const BOOT_3: &str = "5f0c1a52-3e0b-4d7e-9a55-0c6f3b1e2d03\n";
+
+/// `/sys/dev/char/<major>:<minor>` of `sim` pointing at `target` (relative to `sys/dev/char`).
+fn char_link(sim: &SimRoot, major: u32, minor: u32, target: &str) {
+    let link = sim.path().join(format!("sys/dev/char/{major}:{minor}"));
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&link);
+    symlink(target, link).unwrap();
+}
+
+/// Enflame class, the numbers now another device's: claim A prepared on gcu-1, then the node
+/// reboots and the driver numbers the GCUs otherwise, so that `M:1` (`/dev/gcu1`) is the
+/// card in another slot, as its `/sys/dev/char` link says: into another PCI function (the
+/// seed's sysfs), or, for a GCU on no PCI bus, into another platform device. Refused, naming
+/// both.
+#[test]
+fn identity_that_does_not_survive_a_reboot_enflame_numbers_now_another_gcu_refused() {
+    for pci in [true, false] {
+        let sim = gcu_host(pci);
+        let major = sim.enflame_major().unwrap();
+        let target = |n: u32, name: u32| -> String {
+            if pci {
+                let was = std::fs::read_link(sim.path().join(format!("sys/dev/char/{major}:{n}")))
+                    .unwrap();
+                let dir = was.parent().unwrap().display().to_string();
+                format!("{dir}/gcu{name}")
+            } else {
+                format!("../../devices/platform/gcu.{n}/enflame/gcu{name}")
+            }
+        };
+        let (one, five) = (target(1, 1), target(5, 5));
+        if !pci {
+            char_link(&sim, major, 1, &one);
+            char_link(&sim, major, 5, &five);
+        }
+        let scratch = tempfile::tempdir().unwrap();
+        let cfg = config(&sim, scratch.path(), "");
+        let boot = scratch.path().join("boot_id");
+        std::fs::write(&boot, BOOT_1).unwrap();
+        let api = ApiServer::start();
+        api.put_claim("ns", "a", &uid(1), DRIVER, NODE, &[("gcus", "gcu-1")]);
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut opts = options(dir.path(), Duration::from_millis(50));
+            with_boot_id(&mut opts, &boot);
+            let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+            published(&api, DRIVER, 8).await;
+            let (_, ch) = register(&drv.reg_socket()).await;
+            let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+            assert_eq!(r.claims[&uid(1)].error, "", "pci {pci}");
+            let dir = drv.stop().await;
+
+            // The reboot: the cards in the slots of gcu1 and gcu5 numbered the other way round.
+            std::fs::write(&boot, BOOT_2).unwrap();
+            let swap = |t: &str, from: u32, to: u32| {
+                t.replace(&format!("/gcu{from}"), &format!("/gcu{to}"))
+            };
+            char_link(&sim, major, 1, &swap(&five, 5, 1));
+            char_link(&sim, major, 5, &swap(&one, 1, 5));
+            api.wipe();
+            let drv = Driver::start_with(&cfg, &api, dir, opts);
+            published(&api, DRIVER, 8).await;
+            let (_, ch) = register(&drv.reg_socket()).await;
+            let again = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+            let got = &again.claims[&uid(1)];
+            assert!(got.devices.is_empty(), "pci {pci}: {got:?}");
+            let (was, now) = if pci {
+                ("0000:11:00.0", "0000:15:00.0")
+            } else {
+                ("devices/platform/gcu.1", "devices/platform/gcu.5")
+            };
+            assert!(
+                got.error.contains(&format!(
+                    "device gcu-1 was prepared for it as nodes {major}:1"
+                )) && got.error.contains(&format!(
+                    "{was} in an earlier boot and is now nodes {major}:1"
+                )) && got.error.contains(now)
+                    && got.error.contains("not the same device"),
+                "pci {pci}: {}",
+                got.error
+            );
+            assert!(
+                !drv.spec_path(&uid(1)).exists(),
+                "pci {pci}: the old spec left"
+            );
+            drv.stop().await;
+        });
+    }
+}
+
+/// NVIDIA class (PCI function and UUID known): the same GPU after a reboot is prepared again;
+/// after another, the GPU the claim was given is gone and the other one probed at its minor,
+/// so the name stands for it: refused, naming both PCI functions and UUIDs.
+#[test]
+fn identity_that_does_not_survive_a_reboot_nvidia_same_gpu_accepted_other_at_its_minor_refused() {
+    let (b, other) = (("0000:3b:00.0", 1), ("0000:af:00.0", 0));
+    let sim = nvidia_host(&[b, other]);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let boot = scratch.path().join("boot_id");
+    std::fs::write(&boot, BOOT_1).unwrap();
+    let api = ApiServer::start();
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), Duration::from_millis(50));
+        with_boot_id(&mut opts, &boot);
+        let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+        let devices = published(&api, NV, 2).await;
+        let a_name = name_of(&devices, b.0);
+        api.put_claim("ns", "a", &uid(1), NV, NODE, &[("gpus", &a_name)]);
+        let (_, ch) = register(&reg_socket(&drv, NV)).await;
+        let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(r.claims[&uid(1)].error, "");
+        let record = drv.dir.path().join(format!("state/{NV}/{}.json", uid(1)));
+        let text = std::fs::read_to_string(&record).unwrap();
+        let uuid_b = text
+            .split("\"uuid\":\"")
+            .nth(1)
+            .and_then(|t| t.split('"').next())
+            .unwrap_or_else(|| panic!("no UUID in {text}"))
+            .to_string();
+        let dir = drv.stop().await;
+
+        // A reboot, the same GPUs.
+        std::fs::write(&boot, BOOT_2).unwrap();
+        api.wipe();
+        let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+        published(&api, NV, 2).await;
+        let (_, ch) = register(&reg_socket(&drv, NV)).await;
+        let again = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(again.claims[&uid(1)], r.claims[&uid(1)]);
+        let dir = drv.stop().await;
+
+        // Another: A's GPU gone, the other one at its minor.
+        std::fs::write(&boot, BOOT_3).unwrap();
+        gpu_leaves(&sim, b.0, b.1);
+        let moved = gpu_leaves(&sim, other.0, other.1);
+        gpu_comes_back(&sim, &moved, b.1);
+        api.wipe();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let devices = published(&api, NV, 1).await;
+        assert_eq!(name_of(&devices, other.0), a_name);
+        let (_, ch) = register(&reg_socket(&drv, NV)).await;
+        let got = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        let got = &got.claims[&uid(1)];
+        assert!(got.devices.is_empty(), "{got:?}");
+        for named in [
+            b.0,
+            other.0,
+            &uuid_b,
+            "in an earlier boot",
+            "not the same device",
+        ] {
+            assert!(got.error.contains(named), "{named} not said: {}", got.error);
+        }
+        drv.stop().await;
+    });
+}
+
+/// DRM class (Intel i915, named by PCI function): the same GPU after a reboot, probed with
+/// other card and render numbers, is prepared again; after another, a different card sits
+/// at the same PCI address under other bridges (a card added, the buses numbered anew) with
+/// the same numbers: refused, naming both places. Before, the PCI address alone said "the
+/// same device".
+#[test]
+fn identity_that_does_not_survive_a_reboot_drm_same_gpu_accepted_other_card_at_its_address_refused()
+{
+    let scratch = tempfile::tempdir().unwrap();
+    let boot = scratch.path().join("boot_id");
+    let sim = SimRoot::builder().build();
+    let funcs = vec![
+        i915("0000:00:02.0", &[], 0, 128),
+        i915("0000:03:00.0", &["0000:00:01.0"], 2, 130),
+    ];
+    drm::build(sim.path(), funcs.clone(), false, &[]);
+    let cdi = tempfile::tempdir().unwrap();
+    let runc = Runc::with_config(&sim, &format!("cdi-spec-dirs = [{:?}]", cdi.path()));
+    drm::install_profiles(&runc, &sim, &["intel"]);
+    let cfg = Config::load(&runc.config_path()).unwrap();
+    let api = ApiServer::start();
+    std::fs::write(&boot, BOOT_1).unwrap();
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), Duration::from_millis(50));
+        opts.cdi_dir = cdi.path().to_path_buf();
+        with_boot_id(&mut opts, &boot);
+        let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+        let a_name = name_of(&published(&api, I915, 2).await, &funcs[1].bdf);
+        api.put_claim("ns", "a", &uid(1), I915, NODE, &[("gpus", &a_name)]);
+        let (_, ch) = register(&reg_socket(&drv, I915)).await;
+        let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(r.claims[&uid(1)].error, "");
+        let dir = drv.stop().await;
+
+        // A reboot: the two GPUs probed the other way round.
+        std::fs::write(&boot, BOOT_2).unwrap();
+        for f in &funcs {
+            drm_unbind(&sim, f);
+        }
+        let a_now = i915("0000:03:00.0", &["0000:00:01.0"], 0, 128);
+        drm_bind(&sim, &i915("0000:00:02.0", &[], 2, 130));
+        drm_bind(&sim, &a_now);
+        api.wipe();
+        let drv = Driver::start_with(&cfg, &api, dir, opts.clone());
+        published(&api, I915, 2).await;
+        let (_, ch) = register(&reg_socket(&drv, I915)).await;
+        let again = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        assert_eq!(again.claims[&uid(1)].error, "");
+        let dir = drv.stop().await;
+
+        // Another: A's card gone; another card, under another root port, numbered
+        // 0000:03:00.0 now, and probed with the numbers A's card had.
+        std::fs::write(&boot, BOOT_3).unwrap();
+        drm_unbind(&sim, &a_now);
+        std::fs::remove_file(sim.path().join("sys/bus/pci/devices/0000:03:00.0")).unwrap();
+        std::fs::remove_dir_all(drm::sysfs_dir(sim.path(), &a_now)).unwrap();
+        let other = i915("0000:03:00.0", &["0000:00:1c.0"], 0, 128);
+        let dir_other = drm::sysfs_dir(sim.path(), &other);
+        std::fs::create_dir_all(&dir_other).unwrap();
+        for (file, text) in [
+            ("vendor", "0x8086\n"),
+            ("device", "0x56c0\n"),
+            ("numa_node", "0\n"),
+        ] {
+            std::fs::write(dir_other.join(file), text).unwrap();
+        }
+        symlink(
+            format!("../../../devices/{}", rel_of(&sim, &other).display()),
+            sim.path().join("sys/bus/pci/devices/0000:03:00.0"),
+        )
+        .unwrap();
+        drm_bind(&sim, &other);
+        api.wipe();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        assert_eq!(name_of(&published(&api, I915, 2).await, &other.bdf), a_name);
+        let (_, ch) = register(&reg_socket(&drv, I915)).await;
+        let got = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", &uid(1))]).await;
+        let got = &got.claims[&uid(1)];
+        assert!(got.devices.is_empty(), "{got:?}");
+        for named in [
+            // The simulated tree names the root complex after the bus (`pci0000:03`).
+            "sysfs devices/pci0000:03/0000:00:01.0/0000:03:00.0 in an earlier boot",
+            "sysfs devices/pci0000:03/0000:00:1c.0/0000:03:00.0",
+            "not the same device",
+        ] {
+            assert!(got.error.contains(named), "{named} not said: {}", got.error);
+        }
+        drv.stop().await;
+    });
 }
