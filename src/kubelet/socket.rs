@@ -24,8 +24,8 @@ pub struct DirTooLong {
 
 /// The socket in `dir` that `name` names for `instance` (`name(None)` without one): the
 /// instance as given where the path fits a socket address, else a hash of it (16 hex
-/// digits), which an upgrade's two pods (UIDs of one length) pick alike. [`bind_private`]
-/// binds no path longer than the one returned.
+/// digits), which an upgrade's two pods (UIDs of one length) pick alike. `bind_private`
+/// (feature `plugin`) binds no path longer than the one returned.
 pub fn place(
     dir: &Path,
     instance: Option<&str>,
