@@ -744,6 +744,26 @@ mod policy {
             .unwrap_or_else(|| panic!("the DaemonSet's ValidatingAdmissionPolicy {name}"))
     }
 
+    /// JSON as CEL sees an object's fields: integers as `int` (serde_json's arbitrary
+    /// precision, which this crate turns on, would otherwise hand CEL its private number map).
+    fn to_cel(v: &Value) -> cel::Value {
+        match v {
+            Value::Null => cel::Value::Null,
+            Value::Bool(b) => cel::Value::Bool(*b),
+            Value::Number(n) => n
+                .as_i64()
+                .map(cel::Value::Int)
+                .unwrap_or_else(|| cel::Value::Float(n.as_f64().unwrap())),
+            Value::String(s) => s.clone().into(),
+            Value::Array(a) => a.iter().map(to_cel).collect::<Vec<_>>().into(),
+            Value::Object(o) => o
+                .iter()
+                .map(|(k, v)| (k.clone(), to_cel(v)))
+                .collect::<HashMap<String, cel::Value>>()
+                .into(),
+        }
+    }
+
     fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
         cel::Program::compile(expr)
             .unwrap_or_else(|e| panic!("{expr}: {e}"))
@@ -777,12 +797,9 @@ mod policy {
             },
         });
         let mut ctx = cel::Context::default();
-        ctx.add_variable("request", cel::to_value(&request).unwrap())
-            .unwrap();
-        ctx.add_variable("object", cel::to_value(&object).unwrap())
-            .unwrap();
-        ctx.add_variable("oldObject", cel::to_value(&old).unwrap())
-            .unwrap();
+        ctx.add_variable_from_value("request", to_cel(&request));
+        ctx.add_variable_from_value("object", to_cel(&object));
+        ctx.add_variable_from_value("oldObject", to_cel(&old));
         for m in p["spec"]["matchConditions"].as_array().unwrap() {
             assert_eq!(
                 cel(m["expression"].as_str().unwrap(), &ctx),
@@ -988,6 +1005,250 @@ mod policy {
         assert!(e.contains("claims allocated to that node"), "{e}");
         assert_eq!(
             status(None, &after, &before).unwrap_err(),
+            "the driver's token names no node"
+        );
+    }
+
+    const TOKEN_REQUEST: &str = "accel-dra-driver-token-request";
+
+    /// Every object of the DRA manifest.
+    fn manifest() -> Vec<Value> {
+        let text = std::fs::read_to_string(MANIFEST).unwrap();
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    }
+
+    /// Whether the manifest's roles bound to the driver's service account grant `verb` on
+    /// `group`/`resource` named `name` in `namespace` (a ClusterRole anywhere, a Role in its
+    /// own namespace), as RBAC answers it.
+    fn granted(verb: &str, group: &str, resource: &str, name: &str, namespace: &str) -> bool {
+        let docs = manifest();
+        let bound = |kind: &str, role: &Value| {
+            docs.iter().any(|b| {
+                b["kind"] == kind
+                    && b["roleRef"]["name"] == role["metadata"]["name"]
+                    && (kind == "ClusterRoleBinding"
+                        || b["metadata"]["namespace"] == role["metadata"]["namespace"])
+                    && b["subjects"].as_array().unwrap().iter().any(|s| {
+                        s["kind"] == "ServiceAccount"
+                            && s["name"] == "accel-dra-driver"
+                            && s["namespace"] == "accel-system"
+                    })
+            })
+        };
+        let has = |list: &Value, x: &str| {
+            list.as_array()
+                .is_some_and(|l| l.iter().any(|v| v == x || v == "*"))
+        };
+        docs.iter()
+            .filter(|r| {
+                (r["kind"] == "ClusterRole" && bound("ClusterRoleBinding", r))
+                    || (r["kind"] == "Role"
+                        && r["metadata"]["namespace"] == namespace
+                        && bound("RoleBinding", r))
+            })
+            .flat_map(|r| r["rules"].as_array().unwrap().clone())
+            .any(|rule| {
+                has(&rule["verbs"], verb)
+                    && has(&rule["apiGroups"], group)
+                    && has(&rule["resources"], resource)
+                    && (rule.get("resourceNames").is_none() || has(&rule["resourceNames"], name))
+            })
+    }
+
+    /// The node a deployment's credential names to the API server
+    /// (`authentication.kubernetes.io/node-name`), read from what is shipped: the DaemonSet's
+    /// pod gets its service account's projected token, bound to the pod and carrying its node
+    /// (ServiceAccountTokenPodNodeInfo); the systemd unit's driver holds a token bound to its
+    /// Node where it keeps one (`--token-file`), else whatever its kubeconfig has, which names
+    /// no node.
+    fn credential_node(deployment: &str, node: &str) -> Option<String> {
+        match deployment {
+            "DaemonSet" => {
+                let docs = manifest();
+                let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+                let pod = &ds["spec"]["template"]["spec"];
+                (pod["serviceAccountName"] == "accel-dra-driver"
+                    && pod["automountServiceAccountToken"] != false)
+                    .then(|| node.to_string())
+            }
+            "systemd" => {
+                let unit = std::fs::read_to_string(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/packaging/systemd/accel-dra-driver.service"
+                ))
+                .unwrap();
+                unit.lines()
+                    .any(|l| l.starts_with("ExecStart=") && l.contains(" --token-file "))
+                    .then(|| node.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// What Kubernetes 1.36 asks of a driver writing a claim's status.devices, on the
+    /// synthetic `resourceclaims/driver` named by the driver: `associated-node:patch` where
+    /// the credential names the node the claim is allocated to, else `arbitrary-node:patch`.
+    fn status_verb(credential: Option<&str>, claim_node: &str) -> &'static str {
+        if credential == Some(claim_node) {
+            "associated-node:patch"
+        } else {
+            "arbitrary-node:patch"
+        }
+    }
+
+    /// What the API server answers the driver of each deployment for the writes it makes: its
+    /// node's slice, a prepared claim's status.devices, and (the systemd unit's) the renewal
+    /// of its token. `Err` says what refuses.
+    fn writes(credential: Option<&str>) -> Vec<(&'static str, Result<(), String>)> {
+        let node = "n1";
+        let c = credential;
+        let mine = slice("gcu.enflame.com", node);
+        let ours = json!({"driver": "gcu.enflame.com", "pool": node, "device": "gcu-1"});
+        let before = allocated(node, json!([]));
+        let after = allocated(node, json!([ours]));
+        let verb = status_verb(c, node);
+        let rbac = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
+        let token = json!({"spec": {
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "expirationSeconds": 86400,
+        }});
+        vec![
+            ("slice", admit_by(SLICES, "CREATE", c, mine, Value::Null)),
+            (
+                "claim status (policy)",
+                admit_by(CLAIM_STATUS, "UPDATE", c, after, before),
+            ),
+            (
+                "claim status (1.36 RBAC)",
+                rbac(
+                    granted(
+                        verb,
+                        "resource.k8s.io",
+                        "resourceclaims/driver",
+                        "gcu.enflame.com",
+                        "ns",
+                    ),
+                    format!("1.36 asks for {verb} on resourceclaims/driver, not granted"),
+                ),
+            ),
+            (
+                "token request (policy)",
+                admit_by(TOKEN_REQUEST, "CREATE", c, token, Value::Null),
+            ),
+            (
+                "token request (RBAC)",
+                rbac(
+                    granted(
+                        "create",
+                        "",
+                        "serviceaccounts/token",
+                        "accel-dra-driver",
+                        "accel-system",
+                    ),
+                    "create on serviceaccounts/token not granted".into(),
+                ),
+            ),
+        ]
+    }
+
+    /// Issue 42 item 2: Kubernetes 1.36 lets a driver write a claim's status.devices with
+    /// `associated-node:patch` only where its credential names the claim's node; the systemd
+    /// unit's kubeconfig credential named none, so every status write (and every slice write,
+    /// by the shipped policy) was refused. Each deployment as shipped: the DaemonSet's pod
+    /// token and the systemd unit's Node-bound token are let through everywhere; a credential
+    /// tied to no node is refused, saying why.
+    #[test]
+    fn claim_status_from_a_driver_outside_a_pod_each_deployment_as_the_api_server_answers() {
+        for deployment in ["DaemonSet", "systemd"] {
+            let c = credential_node(deployment, "n1");
+            assert_eq!(
+                c.as_deref(),
+                Some("n1"),
+                "the {deployment} deployment's credential names no node"
+            );
+            assert_eq!(status_verb(c.as_deref(), "n1"), "associated-node:patch");
+            for (what, answer) in writes(c.as_deref()) {
+                assert_eq!(answer, Ok(()), "{deployment}: {what}");
+            }
+        }
+        // A kubeconfig credential tied to no node (a client certificate, a token bound to
+        // no Node): refused, each write saying why.
+        // RBAC alone lets it ask for a token (the policy refuses it).
+        let plain: Vec<_> = writes(None)
+            .into_iter()
+            .map(|(what, a)| (what, a.err()))
+            .collect();
+        let no_node = Some("the driver's token names no node".to_string());
+        assert_eq!(
+            plain,
+            [
+                ("slice", no_node.clone()),
+                ("claim status (policy)", no_node.clone()),
+                (
+                    "claim status (1.36 RBAC)",
+                    Some(
+                        "1.36 asks for arbitrary-node:patch on resourceclaims/driver, not granted"
+                            .to_string()
+                    )
+                ),
+                ("token request (policy)", no_node),
+                ("token request (RBAC)", None),
+            ]
+        );
+        // Nor does a Node-bound credential reach another node's claims.
+        assert_eq!(status_verb(Some("n2"), "n1"), "arbitrary-node:patch");
+    }
+
+    /// Issue 42 item 2: the grant that lets the systemd unit's driver renew its token would let
+    /// it mint one bound to any node, or to nothing; the policy leaves it a token bound to its
+    /// own Node, for at most 48 hours.
+    #[test]
+    fn claim_status_from_a_driver_outside_a_pod_token_requests_for_its_own_node_only() {
+        let req = |bound: Value, seconds: Option<i64>| {
+            let mut spec = json!({"audiences": []});
+            if !bound.is_null() {
+                spec["boundObjectRef"] = bound;
+            }
+            if let Some(s) = seconds {
+                spec["expirationSeconds"] = s.into();
+            }
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        };
+        let node = |n: &str| json!({"apiVersion": "v1", "kind": "Node", "name": n});
+        let ask = |r: Value| admit_by(TOKEN_REQUEST, "CREATE", Some("n1"), r, Value::Null);
+        assert_eq!(ask(req(node("n1"), Some(86400))), Ok(()));
+        assert_eq!(ask(req(node("n1"), None)), Ok(()));
+        assert_eq!(ask(req(node("n1"), Some(172800))), Ok(()));
+        let own = "accel-dra-driver on node n1 may only ask for tokens bound to the Node n1";
+        for r in [
+            req(node("n2"), Some(3600)),
+            req(Value::Null, Some(3600)),
+            req(
+                json!({"apiVersion": "v1", "kind": "Pod", "name": "n1"}),
+                Some(3600),
+            ),
+            req(
+                json!({"apiVersion": "v1", "kind": "Secret", "name": "n1"}),
+                Some(3600),
+            ),
+        ] {
+            assert_eq!(ask(r.clone()).unwrap_err(), own, "{r}");
+        }
+        assert_eq!(
+            ask(req(node("n1"), Some(172801))).unwrap_err(),
+            "accel-dra-driver may only ask for tokens that expire within 48 hours"
+        );
+        assert_eq!(
+            admit_by(
+                TOKEN_REQUEST,
+                "CREATE",
+                None,
+                req(node("n1"), Some(3600)),
+                Value::Null
+            )
+            .unwrap_err(),
             "the driver's token names no node"
         );
     }

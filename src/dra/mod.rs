@@ -6,7 +6,8 @@
 //! partitions; pure) → `slices` (the ResourceSlices a table is published as: pure) and `claims` (prepare
 //! and unprepare: the node check, the per-claim CDI spec and the on-disk record) → `publish`
 //! (slices to the API server with the pool generation rules) → `server` (the gRPC services,
-//! sockets, the loop).
+//! sockets, the loop). Beside them, on nothing of the crate: `token` (the Node-bound
+//! credential of a driver run outside a pod, renewed by the driver itself).
 //!
 //! Ref: KEP-4381 (structured parameters), k8s.io/api/resource/v1 (types.go).
 
@@ -17,3 +18,4 @@ pub mod publish;
 pub mod server;
 pub mod slices;
 pub mod table;
+pub mod token;
