@@ -157,17 +157,20 @@ pub fn forbidden_for_no_node(e: &kube::Error) -> Option<String> {
         return None;
     };
     let m = &status.message;
-    (status.code == 403 && (m.contains("arbitrary-node") || m.contains("names no node"))).then(
-        || {
-            format!(
-                "the API server refuses it because this driver's credential is not tied to \
+    // Forbidden (RBAC) or Invalid (a policy's denial, a field refused by validation).
+    let refused = matches!(status.code, 403 | 422);
+    (refused && (m.contains("arbitrary-node") || m.contains("names no node"))).then(|| {
+        format!(
+            "the API server refuses it because this driver's credential is not tied to \
                  the claim's node ({}); outside a pod, run the driver with a token bound to \
                  its Node and --token-file (docs/dra.md, \"Running the driver from \
                  systemd\"); further refusals are logged at debug",
-                m.chars().take(300).collect::<String>().escape_debug()
-            )
-        },
-    )
+            m.chars()
+                .take(300)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect::<String>()
+        )
+    })
 }
 
 pub struct Driver {
