@@ -47,15 +47,26 @@ pub fn token(account: &str, node: Option<&str>, issued: i64, expires: i64) -> St
     )
 }
 
+/// A token's claims (its JWT payload), or `Null`.
+pub fn claims_of(token: &str) -> Value {
+    use base64::Engine;
+    token
+        .trim()
+        .split('.')
+        .nth(1)
+        .and_then(|p| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(p)
+                .ok()
+        })
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
 /// The node a bearer token is bound to (its `kubernetes.io.node.name` claim).
 fn bearer_node(authorization: Option<&str>) -> Option<String> {
-    use base64::Engine;
     let t = authorization?.strip_prefix("Bearer ")?;
-    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(t.split('.').nth(1)?)
-        .ok()?;
-    let v: Value = serde_json::from_slice(&payload).ok()?;
-    v["kubernetes.io"]["node"]["name"]
+    claims_of(t)["kubernetes.io"]["node"]["name"]
         .as_str()
         .map(str::to_string)
 }
