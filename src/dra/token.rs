@@ -58,7 +58,7 @@ pub enum TokenError {
     Request {
         account: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("cannot renew the token of {account}: the API server returned none")]
     Empty { account: String },
@@ -220,7 +220,7 @@ pub async fn renew(
         .await
         .map_err(|source| TokenError::Request {
             account: account.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let token = answer
         .status
