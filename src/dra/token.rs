@@ -27,6 +27,8 @@ pub const MIN_SECONDS: i64 = 600;
 /// A token is renewed this long before it expires at the latest: kube re-reads the file at
 /// least once a minute, so the new one is in use well before the old one ends.
 const MARGIN: i64 = 180;
+/// The least time between two renewals.
+const AFTER_RENEWAL: i64 = 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -271,7 +273,8 @@ pub async fn keep_renewed(
                         new.expires - now()
                     );
                     failures = 0;
-                    continue;
+                    // At least 30 s: a server that issues short tokens is not asked in a loop.
+                    Duration::from_secs((new.renew_at() - now()).max(AFTER_RENEWAL) as u64)
                 }
                 Err(e) => {
                     let left = c.expires - now();
