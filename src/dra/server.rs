@@ -143,7 +143,6 @@ impl Options {
     }
 }
 
-/// One profile's driver, as the gRPC services see it.
 /// Whether a status write refused for a credential that names no node was said (once per
 /// process: every claim's is refused alike).
 static NODE_CREDENTIAL_SAID: AtomicBool = AtomicBool::new(false);
@@ -173,6 +172,7 @@ pub fn forbidden_for_no_node(e: &kube::Error) -> Option<String> {
     })
 }
 
+/// One profile's driver, as the gRPC services see it.
 pub struct Driver {
     pub profile: Profile,
     pub name: String,
