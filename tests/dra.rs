@@ -744,6 +744,26 @@ mod policy {
             .unwrap_or_else(|| panic!("the DaemonSet's ValidatingAdmissionPolicy {name}"))
     }
 
+    /// JSON as CEL sees an object's fields: integers as `int` (serde_json's arbitrary
+    /// precision, which this crate turns on, would otherwise hand CEL its private number map).
+    fn to_cel(v: &Value) -> cel::Value {
+        match v {
+            Value::Null => cel::Value::Null,
+            Value::Bool(b) => cel::Value::Bool(*b),
+            Value::Number(n) => n
+                .as_i64()
+                .map(cel::Value::Int)
+                .unwrap_or_else(|| cel::Value::Float(n.as_f64().unwrap())),
+            Value::String(s) => s.clone().into(),
+            Value::Array(a) => a.iter().map(to_cel).collect::<Vec<_>>().into(),
+            Value::Object(o) => o
+                .iter()
+                .map(|(k, v)| (k.clone(), to_cel(v)))
+                .collect::<HashMap<String, cel::Value>>()
+                .into(),
+        }
+    }
+
     fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
         cel::Program::compile(expr)
             .unwrap_or_else(|e| panic!("{expr}: {e}"))
@@ -777,12 +797,9 @@ mod policy {
             },
         });
         let mut ctx = cel::Context::default();
-        ctx.add_variable("request", cel::to_value(&request).unwrap())
-            .unwrap();
-        ctx.add_variable("object", cel::to_value(&object).unwrap())
-            .unwrap();
-        ctx.add_variable("oldObject", cel::to_value(&old).unwrap())
-            .unwrap();
+        ctx.add_variable_from_value("request", to_cel(&request));
+        ctx.add_variable_from_value("object", to_cel(&object));
+        ctx.add_variable_from_value("oldObject", to_cel(&old));
         for m in p["spec"]["matchConditions"].as_array().unwrap() {
             assert_eq!(
                 cel(m["expression"].as_str().unwrap(), &ctx),
@@ -988,6 +1005,250 @@ mod policy {
         assert!(e.contains("claims allocated to that node"), "{e}");
         assert_eq!(
             status(None, &after, &before).unwrap_err(),
+            "the driver's token names no node"
+        );
+    }
+
+    const TOKEN_REQUEST: &str = "accel-dra-driver-token-request";
+
+    /// Every object of the DRA manifest.
+    fn manifest() -> Vec<Value> {
+        let text = std::fs::read_to_string(MANIFEST).unwrap();
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    }
+
+    /// Whether the manifest's roles bound to the driver's service account grant `verb` on
+    /// `group`/`resource` named `name` in `namespace` (a ClusterRole anywhere, a Role in its
+    /// own namespace), as RBAC answers it.
+    fn granted(verb: &str, group: &str, resource: &str, name: &str, namespace: &str) -> bool {
+        let docs = manifest();
+        let bound = |kind: &str, role: &Value| {
+            docs.iter().any(|b| {
+                b["kind"] == kind
+                    && b["roleRef"]["name"] == role["metadata"]["name"]
+                    && (kind == "ClusterRoleBinding"
+                        || b["metadata"]["namespace"] == role["metadata"]["namespace"])
+                    && b["subjects"].as_array().unwrap().iter().any(|s| {
+                        s["kind"] == "ServiceAccount"
+                            && s["name"] == "accel-dra-driver"
+                            && s["namespace"] == "accel-system"
+                    })
+            })
+        };
+        let has = |list: &Value, x: &str| {
+            list.as_array()
+                .is_some_and(|l| l.iter().any(|v| v == x || v == "*"))
+        };
+        docs.iter()
+            .filter(|r| {
+                (r["kind"] == "ClusterRole" && bound("ClusterRoleBinding", r))
+                    || (r["kind"] == "Role"
+                        && r["metadata"]["namespace"] == namespace
+                        && bound("RoleBinding", r))
+            })
+            .flat_map(|r| r["rules"].as_array().unwrap().clone())
+            .any(|rule| {
+                has(&rule["verbs"], verb)
+                    && has(&rule["apiGroups"], group)
+                    && has(&rule["resources"], resource)
+                    && (rule.get("resourceNames").is_none() || has(&rule["resourceNames"], name))
+            })
+    }
+
+    /// The node a deployment's credential names to the API server
+    /// (`authentication.kubernetes.io/node-name`), read from what is shipped: the DaemonSet's
+    /// pod gets its service account's projected token, bound to the pod and carrying its node
+    /// (ServiceAccountTokenPodNodeInfo); the systemd unit's driver holds a token bound to its
+    /// Node where it keeps one (`--token-file`), else whatever its kubeconfig has, which names
+    /// no node.
+    fn credential_node(deployment: &str, node: &str) -> Option<String> {
+        match deployment {
+            "DaemonSet" => {
+                let docs = manifest();
+                let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+                let pod = &ds["spec"]["template"]["spec"];
+                (pod["serviceAccountName"] == "accel-dra-driver"
+                    && pod["automountServiceAccountToken"] != false)
+                    .then(|| node.to_string())
+            }
+            "systemd" => {
+                let unit = std::fs::read_to_string(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/packaging/systemd/accel-dra-driver.service"
+                ))
+                .unwrap();
+                unit.lines()
+                    .any(|l| l.starts_with("ExecStart=") && l.contains(" --token-file "))
+                    .then(|| node.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// What Kubernetes 1.36 asks of a driver writing a claim's status.devices, on the
+    /// synthetic `resourceclaims/driver` named by the driver: `associated-node:patch` where
+    /// the credential names the node the claim is allocated to, else `arbitrary-node:patch`.
+    fn status_verb(credential: Option<&str>, claim_node: &str) -> &'static str {
+        if credential == Some(claim_node) {
+            "associated-node:patch"
+        } else {
+            "arbitrary-node:patch"
+        }
+    }
+
+    /// What the API server answers the driver of each deployment for the writes it makes: its
+    /// node's slice, a prepared claim's status.devices, and (the systemd unit's) the renewal
+    /// of its token. `Err` says what refuses.
+    fn writes(credential: Option<&str>) -> Vec<(&'static str, Result<(), String>)> {
+        let node = "n1";
+        let c = credential;
+        let mine = slice("gcu.enflame.com", node);
+        let ours = json!({"driver": "gcu.enflame.com", "pool": node, "device": "gcu-1"});
+        let before = allocated(node, json!([]));
+        let after = allocated(node, json!([ours]));
+        let verb = status_verb(c, node);
+        let rbac = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
+        let token = json!({"spec": {
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "expirationSeconds": 86400,
+        }});
+        vec![
+            ("slice", admit_by(SLICES, "CREATE", c, mine, Value::Null)),
+            (
+                "claim status (policy)",
+                admit_by(CLAIM_STATUS, "UPDATE", c, after, before),
+            ),
+            (
+                "claim status (1.36 RBAC)",
+                rbac(
+                    granted(
+                        verb,
+                        "resource.k8s.io",
+                        "resourceclaims/driver",
+                        "gcu.enflame.com",
+                        "ns",
+                    ),
+                    format!("1.36 asks for {verb} on resourceclaims/driver, not granted"),
+                ),
+            ),
+            (
+                "token request (policy)",
+                admit_by(TOKEN_REQUEST, "CREATE", c, token, Value::Null),
+            ),
+            (
+                "token request (RBAC)",
+                rbac(
+                    granted(
+                        "create",
+                        "",
+                        "serviceaccounts/token",
+                        "accel-dra-driver",
+                        "accel-system",
+                    ),
+                    "create on serviceaccounts/token not granted".into(),
+                ),
+            ),
+        ]
+    }
+
+    /// Issue 42 item 2: Kubernetes 1.36 lets a driver write a claim's status.devices with
+    /// `associated-node:patch` only where its credential names the claim's node; the systemd
+    /// unit's kubeconfig credential named none, so every status write (and every slice write,
+    /// by the shipped policy) was refused. Each deployment as shipped: the DaemonSet's pod
+    /// token and the systemd unit's Node-bound token are let through everywhere; a credential
+    /// tied to no node is refused, saying why.
+    #[test]
+    fn claim_status_from_a_driver_outside_a_pod_each_deployment_as_the_api_server_answers() {
+        for deployment in ["DaemonSet", "systemd"] {
+            let c = credential_node(deployment, "n1");
+            assert_eq!(
+                c.as_deref(),
+                Some("n1"),
+                "the {deployment} deployment's credential names no node"
+            );
+            assert_eq!(status_verb(c.as_deref(), "n1"), "associated-node:patch");
+            for (what, answer) in writes(c.as_deref()) {
+                assert_eq!(answer, Ok(()), "{deployment}: {what}");
+            }
+        }
+        // A kubeconfig credential tied to no node (a client certificate, a token bound to
+        // no Node): refused, each write saying why.
+        // RBAC alone lets it ask for a token (the policy refuses it).
+        let plain: Vec<_> = writes(None)
+            .into_iter()
+            .map(|(what, a)| (what, a.err()))
+            .collect();
+        let no_node = Some("the driver's token names no node".to_string());
+        assert_eq!(
+            plain,
+            [
+                ("slice", no_node.clone()),
+                ("claim status (policy)", no_node.clone()),
+                (
+                    "claim status (1.36 RBAC)",
+                    Some(
+                        "1.36 asks for arbitrary-node:patch on resourceclaims/driver, not granted"
+                            .to_string()
+                    )
+                ),
+                ("token request (policy)", no_node),
+                ("token request (RBAC)", None),
+            ]
+        );
+        // Nor does a Node-bound credential reach another node's claims.
+        assert_eq!(status_verb(Some("n2"), "n1"), "arbitrary-node:patch");
+    }
+
+    /// Issue 42 item 2: the grant that lets the systemd unit's driver renew its token would let
+    /// it mint one bound to any node, or to nothing; the policy leaves it a token bound to its
+    /// own Node, for at most 48 hours.
+    #[test]
+    fn claim_status_from_a_driver_outside_a_pod_token_requests_for_its_own_node_only() {
+        let req = |bound: Value, seconds: Option<i64>| {
+            let mut spec = json!({"audiences": []});
+            if !bound.is_null() {
+                spec["boundObjectRef"] = bound;
+            }
+            if let Some(s) = seconds {
+                spec["expirationSeconds"] = s.into();
+            }
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        };
+        let node = |n: &str| json!({"apiVersion": "v1", "kind": "Node", "name": n});
+        let ask = |r: Value| admit_by(TOKEN_REQUEST, "CREATE", Some("n1"), r, Value::Null);
+        assert_eq!(ask(req(node("n1"), Some(86400))), Ok(()));
+        assert_eq!(ask(req(node("n1"), None)), Ok(()));
+        assert_eq!(ask(req(node("n1"), Some(172800))), Ok(()));
+        let own = "accel-dra-driver on node n1 may only ask for tokens bound to the Node n1";
+        for r in [
+            req(node("n2"), Some(3600)),
+            req(Value::Null, Some(3600)),
+            req(
+                json!({"apiVersion": "v1", "kind": "Pod", "name": "n1"}),
+                Some(3600),
+            ),
+            req(
+                json!({"apiVersion": "v1", "kind": "Secret", "name": "n1"}),
+                Some(3600),
+            ),
+        ] {
+            assert_eq!(ask(r.clone()).unwrap_err(), own, "{r}");
+        }
+        assert_eq!(
+            ask(req(node("n1"), Some(172801))).unwrap_err(),
+            "accel-dra-driver may only ask for tokens that expire within 48 hours"
+        );
+        assert_eq!(
+            admit_by(
+                TOKEN_REQUEST,
+                "CREATE",
+                None,
+                req(node("n1"), Some(3600)),
+                Value::Null
+            )
+            .unwrap_err(),
             "the driver's token names no node"
         );
     }
@@ -1201,13 +1462,25 @@ impl DriverProcess {
         root: &std::path::Path,
         instance: &str,
     ) -> Self {
+        Self::spawn_as(scratch, api, root, instance, "{}", &[])
+    }
+
+    /// As [`DriverProcess::spawn`], its kubeconfig's user `user` (YAML), with `extra` args.
+    fn spawn_as(
+        scratch: &std::path::Path,
+        api: &ApiServer,
+        root: &std::path::Path,
+        instance: &str,
+        user: &str,
+        extra: &[&std::ffi::OsStr],
+    ) -> Self {
         let kubeconfig = scratch.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: {}\n\
                  contexts:\n- name: s\n  context:\n    cluster: s\n    user: s\n\
-                 current-context: s\nusers:\n- name: s\n  user: {{}}\n",
+                 current-context: s\nusers:\n- name: s\n  user: {user}\n",
                 api.url
             ),
         )
@@ -1231,6 +1504,7 @@ impl DriverProcess {
                 .arg(scratch.join("cdi"))
                 .arg("--state-dir")
                 .arg(scratch.join("state"))
+                .args(extra)
                 .env(
                     "ACCEL_CONTAINER_RUNTIME_CONFIG",
                     scratch.join("config.toml"),
@@ -1335,4 +1609,171 @@ fn socket_paths_that_fit_bound_through_a_path_that_does_not() {
     eprintln!("no name fits: {}", log.trim_end());
     let shown = String::from_utf8_lossy(at.as_os_str().as_bytes()).into_owned();
     assert!(log.contains(&shown) && log.contains("too long"), "{log}");
+}
+
+const SA: &str = "accel-system/accel-dra-driver";
+
+fn epoch() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Issue 42 item 2: the systemd unit's driver had a kubeconfig credential tied to no node, so
+/// Kubernetes 1.36 refused every claim status it wrote. Now its kubeconfig reads a token
+/// bound to its Node from a file (`tokenFile`), and the driver renews it: here one issued
+/// 1000 s ago with 100 s left is renewed at once through TokenRequest (asked with the present
+/// token, bound to the Node of the driver's node, as long-lived as the present one), written
+/// over the file whole and 0600; the stand-in API server, which refuses a status written with
+/// a token bound to no node (as 1.36 does), takes the claim's status.devices.
+#[test]
+fn claim_status_from_a_driver_outside_a_pod_renews_its_node_bound_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.require_node_bound_status();
+    api.put_claim("ns", "a", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
+    let creds = scratch.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    let file = creds.join("token");
+    let now = epoch();
+    let old = common::apiserver::token(SA, Some(NODE), now - 1000, now + 100);
+    std::fs::write(&file, &old).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let user = format!("{{tokenFile: {}}}", file.display());
+    let mut drv = DriverProcess::spawn_as(
+        scratch.path(),
+        &api,
+        root.path(),
+        "i1",
+        &user,
+        &["--token-file".as_ref(), file.as_os_str()],
+    );
+    let start = std::time::Instant::now();
+    let new = loop {
+        let now = std::fs::read_to_string(&file).unwrap();
+        if now != old {
+            break now;
+        }
+        if let Some(status) = drv.child.try_wait().unwrap() {
+            panic!("accel-dra-driver exited ({status}):\n{}", drv.log());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the token is not renewed after 20 s:\n{}",
+            drv.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{:o}", mode);
+    assert_eq!(std::fs::read_dir(&creds).unwrap().count(), 1);
+    let asked: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/serviceaccounts/"))
+        .collect();
+    assert_eq!(
+        asked.len(),
+        1,
+        "{:?}",
+        asked.iter().map(|r| &r.path).collect::<Vec<_>>()
+    );
+    let r = &asked[0];
+    assert_eq!(
+        (r.method.as_str(), r.path.split('?').next().unwrap()),
+        (
+            "POST",
+            "/api/v1/namespaces/accel-system/serviceaccounts/accel-dra-driver/token"
+        )
+    );
+    assert_eq!(r.authorization, Some(format!("Bearer {old}")));
+    let spec = &r.body.as_ref().unwrap()["spec"];
+    assert_eq!(spec["boundObjectRef"]["kind"], "Node");
+    assert_eq!(spec["boundObjectRef"]["name"], NODE);
+    assert_eq!(spec["expirationSeconds"], 1100);
+    let claims = common::apiserver::claims_of(&new);
+    assert_eq!(claims["kubernetes.io"]["node"]["name"], NODE);
+    assert_eq!(
+        claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+        1100
+    );
+    assert!(drv.log().contains("renewed the token"), "{}", drv.log());
+
+    let reg = drv.wait_file(&root.path().join("plugins_registry"));
+    rt().block_on(async {
+        let (_, ch) = register(&reg).await;
+        let r = prepare(&ch, PREPARE_V1, vec![claim("ns", "a", UID_A)]).await;
+        assert_eq!(r.claims[UID_A].error, "", "{}", drv.log());
+    });
+    let devices = &api.claim("ns", "a")["status"]["devices"];
+    assert_eq!(devices[0]["device"], "gcu-1", "{devices}\n{}", drv.log());
+    assert!(!drv.log().contains("cannot write"), "{}", drv.log());
+}
+
+/// Issue 42 item 2: with a credential tied to no node the status writes were refused with a
+/// bare warning per claim. Now the first says what is missing and where the set-up is told;
+/// the prepares stand. Given `--token-file` with a token bound to no Node, the driver does
+/// not start and says why.
+#[test]
+fn claim_status_from_a_driver_outside_a_pod_refused_says_why_once() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.require_node_bound_status();
+    const UID_B: &str = "1c5d8f4a-ae3b-4d72-9a2f-3b8cad1e2f3b";
+    api.put_claim("ns", "a", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
+    api.put_claim("ns", "b", UID_B, DRIVER, NODE, &[("gcus", "gcu-2")]);
+    let now = epoch();
+    let plain = common::apiserver::token(SA, None, now, now + 3600);
+    let root = tempfile::tempdir().unwrap();
+    let user = format!("{{token: {plain}}}");
+    let mut drv = DriverProcess::spawn_as(scratch.path(), &api, root.path(), "i1", &user, &[]);
+    let reg = drv.wait_file(&root.path().join("plugins_registry"));
+    rt().block_on(async {
+        let (_, ch) = register(&reg).await;
+        for (name, uid) in [("a", UID_A), ("b", UID_B)] {
+            let r = prepare(&ch, PREPARE_V1, vec![claim("ns", name, uid)]).await;
+            assert_eq!(r.claims[uid].error, "", "{}", drv.log());
+        }
+    });
+    let log = drv.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("status.devices"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains("not tied to the claim's node")
+            && said[0].contains("arbitrary-node:patch")
+            && said[0].contains("Running the driver from systemd"),
+        "{}",
+        said[0]
+    );
+    eprintln!("said once: {}", said[0]);
+    assert!(api.claim("ns", "a")["status"]["devices"].is_null());
+    drop(drv);
+
+    // --token-file with that token: refused at start.
+    let file = scratch.path().join("token");
+    std::fs::write(&file, &plain).unwrap();
+    let user = format!("{{tokenFile: {}}}", file.display());
+    let extra = ["--token-file".as_ref(), file.as_os_str()];
+    let mut drv = DriverProcess::spawn_as(scratch.path(), &api, root.path(), "i2", &user, &extra);
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = drv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", drv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = drv.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("bound to no Node"), "{log}");
 }

@@ -56,6 +56,12 @@ struct Args {
     /// default.
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
+    /// Outside a pod (the systemd unit): the file of the token bound to this node's Node
+    /// object that the kubeconfig's `tokenFile` names. The driver renews it before it
+    /// expires (docs/dra.md, "Running the driver from systemd"). Not for the DaemonSet,
+    /// whose pod's token kubelet renews.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
 fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
@@ -91,6 +97,18 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.instance = daemon::instance(args.instance)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let metrics_address = args.metrics_address;
+    let token_file = args.token_file;
+    if let Some(path) = &token_file {
+        // Said at start rather than at the first refused write.
+        let c = accel_container_runtime::dra::token::read(path, &opts.node)?;
+        log::info!(
+            "credential: the token of {}/{} bound to the Node {} in {}",
+            c.namespace,
+            c.account,
+            opts.node,
+            path.display()
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -100,6 +118,16 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
             .await
             .context("no Kubernetes API server configuration (in-cluster or KUBECONFIG)")?;
         let stop = daemon::stop_on_signals()?;
+        if let Some(path) = token_file {
+            use accel_container_runtime::dra::token;
+            let node = opts.node.clone();
+            tokio::spawn(token::keep_renewed(
+                client.clone(),
+                path,
+                node,
+                stop.clone(),
+            ));
+        }
         if let Some(addr) = metrics_address {
             use accel_container_runtime::kubelet::metrics;
             metrics::dra();

@@ -7,7 +7,8 @@
 //! `decide` (what a claim's allocation gives it, or why not: pure) → `claims` (prepare and
 //! unprepare: the host's facts, the lock, the on-disk records, the per-claim CDI spec) →
 //! `publish` (slices to the API server with the pool generation rules) → `server` (the gRPC
-//! services, sockets, the loop).
+//! services, sockets, the loop). Beside them, on nothing of the crate: `token` (the Node-bound
+//! credential of a driver run outside a pod, renewed by the driver itself).
 //!
 //! Ref: KEP-4381 (structured parameters), k8s.io/api/resource/v1 (types.go).
 
@@ -19,3 +20,4 @@ pub mod publish;
 pub mod server;
 pub mod slices;
 pub mod table;
+pub mod token;

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -140,6 +141,35 @@ impl Options {
             instance: None,
         }
     }
+}
+
+/// Whether a status write refused for a credential that names no node was said (once per
+/// process: every claim's is refused alike).
+static NODE_CREDENTIAL_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Where the API server refused a claim's status because the driver's credential is not tied
+/// to the claim's node (Kubernetes 1.36 then asks for `arbitrary-node:patch` on
+/// `resourceclaims/driver`, or the shipped policy finds no node in the token): what is
+/// missing and where the set-up is told.
+pub fn forbidden_for_no_node(e: &kube::Error) -> Option<String> {
+    let kube::Error::Api(status) = e else {
+        return None;
+    };
+    let m = &status.message;
+    // Forbidden (RBAC) or Invalid (a policy's denial, a field refused by validation).
+    let refused = matches!(status.code, 403 | 422);
+    (refused && (m.contains("arbitrary-node") || m.contains("names no node"))).then(|| {
+        format!(
+            "the API server refuses it because this driver's credential is not tied to \
+                 the claim's node ({}); outside a pod, run the driver with a token bound to \
+                 its Node and --token-file (docs/dra.md, \"Running the driver from \
+                 systemd\"); further refusals are logged at debug",
+            m.chars()
+                .take(300)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect::<String>()
+        )
+    })
 }
 
 /// One profile's driver, as the gRPC services see it.
@@ -305,7 +335,14 @@ impl Driver {
             .patch_status(&r.name, &pp, &kube::api::Patch::Apply(&patch))
             .await
         {
-            log::warn!("{}: {r}: cannot write its status.devices: {e}", self.name);
+            match forbidden_for_no_node(&e) {
+                // Every claim's status is refused alike: said once, in full.
+                Some(why) if !NODE_CREDENTIAL_SAID.swap(true, Ordering::Relaxed) => {
+                    log::error!("{}: {r}: cannot write its status.devices: {why}", self.name)
+                }
+                Some(_) => log::debug!("{}: {r}: status.devices refused: {e}", self.name),
+                None => log::warn!("{}: {r}: cannot write its status.devices: {e}", self.name),
+            }
         }
     }
 

@@ -22,6 +22,60 @@ pub struct Request {
     pub method: String,
     pub path: String,
     pub body: Option<Value>,
+    /// The `Authorization` header's value.
+    pub authorization: Option<String>,
+}
+
+/// A service account token as the API server issues one (unsigned: this server reads, never
+/// checks, it): `account` is `<namespace>/<name>`; `node` the Node it is bound to.
+pub fn token(account: &str, node: Option<&str>, issued: i64, expires: i64) -> String {
+    use base64::Engine;
+    let (ns, name) = account.split_once('/').unwrap();
+    let mut k = json!({"namespace": ns, "serviceaccount": {"name": name, "uid": "sa-uid"}});
+    if let Some(n) = node {
+        k["node"] = json!({"name": n, "uid": "node-uid"});
+    }
+    let payload = json!({
+        "sub": format!("system:serviceaccount:{ns}:{name}"),
+        "iat": issued, "exp": expires, "kubernetes.io": k,
+    });
+    let b = |s: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "{}.{}.sig",
+        b(br#"{"alg":"RS256"}"#),
+        b(payload.to_string().as_bytes())
+    )
+}
+
+/// A token's claims (its JWT payload), or `Null`.
+pub fn claims_of(token: &str) -> Value {
+    use base64::Engine;
+    token
+        .trim()
+        .split('.')
+        .nth(1)
+        .and_then(|p| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(p)
+                .ok()
+        })
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// The node a bearer token is bound to (its `kubernetes.io.node.name` claim).
+fn bearer_node(authorization: Option<&str>) -> Option<String> {
+    let t = authorization?.strip_prefix("Bearer ")?;
+    claims_of(t)["kubernetes.io"]["node"]["name"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
 
 /// A `status.devices` entry's keys (its list-map keys in the API): driver, pool, device, share.
@@ -43,6 +97,9 @@ struct State {
     version: u64,
     /// Every change of a slice, in order: (resourceVersion, event type, the slice then).
     events: Vec<(u64, &'static str, Value)>,
+    /// Refuse a claim status write whose bearer token is bound to no node, as Kubernetes 1.36
+    /// does where the driver is granted only `associated-node:patch`.
+    node_bound_status: bool,
 }
 
 impl State {
@@ -107,6 +164,11 @@ impl ApiServer {
             .into_iter()
             .filter(|s| s["spec"]["driver"] == driver)
             .collect()
+    }
+
+    /// From now on, a claim's status is written only with a token bound to a node (1.36).
+    pub fn require_node_bound_status(&self) {
+        self.state.lock().unwrap().node_bound_status = true;
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -495,6 +557,7 @@ fn watch(
         method: "WATCH".into(),
         path: target.into(),
         body: None,
+        authorization: None,
     });
     loop {
         let events: Vec<Value> = guard
@@ -525,14 +588,45 @@ fn watch(
     }
 }
 
-fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) -> (u16, Value) {
+fn handle(
+    st: &Mutex<State>,
+    method: &str,
+    target: &str,
+    body: Option<Value>,
+    authorization: Option<String>,
+) -> (u16, Value) {
     let mut st = st.lock().unwrap();
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     st.requests.push(Request {
         method: method.into(),
         path: target.into(),
         body: body.clone(),
+        authorization: authorization.clone(),
     });
+    // TokenRequest: /api/v1/namespaces/<ns>/serviceaccounts/<name>/token, a token bound to
+    // the Node the request names, for the seconds it asks.
+    let parts: Vec<&str> = path.split('/').collect();
+    if method == "POST"
+        && parts.len() == 8
+        && parts[..4] == ["", "api", "v1", "namespaces"]
+        && parts[5] == "serviceaccounts"
+        && parts[7] == "token"
+    {
+        let spec = body.unwrap_or_default()["spec"].clone();
+        let bound = &spec["boundObjectRef"];
+        let node = (bound["kind"] == "Node").then(|| bound["name"].as_str().unwrap_or(""));
+        let now = now_seconds();
+        let exp = now + spec["expirationSeconds"].as_i64().unwrap_or(3600);
+        let account = format!("{}/{}", parts[4], parts[6]);
+        return (
+            201,
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": spec,
+                   "status": {"token": token(&account, node, now, exp),
+                              "expirationTimestamp": k8s_openapi::jiff::Timestamp::from_second(exp)
+                                  .unwrap().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}}),
+        );
+    }
     let rest = path.strip_prefix(SLICES);
     match (method, rest) {
         ("GET", Some("")) => {
@@ -603,6 +697,18 @@ fn handle(st: &Mutex<State>, method: &str, target: &str, body: Option<Value>) ->
             if !st.claims.contains_key(&key) {
                 return status(404, "NotFound", &key);
             }
+            if st.node_bound_status && bearer_node(authorization.as_deref()).is_none() {
+                return status(
+                    403,
+                    "Forbidden",
+                    &format!(
+                        "resourceclaims.resource.k8s.io {:?} is forbidden: status.devices: \
+                         Forbidden: a credential not tied to the claim's node needs \
+                         arbitrary-node:patch on resourceclaims/driver",
+                        parts[7]
+                    ),
+                );
+            }
             let applied = body.unwrap_or_default()["status"]["devices"]
                 .as_array()
                 .cloned()
@@ -663,6 +769,7 @@ fn serve(conn: TcpStream, st: &Mutex<State>, changed: &Condvar) {
             it.next().unwrap_or("").to_string(),
         );
         let mut len = 0usize;
+        let mut authorization = None;
         loop {
             let mut h = String::new();
             if r.read_line(&mut h).unwrap_or(0) == 0 {
@@ -675,6 +782,9 @@ fn serve(conn: TcpStream, st: &Mutex<State>, changed: &Condvar) {
             if let Some((k, v)) = h.split_once(':') {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = v.trim().parse().unwrap();
+                }
+                if k.eq_ignore_ascii_case("authorization") {
+                    authorization = Some(v.trim().to_string());
                 }
             }
         }
@@ -689,7 +799,7 @@ fn serve(conn: TcpStream, st: &Mutex<State>, changed: &Condvar) {
             }
             continue;
         }
-        let (code, value) = handle(st, &method, &target, body);
+        let (code, value) = handle(st, &method, &target, body, authorization);
         if method != "GET" {
             changed.notify_all();
         }
