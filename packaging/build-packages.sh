@@ -71,8 +71,9 @@ for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver 
     esac
 done
 # Every accel-ctk subcommand the README and docs/ name is in the packaged accel-ctk (one
-# built without a feature lacks the subcommands behind it).
-for sub in $(grep -ohE 'accel-ctk [a-z][a-z-]+' README.md docs/*.md | awk '{print $2}' | sort -u); do
+# built without a feature lacks the subcommands behind it): each command as the docs write it,
+# in backquotes or at the start of a line of a code block, not a sentence's "accel-ctk with".
+for sub in $(grep -ohE '(`|^ *(sudo )?)accel-ctk [a-z][a-z-]+' README.md docs/*.md | awk '{print $NF}' | sort -u); do
     "target/$triple/release/accel-ctk" "$sub" --help >/dev/null 2>&1 ||
         { echo "build-packages.sh: the docs name \`accel-ctk $sub\`, which the packaged accel-ctk lacks" >&2; exit 1; }
 done
