@@ -733,6 +733,8 @@ mod policy {
 
     const SLICES: &str = "accel-dra-driver-own-node-slices";
     const CLAIM_STATUS: &str = "accel-dra-driver-claim-status";
+    /// The token-request policy's answer to a pod's token.
+    const POD_TOKEN: &str = "a pod's token may not ask for another token: kubelet renews it; only the Node-bound credential of the driver run from systemd renews its own";
 
     fn policy(name: &str) -> Value {
         let text = std::fs::read_to_string(MANIFEST).unwrap();
@@ -784,11 +786,34 @@ mod policy {
         object: Value,
         old: Value,
     ) -> Result<(), String> {
+        admit_as(name, op, extra(node, false), object, old)
+    }
+
+    /// A credential's user info extras as the API server gives them: a pod's projected token
+    /// names its pod and its node; a token bound to a Node names the node alone.
+    fn extra(node: Option<&str>, pod: bool) -> Value {
+        let mut e = serde_json::Map::new();
+        if let Some(n) = node {
+            e.insert("authentication.kubernetes.io/node-name".into(), json!([n]));
+        }
+        if pod {
+            e.insert(
+                "authentication.kubernetes.io/pod-name".into(),
+                json!(["accel-dra-driver-x7k2p"]),
+            );
+        }
+        e.into()
+    }
+
+    /// As [`admit_by`], for a credential with the user info `extra`.
+    fn admit_as(
+        name: &str,
+        op: &str,
+        extra: Value,
+        object: Value,
+        old: Value,
+    ) -> Result<(), String> {
         let p = policy(name);
-        let extra = match node {
-            Some(n) => json!({"authentication.kubernetes.io/node-name": [n]}),
-            None => json!({}),
-        };
         let request = json!({
             "operation": op,
             "userInfo": {
@@ -1101,9 +1126,12 @@ mod policy {
     /// What the API server answers the driver of each deployment for the writes it makes: its
     /// node's slice, a prepared claim's status.devices, and (the systemd unit's) the renewal
     /// of its token. `Err` says what refuses.
-    fn writes(credential: Option<&str>) -> Vec<(&'static str, Result<(), String>)> {
+    fn writes(credential: Option<&str>, pod: bool) -> Vec<(&'static str, Result<(), String>)> {
         let node = "n1";
         let c = credential;
+        let admit_by = |name: &str, op: &str, _: Option<&str>, object: Value, old: Value| {
+            admit_as(name, op, extra(c, pod), object, old)
+        };
         let mine = slice("gcu.enflame.com", node);
         let ours = json!({"driver": "gcu.enflame.com", "pool": node, "device": "gcu-1"});
         let before = allocated(node, json!([]));
@@ -1161,7 +1189,7 @@ mod policy {
     /// tied to no node is refused, saying why.
     #[test]
     fn claim_status_from_a_driver_outside_a_pod_each_deployment_as_the_api_server_answers() {
-        for deployment in ["DaemonSet", "systemd"] {
+        for (deployment, pod) in [("DaemonSet", true), ("systemd", false)] {
             let c = credential_node(deployment, "n1");
             assert_eq!(
                 c.as_deref(),
@@ -1169,14 +1197,20 @@ mod policy {
                 "the {deployment} deployment's credential names no node"
             );
             assert_eq!(status_verb(c.as_deref(), "n1"), "associated-node:patch");
-            for (what, answer) in writes(c.as_deref()) {
-                assert_eq!(answer, Ok(()), "{deployment}: {what}");
+            for (what, answer) in writes(c.as_deref(), pod) {
+                // kubelet renews a pod's token: the pod never needs another.
+                let want = if pod && what == "token request (policy)" {
+                    Err(POD_TOKEN.to_string())
+                } else {
+                    Ok(())
+                };
+                assert_eq!(answer, want, "{deployment}: {what}");
             }
         }
         // A kubeconfig credential tied to no node (a client certificate, a token bound to
         // no Node): refused, each write saying why.
         // RBAC alone lets it ask for a token (the policy refuses it).
-        let plain: Vec<_> = writes(None)
+        let plain: Vec<_> = writes(None, false)
             .into_iter()
             .map(|(what, a)| (what, a.err()))
             .collect();
@@ -1206,6 +1240,19 @@ mod policy {
     /// own Node, for at most 48 hours.
     #[test]
     fn claim_status_from_a_driver_outside_a_pod_token_requests_for_its_own_node_only() {
+        // A pod's token (the DaemonSet's) holds the same grant; a Node-bound token minted with
+        // it would outlive the pod by up to the policy's 48 hours.
+        let from_pod = admit_as(
+            TOKEN_REQUEST,
+            "CREATE",
+            extra(Some("n1"), true),
+            json!({"spec": {
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+                "expirationSeconds": 3600,
+            }}),
+            Value::Null,
+        );
+        assert_eq!(from_pod.unwrap_err(), POD_TOKEN);
         let req = |bound: Value, seconds: Option<i64>| {
             let mut spec = json!({"audiences": []});
             if !bound.is_null() {
