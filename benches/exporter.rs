@@ -191,14 +191,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&sock) })
-        .unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(grpc::pod_resources_server(move || answer.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    grpc::serve_pod_resources(&rt, &sock, answer);
     let cfg = r.join("config.toml");
     std::fs::write(
         &cfg,

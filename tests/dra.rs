@@ -722,6 +722,7 @@ fn policies_narrower_than_the_api_a_field_manager_per_driver_keeps_both_drivers_
 mod policy {
     use std::collections::HashMap;
 
+    use crate::common::dra::to_cel;
     use accel_container_runtime::kubelet::names::driver_name;
     use accel_container_runtime::profile::Profile;
     use serde_json::{json, Value};
@@ -744,26 +745,6 @@ mod policy {
         docs.into_iter()
             .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
             .unwrap_or_else(|| panic!("the DaemonSet's ValidatingAdmissionPolicy {name}"))
-    }
-
-    /// JSON as CEL sees an object's fields: integers as `int` (serde_json's arbitrary
-    /// precision, which this crate turns on, would otherwise hand CEL its private number map).
-    fn to_cel(v: &Value) -> cel::Value {
-        match v {
-            Value::Null => cel::Value::Null,
-            Value::Bool(b) => cel::Value::Bool(*b),
-            Value::Number(n) => n
-                .as_i64()
-                .map(cel::Value::Int)
-                .unwrap_or_else(|| cel::Value::Float(n.as_f64().unwrap())),
-            Value::String(s) => s.clone().into(),
-            Value::Array(a) => a.iter().map(to_cel).collect::<Vec<_>>().into(),
-            Value::Object(o) => o
-                .iter()
-                .map(|(k, v)| (k.clone(), to_cel(v)))
-                .collect::<HashMap<String, cel::Value>>()
-                .into(),
-        }
     }
 
     fn cel(expr: &str, ctx: &cel::Context) -> cel::Value {
@@ -1521,17 +1502,7 @@ impl DriverProcess {
         user: &str,
         extra: &[&std::ffi::OsStr],
     ) -> Self {
-        let kubeconfig = scratch.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: {}\n\
-                 contexts:\n- name: s\n  context:\n    cluster: s\n    user: s\n\
-                 current-context: s\nusers:\n- name: s\n  user: {user}\n",
-                api.url
-            ),
-        )
-        .unwrap();
+        let kubeconfig = api.kubeconfig(scratch, user);
         let log = scratch.join("driver.log");
         let child =
             std::process::Command::new(common::binary(env!("CARGO_BIN_EXE_accel-dra-driver")))

@@ -1050,14 +1050,7 @@ fn prometheus_sees_memory_used_by_pod_for_plugin_and_dra_holders() {
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&sock) })
-        .unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(grpc::pod_resources_server(move || answer.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    grpc::serve_pod_resources(&rt, &sock, answer);
     let ex = Exporter::start(
         &cfg,
         &[
@@ -1468,14 +1461,7 @@ fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale()
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&sock) })
-        .unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(grpc::pod_resources_server(move || answer.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    grpc::serve_pod_resources(&rt, &sock, answer);
     let ex = Exporter::start(
         &cfg,
         &[

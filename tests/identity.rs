@@ -836,22 +836,6 @@ fn class5_share_id_never_lets_an_exclusive_claim_share() {
 
 static DRA_BIN: LazyLock<String> = LazyLock::new(|| binary(env!("CARGO_BIN_EXE_accel-dra-driver")));
 
-/// A kubeconfig naming the stand-in API server (plain HTTP, no credentials).
-fn kubeconfig(dir: &Path, api: &ApiServer) -> PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: {}\n\
-             contexts:\n- name: stand-in\n  context:\n    cluster: stand-in\n    user: stand-in\n\
-             current-context: stand-in\nusers:\n- name: stand-in\n  user: {{}}\n",
-            api.url
-        ),
-    )
-    .unwrap();
-    path
-}
-
 /// The driver's directories, none of them made yet, under one temp dir.
 struct Dirs {
     base: tempfile::TempDir,
@@ -980,7 +964,7 @@ fn class7_dirs_are_not_world_writable_under_umask_0() {
     let dirs = Dirs::new();
     let mut drv = DriverProcess::spawn(
         &scratch.path().join("config.toml"),
-        &kubeconfig(scratch.path(), &api),
+        &api.kubeconfig(scratch.path(), "{}"),
         &dirs,
         "0",
         scratch.path().join("driver.log"),
@@ -1049,7 +1033,7 @@ fn class8_a_huge_claim_record_does_not_stop_the_driver() {
     api.put_claim("ns", "a", &uid(1), DRIVER, NODE, &[("gcus", "gcu-1")]);
     let dirs = Dirs::new();
     let config = scratch.path().join("config.toml");
-    let kube = kubeconfig(scratch.path(), &api);
+    let kube = api.kubeconfig(scratch.path(), "{}");
     let reg = dirs.registry().join(format!("{DRIVER}-reg.sock"));
     let mut drv = DriverProcess::spawn(&config, &kube, &dirs, "022", scratch.path().join("1.log"));
     drv.wait_socket(&reg);

@@ -537,14 +537,7 @@ fn ctk_pods_names_who_holds_each_replica() {
         ],
     };
     let rt = rt();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&sock) })
-        .unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(grpc::pod_resources_server(move || answer.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    grpc::serve_pod_resources(&rt, &sock, answer);
     let run = |json: bool| {
         let mut cmd = std::process::Command::new(&*CTK);
         cmd.args(["pods", "--socket"]).arg(&sock);

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::apiserver::ApiServer;
-use common::dra::{claim, prepare, register, unprepare, wait_slices, Driver, DRIVER, NODE};
+use common::dra::{claim, prepare, register, to_cel, unprepare, wait_slices, Driver, DRIVER, NODE};
 use common::grpc::PREPARE_V1;
 use common::kubelet::{config, enflame_host, rt};
 use serde_json::{json, Value};
@@ -500,26 +500,6 @@ fn the_admission_policy_refuses_a_config_prepare_would() {
         Ok(())
     );
     assert_eq!(policy::admit("deviceclasses", json!({"spec": {}})), Ok(()));
-}
-
-/// JSON as CEL sees an object's fields: integers as `int` (serde_json's arbitrary precision,
-/// which this crate turns on, would otherwise hand CEL its private number map).
-fn to_cel(v: &Value) -> cel::Value {
-    match v {
-        Value::Null => cel::Value::Null,
-        Value::Bool(b) => cel::Value::Bool(*b),
-        Value::Number(n) => n
-            .as_i64()
-            .map(cel::Value::Int)
-            .unwrap_or_else(|| cel::Value::Float(n.as_f64().unwrap())),
-        Value::String(s) => s.clone().into(),
-        Value::Array(a) => a.iter().map(to_cel).collect::<Vec<_>>().into(),
-        Value::Object(o) => o
-            .iter()
-            .map(|(k, v)| (k.clone(), to_cel(v)))
-            .collect::<std::collections::HashMap<String, cel::Value>>()
-            .into(),
-    }
 }
 
 mod policy {

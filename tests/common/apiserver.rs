@@ -209,6 +209,23 @@ impl ApiServer {
         self.changed.notify_all();
     }
 
+    /// A kubeconfig in `dir` naming this server (plain HTTP), its user `user` (YAML: `{}`
+    /// for no credential), for the real driver binary.
+    pub fn kubeconfig(&self, dir: &std::path::Path, user: &str) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: {}\n\
+                 contexts:\n- name: stand-in\n  context:\n    cluster: stand-in\n    user: stand-in\n\
+                 current-context: stand-in\nusers:\n- name: stand-in\n  user: {user}\n",
+                self.url
+            ),
+        )
+        .unwrap();
+        path
+    }
+
     /// The claim `ns/name` as the server holds it now (its status as drivers wrote it).
     pub fn claim(&self, ns: &str, name: &str) -> Value {
         self.state.lock().unwrap().claims[&format!("{ns}/{name}")].clone()

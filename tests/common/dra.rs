@@ -181,3 +181,24 @@ pub fn cdi_ids(got: &NodePrepareResourceResponse) -> Vec<String> {
         .flat_map(|d| d.cdi_device_ids.iter().cloned())
         .collect()
 }
+
+/// JSON as CEL sees an object's fields: integers as `int` (serde_json's arbitrary precision,
+/// which this crate turns on, would otherwise hand CEL its private number map). For the
+/// admission policies' CEL (tests/dra.rs, tests/sharing.rs).
+pub fn to_cel(v: &Value) -> cel::Value {
+    match v {
+        Value::Null => cel::Value::Null,
+        Value::Bool(b) => cel::Value::Bool(*b),
+        Value::Number(n) => n
+            .as_i64()
+            .map(cel::Value::Int)
+            .unwrap_or_else(|| cel::Value::Float(n.as_f64().unwrap())),
+        Value::String(s) => s.clone().into(),
+        Value::Array(a) => a.iter().map(to_cel).collect::<Vec<_>>().into(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| (k.clone(), to_cel(v)))
+            .collect::<std::collections::HashMap<String, cel::Value>>()
+            .into(),
+    }
+}

@@ -96,6 +96,23 @@ where
     PodResourcesListerServer::new(Lister(f))
 }
 
+/// kubelet's PodResources on `sock`, answering every List with `answer`, served on `rt` until
+/// it shuts down.
+pub fn serve_pod_resources(
+    rt: &tokio::runtime::Runtime,
+    sock: &std::path::Path,
+    answer: ListPodResourcesResponse,
+) {
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(sock) })
+        .unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(pod_resources_server(move || answer.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+}
+
 #[cfg(feature = "dra")]
 pub use dra::*;
 
