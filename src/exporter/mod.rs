@@ -55,6 +55,8 @@ pub struct Options {
     /// DRA driver names by profile, where not derived from the profile (as the DRA driver's
     /// `--driver-name`).
     pub driver_names: BTreeMap<String, String>,
+    /// How often the health engine reads each device's sysfs signals, and its hold-down.
+    pub health: crate::health::Settings,
 }
 
 impl Options {
@@ -66,6 +68,7 @@ impl Options {
             pod_resources_poll: Duration::from_secs(10),
             pod_resources_max_age: None,
             driver_names: BTreeMap::new(),
+            health: crate::health::Settings::default(),
         }
     }
 
@@ -89,10 +92,13 @@ async fn poll_loop(
     driver_name: Option<String>,
     state: Arc<State>,
     every: Duration,
+    health: crate::health::Settings,
     mut stop: watch::Receiver<bool>,
 ) {
     let name = profile.name.clone();
-    let fresh = || Poller::new(profile.clone(), driver_name.as_deref());
+    let monitor = Arc::new(crate::health::Monitor::new(health));
+    let fresh =
+        || Poller::new(profile.clone(), driver_name.as_deref()).with_monitor(Arc::clone(&monitor));
     let mut idle: Option<Poller> = Some(fresh());
     type Polled = (Poller, (snapshot::ProfileSnapshot, Vec<Failure>));
     let mut job: Option<tokio::task::JoinHandle<Polled>> = None;
@@ -243,6 +249,7 @@ pub async fn start(
             driver,
             Arc::clone(&state),
             opts.poll,
+            opts.health,
             stop.clone(),
         ));
     }

@@ -5,8 +5,8 @@
 //! The rules, in the order the reason names them:
 //! - its nodes or driver ([`Reading::nodes`]) are the device plugin's old rule; a device whose
 //!   node comes back is healthy at once, as before: the driver made it again, nothing flaps;
-//! - its PCI function gone from sysfs, or its config space reading all ones (a device that
-//!   fell off the bus answers every read with ones);
+//! - its PCI function gone from sysfs once it has been seen there, or its config space reading
+//!   all ones (a device that fell off the bus answers every read with ones);
 //! - the AER fatal count (`TOTAL_ERR_FATAL`) above its baseline;
 //! - an amdgpu RAS block's uncorrectable count (`ue:`) above its baseline.
 //!
@@ -91,6 +91,9 @@ pub struct Tracked {
     pub baseline: Counters,
     /// The PCI function was there (or not known) at the last read.
     pub present: bool,
+    /// The PCI function has been seen in sysfs: only then is its absence a signal (a root
+    /// whose sysfs does not show it, as a container's without the host's /sys, says nothing).
+    pub seen: bool,
     /// Since a hardware signal was seen: `None` while it is still seen, else when every
     /// signal was first seen clear again. Absent when no hold-down runs.
     pub held: Option<Option<Instant>>,
@@ -157,7 +160,12 @@ pub fn step(
     hold_down: Duration,
 ) -> (Tracked, Vec<Note>) {
     let mut notes = Vec::new();
-    let present = r.pci != Pci::Gone;
+    let seen = prev.is_some_and(|p| p.seen) || matches!(r.pci, Pci::Present | Pci::AllOnes);
+    let pci = match r.pci {
+        Pci::Gone if !seen => Pci::Unknown,
+        p => p,
+    };
+    let present = pci != Pci::Gone;
     let bdf = r.bdf.as_deref().unwrap_or("(unknown)");
     // The baseline of a first read, or of a function that is back, is what it reads now.
     let fresh = match prev {
@@ -173,7 +181,7 @@ pub fn step(
     }
 
     let mut hardware: Vec<String> = Vec::new();
-    match r.pci {
+    match pci {
         Pci::Gone => hardware.push(format!("PCI function {bdf} is gone from sysfs")),
         Pci::AllOnes => hardware.push(format!(
             "PCI function {bdf} reads all ones (fallen off the bus)"
@@ -264,6 +272,7 @@ pub fn step(
             health,
             baseline,
             present,
+            seen,
             held,
             nonfatal_said,
         },
@@ -494,6 +503,25 @@ mod tests {
             (10, reading(Pci::Present, counters(9, 0, &[("umc", 4)]))),
         ]);
         assert_eq!(v, [None, None, None]);
+    }
+
+    /// A function never seen in sysfs (a root without the host's sysfs, a bus id sysfs does
+    /// not show) is no signal; once seen, its absence is.
+    #[test]
+    fn a_function_never_seen_in_sysfs_is_no_signal() {
+        let gone = || reading(Pci::Gone, Counters::default());
+        let v = verdicts(&[(0, gone()), (5, gone())]);
+        assert_eq!(v, [None, None]);
+        let v = verdicts(&[
+            (0, gone()),
+            (5, reading(Pci::Present, Counters::default())),
+            (10, gone()),
+        ]);
+        assert_eq!(v[1], None);
+        assert_eq!(
+            v[2].as_deref(),
+            Some("PCI function 0000:11:00.0 is gone from sysfs")
+        );
     }
 
     /// The nodes' signal is not held down: a node made again is healthy at once, as the

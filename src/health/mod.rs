@@ -106,6 +106,7 @@ impl Monitor {
                         health: Health::Healthy,
                         baseline: Counters::default(),
                         present: true,
+                        seen: false,
                         held: None,
                         nonfatal_said: None,
                     },
