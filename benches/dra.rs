@@ -29,6 +29,7 @@ use accel_container_runtime::dra::table;
 use accel_container_runtime::kubelet::host_root::HostRoot;
 use accel_container_runtime::kubelet::inventory;
 use accel_container_runtime::kubelet::proto::dra::*;
+use accel_container_runtime::kubelet::sharing::Sharing;
 use accel_container_runtime::profile::Profile;
 use apiserver::ApiServer;
 use criterion::Criterion;
@@ -159,12 +160,14 @@ fn build(pool: &Pool, profile: &Profile) -> (Vec<table::DraDevice>, slices::Cont
         .iter()
         .map(|d| inventory::healthy(profile, &d.dev))
         .collect();
-    let contents = slices::contents(pool, profile, &t, &healthy);
+    let sharing = Sharing::of(profile).unwrap().0;
+    let contents = slices::contents(pool, sharing.as_ref(), &t, &healthy);
     let s = slices::slices(pool, &contents, 1);
     (t, contents, serde_json::to_vec(&s).unwrap())
 }
 
 fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
+    let sharing = Sharing::of(profile).unwrap().0;
     let version = accel_container_runtime::discovery::driver_version(profile);
     let pool = Pool {
         driver: DRIVER,
@@ -236,7 +239,9 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
         "dra prepare 8 of 64: checks + CDI spec + record (and unprepare)",
         |b| {
             b.iter(|| {
-                let d = claims.prepare(profile, &table, &cref, &claim).unwrap();
+                let d = claims
+                    .prepare(profile, sharing.as_ref(), &table, &cref, &claim)
+                    .unwrap();
                 assert_eq!(d.len(), 8);
                 claims.unprepare(UID).unwrap();
             })
@@ -269,6 +274,7 @@ fn share_claim(i: usize) -> (ClaimRef, ResourceClaim) {
 /// in halves and quarters): publishing it, and a prepare on an idle GCU against one on a GCU
 /// already shared by 16 claims.
 fn sharing(c: &mut Criterion, r: &Path, profile: &Profile) {
+    let sharing = Sharing::of(profile).unwrap().0;
     let version = accel_container_runtime::discovery::driver_version(profile);
     let pool = Pool {
         driver: DRIVER,
@@ -300,7 +306,9 @@ fn sharing(c: &mut Criterion, r: &Path, profile: &Profile) {
     let (cref, claim) = share_claim(0);
     let once = || {
         let t = std::time::Instant::now();
-        let d = claims.prepare(profile, &table, &cref, &claim).unwrap();
+        let d = claims
+            .prepare(profile, sharing.as_ref(), &table, &cref, &claim)
+            .unwrap();
         assert_eq!(d.len(), 1);
         claims.unprepare(&cref.uid).unwrap();
         t.elapsed()
@@ -311,7 +319,9 @@ fn sharing(c: &mut Criterion, r: &Path, profile: &Profile) {
     let idle: Vec<Duration> = (0..200).map(|_| once()).collect();
     for i in 1..=16 {
         let (r, cl) = share_claim(i);
-        claims.prepare(profile, &table, &r, &cl).unwrap();
+        claims
+            .prepare(profile, sharing.as_ref(), &table, &r, &cl)
+            .unwrap();
     }
     c.bench_function(
         "dra prepare a share of a GCU shared by 16 claims (and unprepare)",

@@ -162,7 +162,9 @@ fn main() {
 
     // 1. The exporter's own time: one poll's snapshot and the holders, rendered.
     let state = Arc::new(State::default());
-    let (snap, failed) = Poller::new(enflame.clone(), None).poll();
+    let (snap, failed) = Poller::new(enflame.clone(), None)
+        .expect("enflame's tables read")
+        .poll();
     assert!(failed.is_empty(), "{failed:?}");
     assert_eq!(snap.devices.len() as u64, DEVICES);
     state.polled(snap);

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::profile::{self, Builtin, Profile, ProfileError};
+use crate::profile::{self, Builtin, Keep, Profile, ProfileError};
 use crate::trust::{self, OpenError};
 
 pub const DEFAULT_PATH: &str = "/etc/accel-container-runtime/config.toml";
@@ -155,12 +155,37 @@ impl Quick {
     }
 
     /// The [`Config`]: every profile built from what was read here (config.toml and the
-    /// profile files are neither read nor parsed again).
+    /// profile files are neither read nor parsed again), with every table of each.
     pub fn into_config(self) -> Result<Config, ConfigError> {
+        self.into_config_keeping(Keep::All, None)
+    }
+
+    /// [`Quick::into_config`] for a create whose spec's environment sets `variables`
+    /// (`None`: a create that may involve any profile: CDI annotations, device-list mounts):
+    /// only the profiles that may claim one of them are parsed and built, each with every
+    /// source of its name, as the full load builds it, in the same order, so the create's
+    /// plan is the same (test `a_create_builds_the_claiming_profiles_as_the_full_load`); and
+    /// none keeps the tables only the daemons read ([`Keep::Create`]). Both spare a create
+    /// what it never uses: every other vendor's profile, and the exporter's and sharing's
+    /// tables (benches/BENCHMARKS.md, "What a create parses").
+    pub fn into_create_config(self, variables: Option<&[&str]>) -> Result<Config, ConfigError> {
+        self.into_config_keeping(Keep::Create, variables)
+    }
+
+    fn into_config_keeping(
+        self,
+        keep: Keep,
+        variables: Option<&[&str]>,
+    ) -> Result<Config, ConfigError> {
         match self.file {
-            Some((file, warnings)) => {
-                Config::build(file, warnings, self.path.as_deref(), Some(self.profiles))
-            }
+            Some((file, warnings)) => Config::build(
+                file,
+                warnings,
+                self.path.as_deref(),
+                Some(self.profiles),
+                keep,
+                variables,
+            ),
             // Fails again, as the full load does.
             None => Config::parse(&self.text, self.path.as_deref()),
         }
@@ -256,7 +281,7 @@ impl Config {
             &mut warnings,
             &mut trust::Checked::default(),
         )?;
-        let mut cfg = Self::build(file, warnings, shown_at, Some(files))?;
+        let mut cfg = Self::build(file, warnings, shown_at, Some(files), Keep::All, None)?;
         cfg.reroot(root);
         Ok(cfg)
     }
@@ -264,7 +289,8 @@ impl Config {
     /// The built-in defaults and profiles alone: no file read.
     pub fn builtin() -> Config {
         let (file, warnings) = parse_file("", &shown(None)).expect("the defaults deserialize");
-        Self::build(file, warnings, None, Some(Vec::new())).expect("the built-in profiles build")
+        Self::build(file, warnings, None, Some(Vec::new()), Keep::All, None)
+            .expect("the built-in profiles build")
     }
 
     /// [`Config::builtin`] for the node whose `/` is `root`: profiles-dir, driver-roots and
@@ -287,16 +313,19 @@ impl Config {
     /// Parses config text; `path` names it in errors (`None`: defaults, no file).
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
         let (file, warnings) = parse_file(text, &shown(path))?;
-        Self::build(file, warnings, path, None)
+        Self::build(file, warnings, path, None, Keep::All, None)
     }
 
     /// The config from a deserialized config.toml, with the warnings so far. `files`: the
-    /// profile files already read (`None`: list and read `profiles-dir` now).
+    /// profile files already read (`None`: list and read `profiles-dir` now); `keep`: which
+    /// of each profile's tables to keep; `variables`: as for [`Quick::into_create_config`].
     fn build(
         file: File,
         mut warnings: Vec<String>,
         path: Option<&Path>,
         files: Option<ProfileFiles>,
+        keep: Keep,
+        variables: Option<&[&str]>,
     ) -> Result<Config, ConfigError> {
         let shown = shown(path);
         let invalid = |msg: String| ConfigError::Invalid {
@@ -337,7 +366,7 @@ impl Config {
                 &mut trust::Checked::default(),
             )?,
         };
-        let profiles = load_profiles(files, file.profiles, &shown, &mut warnings)?;
+        let profiles = load_profiles(files, file.profiles, &shown, &mut warnings, keep, variables)?;
         Ok(Config {
             path: path.map(Path::to_path_buf),
             low_level_runtime,
@@ -521,9 +550,10 @@ fn build(
     origin: String,
     over: Option<&toml::Value>,
     config_path: &Path,
+    keep: Keep,
 ) -> Result<Built, ConfigError> {
     let Some(over) = over else {
-        return Ok((Profile::from_document(doc, &origin)?, origin));
+        return Ok((Profile::from_document(doc, &origin, keep)?, origin));
     };
     let invalid = |msg: String| ConfigError::Invalid {
         path: config_path.into(),
@@ -540,23 +570,23 @@ fn build(
     let text = toml::to_string(over).map_err(|e| invalid(format!("profiles.{name}: {e}")))?;
     let over = profile::parse_document(&text, &origin)?;
     let merged = profile::merge_documents(doc, over);
-    Ok((Profile::from_document(merged, &origin)?, origin))
+    Ok((Profile::from_document(merged, &origin, keep)?, origin))
 }
 
-/// Every profile, from the built-ins, `files` and config.toml's `[profiles.*]` tables. All
-/// are parsed on every device create: parsing only those that may claim a variable of the
-/// spec saved 0.07-0.13 ms of an 8-GPU create (benches/BENCHMARKS.md), under the 0.2 ms a
-/// private shortcut must save to stay.
+/// The profiles, from the built-ins, `files` and config.toml's `[profiles.*]` tables; with
+/// `variables` (a create's: the names its spec's environment sets), only those that may claim
+/// one of them, with every source of the same name (see [`Quick::into_create_config`]).
 fn load_profiles(
     files: ProfileFiles,
     mut overrides: toml::Table,
     config_path: &Path,
     warnings: &mut Vec<String>,
+    keep: Keep,
+    variables: Option<&[&str]>,
 ) -> Result<Vec<Profile>, ConfigError> {
-    // In precedence order; a later one of the same name replaces.
-    let mut sources: Vec<Source> = profile::BUILTIN.iter().map(Source::Builtin).collect();
+    // A file gone since it was listed is read now, for its error.
+    let mut texts = Vec::with_capacity(files.len());
     for (path, text) in files {
-        // A file gone since it was listed is read now, for its error.
         let text = match text {
             Some(text) => text,
             None => crate::bounded::read_text(&path, MAX_FILE_SIZE).map_err(|source| {
@@ -566,11 +596,21 @@ fn load_profiles(
                 }
             })?,
         };
+        texts.push((path, text));
+    }
+    let (builtins, docs) = involved(&texts, &overrides, variables)?;
+    // In precedence order; a later one of the same name replaces.
+    let mut sources: Vec<Source> = profile::BUILTIN
+        .iter()
+        .zip(builtins)
+        .filter(|(_, used)| *used)
+        .map(|(b, _)| Source::Builtin(b))
+        .collect();
+    for ((path, _), doc) in texts.iter().zip(docs) {
+        let Some(doc) = doc else { continue };
         let origin = path.display().to_string();
-        // Built as it is read, so one parsed file is held at a time, not all of them.
-        let doc = profile::parse_document(&text, &origin)?;
         let name = profile::document_name(&doc).unwrap_or_default().to_string();
-        let built = build(doc, &name, origin, overrides.get(&name), config_path)?;
+        let built = build(doc, &name, origin, overrides.get(&name), config_path, keep)?;
         let file = Source::File {
             name,
             built: Box::new(built),
@@ -587,7 +627,7 @@ fn load_profiles(
             Source::Builtin(b) => {
                 let origin = b.origin();
                 let doc = profile::parse_document(b.text, &origin)?;
-                build(doc, &name, origin, over.as_ref(), config_path)?
+                build(doc, &name, origin, over.as_ref(), config_path, keep)?
             }
             // Built with config.toml's keys for it when it was read.
             Source::File { built, .. } => *built,
@@ -633,6 +673,63 @@ fn load_profiles(
         }
     }
     Ok(profiles)
+}
+
+/// A profile file's parsed document, borrowing its text.
+type Document<'t> = toml::Spanned<toml::de::DeTable<'t>>;
+
+/// The sources a create whose spec sets `variables` may involve: for each built-in, whether
+/// it may, and each file's document where it may (`variables` `None`: every one). A source
+/// may claim a variable only where its text quotes the variable's name, and one that
+/// replaces or is merged into a claiming profile quotes that profile's name (config.toml's
+/// `[profiles.<name>]` tables name theirs). So, by rounds: the sources whose text may quote
+/// a variable or a name so far ([`profile::may_quote`]: a text it cannot read plainly may),
+/// their names added, until no name is added. What is not chosen is neither parsed nor
+/// checked by this create; `accel-ctk`, the doctor and the creates that involve it are.
+fn involved<'t>(
+    files: &'t [(PathBuf, String)],
+    overrides: &toml::Table,
+    variables: Option<&[&str]>,
+) -> Result<(Vec<bool>, Vec<Option<Document<'t>>>), ConfigError> {
+    let parse = |(path, text): &'t (PathBuf, String)| {
+        profile::parse_document(text, &path.display().to_string())
+    };
+    let Some(variables) = variables else {
+        let docs = files
+            .iter()
+            .map(|f| parse(f).map(Some))
+            .collect::<Result<_, _>>()?;
+        return Ok((vec![true; profile::BUILTIN.len()], docs));
+    };
+    let mut names: std::collections::BTreeSet<Vec<u8>> = variables
+        .iter()
+        .map(|v| v.as_bytes().to_vec())
+        .chain(overrides.keys().map(|k| k.as_bytes().to_vec()))
+        .collect();
+    let mut builtins = vec![false; profile::BUILTIN.len()];
+    let mut docs: Vec<Option<Document<'t>>> = files.iter().map(|_| None).collect();
+    loop {
+        let may = |text: &str| profile::may_quote(text.as_bytes(), |run| names.contains(run));
+        let mut more = Vec::new();
+        for (used, b) in builtins.iter_mut().zip(profile::BUILTIN) {
+            if !*used && may(b.text) {
+                *used = true;
+                more.push(b.name.as_bytes().to_vec());
+            }
+        }
+        for (doc, file) in docs.iter_mut().zip(files) {
+            if doc.is_none() && may(&file.1) {
+                let d = parse(file)?;
+                more.extend(profile::document_name(&d).map(|n| n.as_bytes().to_vec()));
+                *doc = Some(d);
+            }
+        }
+        let before = names.len();
+        names.extend(more);
+        if names.len() == before {
+            return Ok((builtins, docs));
+        }
+    }
 }
 
 fn profile_files(dir: &Path, warnings: &mut Vec<String>) -> Vec<PathBuf> {
@@ -805,7 +902,8 @@ mod tests {
     /// The create path builds its Config from the screen's reading of config.toml: the same
     /// Config, warnings and errors as loading it anew.
     #[test]
-    fn quick_into_config_is_the_full_load() {
+    /// The create's config is the full load's, less the tables only daemons read.
+    fn quick_into_config_is_the_full_load_less_the_wings() {
         let dir = tempfile::tempdir().unwrap();
         let profiles = dir.path().join("profiles.d");
         std::fs::create_dir(&profiles).unwrap();
@@ -816,6 +914,15 @@ mod tests {
         ascend.insert_str(0, "driver-rot = \"/typo\"\n");
         std::fs::write(profiles.join("ascend.toml"), ascend).unwrap();
         let cfg = dir.path().join("config.toml");
+        let show = |r: Result<Config, ConfigError>| match r {
+            Ok(mut c) => {
+                for p in &mut c.profiles {
+                    p.wings = profile::Wings::default();
+                }
+                format!("{c:?}")
+            }
+            Err(e) => format!("error: {e}"),
+        };
         let top = format!("profiles-dir = {profiles:?}\n");
         for extra in [
             "",
@@ -832,11 +939,14 @@ mod tests {
             "profiles = { nvidia = 5 }\n",
         ] {
             std::fs::write(&cfg, format!("{top}{extra}")).unwrap();
-            let show = |r: Result<Config, ConfigError>| match r {
-                Ok(c) => format!("{c:?}"),
-                Err(e) => format!("error: {e}"),
-            };
             let full = show(Config::load(&cfg));
+            if let Ok(c) = Config::load(&cfg) {
+                let wings = |name| {
+                    let p = c.profiles.iter().find(|p| p.name == name).unwrap();
+                    p.wings.names().collect::<Vec<_>>()
+                };
+                assert_eq!(wings("enflame"), ["metrics", "sharing"], "{extra}");
+            }
             let quick = match Quick::read(&cfg) {
                 Ok(quick) => quick,
                 // The screen reports what it needs itself, as the full load does.
@@ -845,7 +955,13 @@ mod tests {
                     continue;
                 }
             };
-            assert_eq!(show(quick.into_config()), full, "{extra}");
+            let create = quick.into_create_config(None);
+            if let Ok(c) = &create {
+                for p in &c.profiles {
+                    assert_eq!(p.wings.names().count(), 0, "{}: {extra}", p.name);
+                }
+            }
+            assert_eq!(show(create), full, "{extra}");
             let text = std::fs::read_to_string(&cfg).unwrap();
             assert_eq!(show(Config::parse(&text, Some(&cfg))), full, "{extra}");
         }
@@ -853,9 +969,187 @@ mod tests {
         let none = dir.path().join("none.toml");
         let quick = Quick::read(&none).unwrap();
         assert_eq!(
-            format!("{:?}", quick.into_config().unwrap()),
-            format!("{:?}", Config::load(&none).unwrap())
+            show(quick.into_create_config(None)),
+            show(Config::load(&none))
         );
+    }
+
+    /// A create builds only the profiles that may claim a variable its spec sets: each one
+    /// that claims one is built as the full load builds it, in the same order, so the plan is
+    /// the same; and an error of the create's load is the full load's.
+    #[test]
+    fn a_create_builds_the_claiming_profiles_as_the_full_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
+        // Every profile the packages install.
+        for p in [
+            "amd",
+            "ascend",
+            "cambricon",
+            "habana",
+            "hygon",
+            "intel",
+            "intel-xe",
+            "metax",
+            "mthreads",
+        ] {
+            let file = format!("{p}.toml");
+            std::fs::copy(shipped.join(&file), profiles.join(&file)).unwrap();
+        }
+        let nvidia = std::fs::read_to_string(shipped.join("nvidia.toml")).unwrap();
+        let cfg = dir.path().join("config.toml");
+        let top = format!("profiles-dir = {profiles:?}\n");
+        let files: &[(&str, String)] = &[
+            ("", String::new()),
+            // A file replacing the built-in nvidia without claiming its variable.
+            (
+                "zz-nvidia.toml",
+                nvidia.replace("\"NVIDIA_VISIBLE_DEVICES\"", "\"MY_GPUS\""),
+            ),
+            // One replacing it with a different driver-root, another file named like it.
+            (
+                "zz-nvidia.toml",
+                format!("{nvidia}\ndriver-root = \"/run/nvidia/driver\"\n"),
+            ),
+            // A second profile claiming a variable another claims.
+            (
+                "zz-dup.toml",
+                "name = \"dup\"\nvisible-devices-env = ['HABANA_VISIBLE_DEVICES']\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/d{index}\"]\n".into(),
+            ),
+            // A broken one, and one whose name is escaped.
+            ("zz-broken.toml", "name = [\n".into()),
+            (
+                "zz-esc.toml",
+                "name = \"e\\u0073c\"\nvisible-devices-env = ['ESC_DEVS']\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/e{index}\"]\n".into(),
+            ),
+        ];
+        let extras = [
+            "",
+            "[profiles.nvidia]\ndriver-root = \"/run/nvidia/driver\"\n",
+            "[profiles.habana]\nvisible-devices-env = ['NVIDIA_VISIBLE_DEVICES']\n",
+            "[profiles.cambricon]\nvisible-devices-env = ['MY_GPUS']\n",
+            "[profiles.custom]\nvisible-devices-env = ['MY_GPUS']\n[profiles.custom.discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/c{index}\"]\n",
+            "[profiles.ascend]\ndriver-root = 5\n",
+        ];
+        let variables: &[&[&str]] = &[
+            &[],
+            &["PATH", "HOME"],
+            &["NVIDIA_VISIBLE_DEVICES"],
+            &["MY_GPUS", "PATH"],
+            &["HABANA_VISIBLE_DEVICES"],
+            &[
+                "ASCEND_VISIBLE_DEVICES",
+                "MTHREADS_VISIBLE_DEVICES",
+                "ESC_DEVS",
+            ],
+        ];
+        let mut compared = 0;
+        for (file, text) in files {
+            if !file.is_empty() {
+                std::fs::write(profiles.join(file), text).unwrap();
+            }
+            for extra in extras {
+                std::fs::write(&cfg, format!("{top}{extra}")).unwrap();
+                // The full load's profiles without the daemons' tables, which no create keeps.
+                let full = Config::load(&cfg).map(|mut c| {
+                    for p in &mut c.profiles {
+                        p.wings = profile::Wings::default();
+                    }
+                    c
+                });
+                for vars in variables {
+                    let lazy = Quick::read(&cfg).unwrap().into_create_config(Some(vars));
+                    let (lazy, full) = match (lazy, &full) {
+                        (Ok(lazy), Ok(full)) => (lazy, full),
+                        // Both refused: for the same reason, unless the full load's is the
+                        // broken file no variable here can involve.
+                        (Err(e), Err(f)) => {
+                            let f = f.to_string();
+                            if !f.contains("zz-broken.toml") {
+                                assert_eq!(e.to_string(), f, "{file} {extra} {vars:?}");
+                            }
+                            continue;
+                        }
+                        (Err(e), Ok(_)) => panic!("{file} {extra} {vars:?}: lazy only: {e}"),
+                        // Not built, not validated: only what no variable here can involve.
+                        (Ok(_), Err(_)) => continue,
+                    };
+                    // The lazy profiles are full ones, in the full order...
+                    let mut rest = full.profiles.iter();
+                    for p in &lazy.profiles {
+                        let mut p = p.clone();
+                        p.wings = profile::Wings::default();
+                        assert!(rest.any(|f| *f == p), "{file} {extra} {vars:?}: {}", p.name);
+                    }
+                    // ... and every full one that claims a variable is among them.
+                    for p in &full.profiles {
+                        if vars
+                            .iter()
+                            .any(|v| p.visible_devices_env.iter().any(|e| e == v))
+                        {
+                            assert!(
+                                lazy.profiles.iter().any(|l| l.name == p.name
+                                    && l.visible_devices_env == p.visible_devices_env
+                                    && l.driver_root == p.driver_root),
+                                "{file} {extra} {vars:?}: {}",
+                                p.name
+                            );
+                        }
+                    }
+                    compared += 1;
+                }
+            }
+            if !file.is_empty() {
+                std::fs::remove_file(profiles.join(file)).unwrap();
+            }
+        }
+        assert!(compared > 50, "{compared}");
+        // Only what is needed is built: nothing for a spec that sets no claimed variable.
+        std::fs::write(&cfg, &top).unwrap();
+        let q = Quick::read(&cfg).unwrap();
+        assert!(q
+            .into_create_config(Some(&["PATH"]))
+            .unwrap()
+            .profiles
+            .is_empty());
+        let q = Quick::read(&cfg).unwrap();
+        let names: Vec<String> = q
+            .into_create_config(Some(&["NVIDIA_VISIBLE_DEVICES"]))
+            .unwrap()
+            .profiles
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(names, ["nvidia"]);
+    }
+
+    /// A create reads none of the tables only the daemons read: a mistake in one does not
+    /// stop a create, and their size costs it nothing past finding where they end.
+    #[test]
+    fn a_create_reads_no_daemon_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles.d");
+        std::fs::create_dir(&profiles).unwrap();
+        std::fs::write(
+            profiles.join("x.toml"),
+            "name = \"x\"\nvisible-devices-env = [\"X_DEVICES\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{index}\"]\n[sharing]\nlimits = \"maybe\"\n[metrics]\nfiles = 5\n",
+        )
+        .unwrap();
+        let cfg = dir.path().join("config.toml");
+        std::fs::write(&cfg, format!("profiles-dir = {profiles:?}\n")).unwrap();
+        let create = Quick::read(&cfg)
+            .unwrap()
+            .into_create_config(Some(&["X_DEVICES"]))
+            .unwrap();
+        let x = create.profile("x").expect("the claiming profile");
+        assert_eq!(x.wings.names().count(), 0);
+        assert!(create.warnings.is_empty(), "{:?}", create.warnings);
+        // The daemons' load keeps them, for the wing that reads each to judge.
+        let full = Config::load(&cfg).unwrap();
+        let names: Vec<_> = full.profile("x").unwrap().wings.names().collect();
+        assert_eq!(names, ["metrics", "sharing"]);
     }
 
     #[test]

@@ -140,7 +140,23 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
         });
     }
     let mut parsed = Parsed::read(bundle)?;
-    let cfg = quick.into_config()?;
+    let cfg = {
+        // A spec asks by its environment's names alone unless it has CDI annotations,
+        // docker's hook, or the node takes device-list mounts: then any profile may be asked.
+        let spec = &parsed.spec;
+        let names: Vec<&str> = spec
+            .env
+            .iter()
+            .map(|e| e.split_once('=').map_or(e.as_str(), |(name, _)| name))
+            .collect();
+        let by_env = !quick.accept_container_devices_as_mounts
+            && !spec.docker_gpu_hook
+            && !spec
+                .annotations
+                .iter()
+                .any(|(k, _)| k.starts_with(spec::CDI_ANNOTATION_PREFIX));
+        quick.into_create_config(by_env.then_some(&names[..]))?
+    };
     crate::logging::init(&cfg.log_file, cfg.log_level);
     for w in &cfg.warnings {
         log::warn!("{w}");

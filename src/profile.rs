@@ -5,7 +5,7 @@
 //! `[profiles.<name>]`. Overrides are merged as TOML tables before deserializing, so a
 //! profile is always validated as a whole.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -139,349 +139,10 @@ pub struct Profile {
     /// Image requirements on the driver (`NVIDIA_REQUIRE_*`, src/constraints.rs).
     #[serde(default)]
     pub requirements: Option<Requirements>,
-    /// Where `accel-exporter` reads each device's numbers (src/exporter/); read by nothing
-    /// else.
-    #[serde(default)]
-    pub metrics: Option<Metrics>,
-    /// How accel-dra-driver shares each device besides handing it out whole (docs/sharing.md);
-    /// read by nothing else.
-    #[serde(default)]
-    pub sharing: Option<Sharing>,
-}
-
-/// A profile's sharing on the DRA path: by capacity (one shareable device per physical
-/// device, several claims each consuming part of its capacities) and by partition (fixed
-/// parts of each device that consume its shared counters). Only what the vendor's stack
-/// reads reaches a container: the variables of `env`, each from its documentation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Sharing {
-    /// Whether the vendor's stack holds a container to the limits `env` gives it
-    /// (`enforced`) or only reads them (`advisory`); published as each shared device's
-    /// `limits` attribute.
-    pub limits: Limits,
-    /// Each device's memory where discovery reads none (`32Gi`): the operator's statement of
-    /// the node's model. Without either, a device is offered whole only.
-    #[serde(default)]
-    pub memory: Option<String>,
-    /// By capacity: the shareable device's capacities and their request policies.
-    #[serde(default)]
-    pub capacity: Option<ShareCapacity>,
-    /// By partition: each device cut into `count` equal parts, per entry.
-    #[serde(default)]
-    pub partitions: Vec<Partition>,
-    /// Variables each share's and partition's containers get, as templates of what it was
-    /// granted: `{memory}` (bytes), `{memory-mib}`, `{memory-gib}` (rounded down), `{cores}`
-    /// (percent of the device's compute), `{slots}`.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Limits {
-    Enforced,
-    Advisory,
-}
-
-impl Limits {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Limits::Enforced => "enforced",
-            Limits::Advisory => "advisory",
-        }
-    }
-}
-
-/// The capacities of a shareable device: memory (its whole memory), cores (100, percent of
-/// its compute) and slots (claims at once), each present only where declared.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ShareCapacity {
-    #[serde(default)]
-    pub memory: Option<Policy>,
-    #[serde(default)]
-    pub cores: Option<Policy>,
-    /// At most this many claims share the device at once (each consumes one slot).
-    #[serde(default)]
-    pub slots: Option<u32>,
-}
-
-/// A capacity's request policy (the API's `requestPolicy`): a claim that names no amount
-/// gets `default`; one that names an amount gets it rounded up to `min + n * step`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Policy {
-    pub default: String,
-    pub min: String,
-    pub step: String,
-}
-
-/// Every device cut into `count` equal parts named `<device>-<name>-<k>`: each part has
-/// 1/count of the memory and compute and its own place on the device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Partition {
-    pub name: String,
-    pub count: u32,
-}
-
-/// The placeholders of a sharing variable's template.
-pub const SHARING_PLACEHOLDERS: &[&str] = &["memory", "memory-mib", "memory-gib", "cores", "slots"];
-
-/// The most slices a device is cut into (the API allows 32 counters per set: these and
-/// `memory`).
-pub const MAX_SLICES: u32 = 24;
-
-impl Policy {
-    /// `(default, min, step)` as whole numbers, checked against each other.
-    pub fn parse(&self) -> Result<(u64, u64, u64), String> {
-        let q = |what: &str, v: &str| crate::quantity::parse(v).map_err(|e| format!("{what}: {e}"));
-        let (d, m, s) = (
-            q("default", &self.default)?,
-            q("min", &self.min)?,
-            q("step", &self.step)?,
-        );
-        if s == 0 {
-            return Err("step must be above 0".into());
-        }
-        if d < m || (d - m) % s != 0 {
-            return Err(format!(
-                "default {} must be min {} plus a whole number of steps {}",
-                self.default, self.min, self.step
-            ));
-        }
-        Ok((d, m, s))
-    }
-}
-
-impl Sharing {
-    /// The number of slices a device is cut into: the least common multiple of the
-    /// partitions' counts (1 without partitions).
-    pub fn slices(&self) -> u32 {
-        fn gcd(a: u32, b: u32) -> u32 {
-            if b == 0 {
-                a
-            } else {
-                gcd(b, a % b)
-            }
-        }
-        self.partitions
-            .iter()
-            .fold(1, |l, p| l / gcd(l, p.count) * p.count)
-    }
-
-    fn validate(&self, visible: &[String]) -> Result<(), String> {
-        if let Some(m) = &self.memory {
-            crate::quantity::parse(m).map_err(|e| format!("sharing.memory: {e}"))?;
-        }
-        if let Some(c) = &self.capacity {
-            if let Some(p) = &c.memory {
-                p.parse()
-                    .map_err(|e| format!("sharing.capacity.memory: {e}"))?;
-            }
-            if let Some(p) = &c.cores {
-                let (d, m, s) = p
-                    .parse()
-                    .map_err(|e| format!("sharing.capacity.cores: {e}"))?;
-                if d > 100 || m + s > 100 {
-                    return Err("sharing.capacity.cores: a percent of the device: default at most 100, min + step at most 100".into());
-                }
-            }
-            if c.slots == Some(0) {
-                return Err("sharing.capacity.slots must be at least 1".into());
-            }
-        }
-        let mut names = BTreeSet::new();
-        for p in &self.partitions {
-            let label = !p.name.is_empty()
-                && p.name.len() <= 16
-                && p.name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-                && p.name.as_bytes()[0].is_ascii_lowercase();
-            if !label || p.name == "shared" {
-                return Err(format!(
-                    "sharing.partitions: name {:?} must be 1-16 of [a-z0-9], starting with a letter, and not \"shared\"",
-                    p.name
-                ));
-            }
-            if !names.insert(p.name.as_str()) {
-                return Err(format!("sharing.partitions: {} twice", p.name));
-            }
-            if !(2..=8).contains(&p.count) {
-                return Err(format!(
-                    "sharing.partitions {}: count must be 2 to 8",
-                    p.name
-                ));
-            }
-        }
-        if self.slices() > MAX_SLICES {
-            return Err(format!(
-                "sharing.partitions: the counts need {} slices of a device, more than {MAX_SLICES}",
-                self.slices()
-            ));
-        }
-        for (name, template) in &self.env {
-            let ok =
-                name.bytes().enumerate().all(|(i, b)| {
-                    b == b'_' || b.is_ascii_uppercase() || (i > 0 && b.is_ascii_digit())
-                }) && !name.is_empty();
-            if !ok || visible.contains(name) {
-                return Err(format!(
-                    "sharing.env: {name:?} must be an upper-case variable name and not a visible-devices variable"
-                ));
-            }
-            for ph in placeholders(template).map_err(|e| format!("sharing.env {name}: {e}"))? {
-                if !SHARING_PLACEHOLDERS.contains(&ph) {
-                    return Err(format!("sharing.env {name}: unknown placeholder {{{ph}}}"));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The sources of one vendor's device metrics: files the kernel driver publishes, the
-/// vendor's management library, the vendor's CLI. Each reading names the metric it gives
-/// ([`MetricKind`]) and the factor to its base unit.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Metrics {
-    /// Files under driver-root, one reading each per device.
-    #[serde(default)]
-    pub files: Vec<MetricFile>,
-    /// NVIDIA's management library (NVML), loaded from driver-root.
-    #[serde(default)]
-    pub nvml: Option<MetricNvml>,
-    /// Vendor CLIs run with a time limit, their output in a declared format.
-    #[serde(default)]
-    pub commands: Vec<MetricCommand>,
-}
-
-/// What a reading is: the exporter's metric it becomes (src/exporter/families.rs names each
-/// family and its unit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MetricKind {
-    /// How busy the device is, 0 to 1.
-    Utilization,
-    /// How busy its memory (controller) is, 0 to 1.
-    MemoryUtilization,
-    MemoryUsed,
-    MemoryTotal,
-    /// Memory used as a share of memory-total, 0 to 1: turned into memory-used bytes where
-    /// memory-total is known (Ascend's npu-smi gives only the rate).
-    MemoryUsedRatio,
-    /// Degrees Celsius; `label` names the sensor (`edge`, `junction`, `memory`).
-    Temperature,
-    Power,
-    PowerLimit,
-    /// Joules since some start (a counter).
-    Energy,
-    /// Hertz; `label` names the clock (`graphics`, `memory`).
-    Clock,
-    /// A count of errors (a counter); `label` names their kind.
-    Errors,
-}
-
-impl MetricKind {
-    /// Whether a reading of this kind needs a `label` (its series are told apart by it).
-    pub fn labelled(self) -> bool {
-        matches!(
-            self,
-            MetricKind::Temperature | MetricKind::Clock | MetricKind::Errors
-        )
-    }
-}
-
-/// One file per device. `path` is container-style under driver-root with the device's
-/// placeholders: `{bus}` (PCI bus id), `{card}` (DRM card number), `{index}`, and
-/// `{hwmon}` / `{hwmon:NAME}` (the `hwmonN` directory there, the one whose `name` file says
-/// NAME). The file holds one number; the reading is that number times `scale`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct MetricFile {
-    pub metric: MetricKind,
-    #[serde(default)]
-    pub label: Option<String>,
-    pub path: String,
-    #[serde(default = "scale_one")]
-    pub scale: f64,
-    /// A file some of the driver's devices lack: its absence is no error.
-    #[serde(default)]
-    pub optional: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct MetricNvml {
-    /// The library's soname, found in driver-root as the runtime finds libraries.
-    pub library: String,
-}
-
-/// A vendor CLI, found in the profile's binary-search-dirs under driver-root and run there.
-/// Arguments with a device placeholder (`{index}`, `{bus}`, `{uuid}`, `{minor}`) run it once
-/// per device; without, once for all.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct MetricCommand {
-    pub binary: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    pub format: CommandFormat,
-    /// `csv`: which device a row is, by the field at `key-column` (from 0).
-    #[serde(default)]
-    pub key: Option<DeviceKey>,
-    #[serde(default)]
-    pub key_column: Option<usize>,
-    /// Killed (its whole process group) past this.
-    #[serde(default = "five")]
-    pub timeout_seconds: f64,
-    pub fields: Vec<CommandField>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CommandFormat {
-    /// One row per device, fields separated by commas.
-    Csv,
-    /// `Key : value` lines (one device's, from a per-device run).
-    KeyValue,
-}
-
-/// How a CLI's row names its device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DeviceKey {
-    Index,
-    Bus,
-    Uuid,
-    Minor,
-}
-
-/// One number of a CLI's output: at `column` (csv) or after `key` (key-value), its first
-/// token parsed as a number, times `scale`. `N/A` and the like are missing values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct CommandField {
-    pub metric: MetricKind,
-    #[serde(default)]
-    pub label: Option<String>,
-    #[serde(default)]
-    pub column: Option<usize>,
-    #[serde(default)]
-    pub key: Option<String>,
-    #[serde(default = "scale_one")]
-    pub scale: f64,
-}
-
-fn scale_one() -> f64 {
-    1.0
-}
-
-fn five() -> f64 {
-    5.0
+    /// The tables only a daemon reads ([`WINGS`]), as written, each for the wing that reads
+    /// it; empty where the loader was asked for what a create reads ([`Keep::Create`]).
+    #[serde(skip)]
+    pub wings: Wings,
 }
 
 /// Where a request for several replicas of shared devices lands.
@@ -645,11 +306,7 @@ pub struct Capability {
 pub fn known_keys() -> Vec<&'static str> {
     let mut keys = crate::keys::fields::<Profile>().to_vec();
     keys.extend(crate::keys::fields::<Capability>());
-    keys.extend(crate::keys::fields::<Metrics>());
-    keys.extend(crate::keys::fields::<MetricFile>());
-    keys.extend(crate::keys::fields::<MetricNvml>());
-    keys.extend(crate::keys::fields::<MetricCommand>());
-    keys.extend(crate::keys::fields::<CommandField>());
+    keys.extend(WINGS);
     keys.extend([
         "method",
         "proc-dir",
@@ -663,6 +320,72 @@ pub fn known_keys() -> Vec<&'static str> {
         "kfd-topology",
     ]);
     keys
+}
+
+/// The tables of a profile that only a daemon reads, each by the wing beside it: the
+/// exporter's `[metrics]` (src/exporter/sources/profile.rs) and the DRA driver's `[sharing]`
+/// (src/kubelet/sharing.rs). A create reads none of them: the loader drops them from the
+/// parsed document before the profile is read ([`Keep::Create`]), so their keys and checks
+/// cost a create nothing, and a mistake in one is said by the daemon that reads it.
+pub const WINGS: &[&str] = &["metrics", "sharing"];
+
+/// Which of a profile's tables the loader keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// What a create reads: the [`WINGS`] are dropped unread.
+    Create,
+    /// Everything: the [`WINGS`] kept, as written, in [`Profile::wings`].
+    All,
+}
+
+/// A profile's [`WINGS`] as written, for the wing that reads each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Wings {
+    /// How errors name the profile.
+    origin: String,
+    tables: BTreeMap<&'static str, toml::Value>,
+}
+
+impl Wings {
+    /// Wing `name`'s table read into `T` with the warnings for its keys `T` does not know
+    /// (`known`: every key a table of it may hold, for "did you mean"); `None` where the
+    /// profile has none.
+    pub fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        known: &[&str],
+    ) -> Result<Option<(T, Vec<String>)>, ProfileError> {
+        let Some(value) = self.tables.get(name) else {
+            return Ok(None);
+        };
+        let mut unknown = Vec::new();
+        let t = serde_ignored::deserialize(value.clone(), |path| {
+            unknown.push(format!("{name}.{path}"))
+        })
+        // Without the text, the error names the key it is about on a line of its own.
+        .map_err(|e| {
+            let shown = e.to_string();
+            self.invalid(format!("{name}: {}", shown.trim_end().replace('\n', " ")))
+        })?;
+        let warnings = unknown
+            .iter()
+            .map(|k| crate::keys::unknown_key(&self.origin, k, known))
+            .collect();
+        Ok(Some((t, warnings)))
+    }
+
+    /// The wings this profile has a table for, as loaded.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.tables.keys().copied()
+    }
+
+    /// The error for a wing's table, naming the profile as the loader's errors do.
+    pub fn invalid(&self, msg: String) -> ProfileError {
+        ProfileError::Invalid {
+            origin: self.origin.clone(),
+            msg,
+        }
+    }
 }
 
 fn root() -> PathBuf {
@@ -694,19 +417,38 @@ impl Profile {
 
     /// [`Profile::from_table`] of a profile's text.
     pub fn from_text(text: &str, origin: &str) -> Result<(Profile, Vec<String>), ProfileError> {
-        Profile::from_document(parse_document(text, origin)?, origin)
+        Profile::from_document(parse_document(text, origin)?, origin, Keep::All)
     }
 
-    /// [`Profile::from_table`] of a parsed profile file. Every device create builds every
-    /// profile, so none goes through a [`toml::Table`] on the way: copying each key and value
-    /// out of the text into a table and reading them again was a tenth of an 8-GPU create
-    /// (benches/BENCHMARKS.md, "Profiles read without a table").
+    /// [`Profile::from_table`] of a parsed profile file, keeping its [`WINGS`] or not. Every
+    /// device create builds the profiles it may involve, so none goes through a
+    /// [`toml::Table`] on the way: copying each key and value out of the text into a table
+    /// and reading them again was a tenth of an 8-GPU create (benches/BENCHMARKS.md,
+    /// "Profiles read without a table").
     pub fn from_document(
-        doc: Spanned<DeTable<'_>>,
+        mut doc: Spanned<DeTable<'_>>,
         origin: &str,
+        keep: Keep,
     ) -> Result<(Profile, Vec<String>), ProfileError> {
+        let mut wings = Wings {
+            origin: origin.to_string(),
+            tables: BTreeMap::new(),
+        };
+        for name in WINGS {
+            let Some(table) = doc.get_mut().remove(*name) else {
+                continue;
+            };
+            if keep == Keep::All {
+                let value = toml::Value::deserialize(toml::de::ValueDeserializer::from(table))
+                    .map_err(|source| ProfileError::Parse {
+                        origin: origin.to_string(),
+                        source,
+                    })?;
+                wings.tables.insert(name, value);
+            }
+        }
         let mut unknown = Vec::new();
-        let profile: Profile =
+        let mut profile: Profile =
             serde_ignored::deserialize(toml::de::Deserializer::from(doc), |path| {
                 unknown.push(path.to_string())
             })
@@ -714,6 +456,7 @@ impl Profile {
                 origin: origin.to_string(),
                 source,
             })?;
+        profile.wings = wings;
         profile.validate(origin)?;
         Ok((profile, unknown))
     }
@@ -919,24 +662,9 @@ impl Profile {
                 return invalid(format!("default-capabilities names unknown {cap}"));
             }
         }
-        if let Some(m) = &self.metrics {
-            if let Err(msg) = m.validate() {
-                return invalid(msg);
-            }
-        }
-        if let Some(s) = &self.sharing {
-            if let Err(msg) = s.validate(&self.visible_devices_env) {
-                return invalid(msg);
-            }
-        }
         Ok(())
     }
 }
-
-/// The placeholders a metric file's path may hold.
-const FILE_PLACEHOLDERS: &[&str] = &["bus", "card", "index", "hwmon"];
-/// The placeholders a metric command's arguments may hold.
-pub const DEVICE_PLACEHOLDERS: &[&str] = &["index", "bus", "uuid", "minor"];
 
 /// The `{...}` placeholders of `text`, or why it is not well formed.
 pub fn placeholders(text: &str) -> Result<Vec<&str>, String> {
@@ -953,109 +681,6 @@ pub fn placeholders(text: &str) -> Result<Vec<&str>, String> {
         rest = &rest[open + close + 1..];
     }
     Ok(out)
-}
-
-impl Metrics {
-    fn validate(&self) -> Result<(), String> {
-        let label = |kind: MetricKind, label: &Option<String>, what: &str| {
-            if kind.labelled() && label.is_none() {
-                return Err(format!("metrics {what}: {kind:?} needs a label"));
-            }
-            match label {
-                Some(l)
-                    if l.is_empty()
-                        || l.len() > 32
-                        || !l
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
-                {
-                    Err(format!(
-                        "metrics {what}: label {l:?} must be 1-32 of [A-Za-z0-9_-]"
-                    ))
-                }
-                _ => Ok(()),
-            }
-        };
-        let scale = |s: f64, what: &str| {
-            if s.is_finite() && s > 0.0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "metrics {what}: scale {s} must be a positive number"
-                ))
-            }
-        };
-        for f in &self.files {
-            let what = format!("file {:?}", f.path);
-            let p = Path::new(&f.path);
-            if !p.is_absolute() || has_dotdot(p) {
-                return Err(format!("{what} must be an absolute path without '..'"));
-            }
-            for ph in placeholders(&f.path)? {
-                let name = ph.split_once(':').map_or(ph, |(n, _)| n);
-                if !FILE_PLACEHOLDERS.contains(&name) || (name != "hwmon" && ph.contains(':')) {
-                    return Err(format!("metrics {what}: unknown placeholder {{{ph}}}"));
-                }
-            }
-            label(f.metric, &f.label, &what)?;
-            scale(f.scale, &what)?;
-        }
-        if let Some(n) = &self.nvml {
-            if !plain_name(&n.library) {
-                return Err(format!(
-                    "metrics nvml.library {:?} must be a plain file name",
-                    n.library
-                ));
-            }
-        }
-        for c in &self.commands {
-            let what = format!("command {:?}", c.binary);
-            if !plain_name(&c.binary) {
-                return Err(format!("metrics {what}: binary must be a plain file name"));
-            }
-            for a in &c.args {
-                if let Some(ph) = placeholders(a)?
-                    .into_iter()
-                    .find(|p| !DEVICE_PLACEHOLDERS.contains(p))
-                {
-                    return Err(format!("metrics {what}: unknown placeholder {{{ph}}}"));
-                }
-            }
-            if !(c.timeout_seconds.is_finite() && (0.01..=300.0).contains(&c.timeout_seconds)) {
-                return Err(format!(
-                    "metrics {what}: timeout-seconds {} must be between 0.01 and 300",
-                    c.timeout_seconds
-                ));
-            }
-            if c.format == CommandFormat::Csv && (c.key.is_none() || c.key_column.is_none()) {
-                return Err(format!("metrics {what}: csv needs key and key-column"));
-            }
-            for f in &c.fields {
-                let ok = match c.format {
-                    CommandFormat::Csv => f.column.is_some() && f.key.is_none(),
-                    CommandFormat::KeyValue => f.key.is_some() && f.column.is_none(),
-                };
-                if !ok {
-                    return Err(format!(
-                        "metrics {what}: each field of a {} output names {}",
-                        if c.format == CommandFormat::Csv {
-                            "csv"
-                        } else {
-                            "key-value"
-                        },
-                        if c.format == CommandFormat::Csv {
-                            "a column (and no key)"
-                        } else {
-                            "a key (and no column)"
-                        }
-                    ));
-                }
-                label(f.metric, &f.label, &what)?;
-                scale(f.scale, &what)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Whether a profile or config.toml text may give one of the strings `is_name` accepts as a
@@ -1129,7 +754,8 @@ impl Lengths {
     }
 }
 
-fn plain_name(n: &str) -> bool {
+/// A name that is one path component: not empty, no `/`, not `.` or `..`.
+pub fn plain_name(n: &str) -> bool {
     !n.is_empty() && !n.contains('/') && n != "." && n != ".."
 }
 
@@ -1346,39 +972,6 @@ mod tests {
                 "pci-vendors = [\"0x1002\"]\norder = \"probe\"\n",
                 "unknown variant",
             ),
-        ] {
-            let err = parse(bad).unwrap_err();
-            assert!(err.contains(says), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn metric_sources_are_checked() {
-        let parse = |metrics: &str| {
-            let text = format!(
-                "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{{index}}\"]\n{metrics}"
-            );
-            Profile::from_table(toml::from_str(&text).unwrap(), "t").map_err(|e| e.to_string())
-        };
-        let (p, unknown) = parse(
-            "[[metrics.files]]\nmetric = \"temperature\"\nlabel = \"edge\"\npath = \"/sys/bus/pci/devices/{bus}/hwmon/{hwmon:amdgpu}/temp1_input\"\nscale = 0.001\n",
-        )
-        .unwrap();
-        assert!(unknown.is_empty(), "{unknown:?}");
-        assert_eq!(p.metrics.unwrap().files[0].metric, MetricKind::Temperature);
-        for (bad, says) in [
-            ("[[metrics.files]]\nmetric = \"power\"\npath = \"sys/x\"\n", "absolute"),
-            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/../etc/x\"\n", "'..'"),
-            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/{uuid}/x\"\n", "unknown placeholder"),
-            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/{bus/x\"\n", "without"),
-            ("[[metrics.files]]\nmetric = \"clock\"\npath = \"/sys/x\"\n", "needs a label"),
-            ("[[metrics.files]]\nmetric = \"power\"\npath = \"/sys/x\"\nscale = 0\n", "positive"),
-            ("[metrics.nvml]\nlibrary = \"../libnvidia-ml.so.1\"\n", "plain file name"),
-            ("[[metrics.commands]]\nbinary = \"/bin/sh\"\nformat = \"key-value\"\nfields = []\n", "plain file name"),
-            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"csv\"\nfields = []\n", "csv needs key"),
-            ("[[metrics.commands]]\nbinary = \"smi\"\nargs = [\"{pid}\"]\nformat = \"key-value\"\nfields = []\n", "unknown placeholder"),
-            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"key-value\"\ntimeout-seconds = 0.0\nfields = []\n", "timeout-seconds"),
-            ("[[metrics.commands]]\nbinary = \"smi\"\nformat = \"key-value\"\nfields = [{ metric = \"power\", column = 1 }]\n", "names a key"),
         ] {
             let err = parse(bad).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");

@@ -759,10 +759,15 @@ fn shared_and_partitioned_claims_reach_containers_through_containerds_own_cdi() 
         .prefix("accel-e2e-cri-sharing.")
         .tempdir()
         .unwrap();
-    let mut cfg = node_config();
-    for p in cfg.profiles.iter_mut().filter(|p| p.name == "enflame") {
-        p.sharing.as_mut().expect("enflame declares sharing").memory = Some("32Gi".into());
-    }
+    // The GCUs' memory stated as an operator states it, in config.toml.
+    let path = std::env::var("ACCEL_CONTAINER_RUNTIME_CONFIG")
+        .unwrap_or_else(|_| "/etc/accel-container-runtime/config.toml".into());
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let cfg = Config::parse(
+        &format!("{text}\n[profiles.enflame.sharing]\nmemory = \"32Gi\"\n"),
+        Some(Path::new(&path)),
+    )
+    .unwrap();
     let api = ApiServer::start();
     let share = |share: &str, memory: &str| {
         serde_json::json!({"request": "gcus", "driver": DRIVER, "pool": NODE,

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use crate::cdi::model::{Device as CdiDevice, Spec};
 use crate::kubelet::host_root::HostRoot;
 use crate::kubelet::inventory::{char_problem, node_problem};
+use crate::kubelet::sharing::Sharing;
 use crate::profile::Profile;
 
 use super::decide::{decide, Claim, Facts, Health, Node, OnDisk, Plan, Refusal, SpecDevice};
@@ -236,12 +237,13 @@ impl Claims {
     pub fn prepare(
         &self,
         profile: &Profile,
+        sharing: Option<&Sharing>,
         table: &[DraDevice],
         r: &ClaimRef,
         claim: &ResourceClaim,
     ) -> Result<Vec<Prepared>, String> {
         let (results, configs) = allocation(r, claim)?;
-        let offered = offers::offers(profile, table);
+        let offered = offers::offers(sharing, table);
         let facts = self.facts(profile, &offered, results);
         let state_err = |e: std::io::Error| {
             format!(

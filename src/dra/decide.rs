@@ -25,6 +25,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::kubelet::sharing::Sharing;
 use crate::profile::Profile;
 
 use super::names;
@@ -479,7 +480,7 @@ pub fn decide<'t>(
             .next()
             .unwrap_or_default()
             .to_string();
-        let (usage, granted) = usage_of(profile, offer, res).map_err(|why| {
+        let (usage, granted) = usage_of(offer, res).map_err(|why| {
             refuse(Why::WrongAllocation {
                 device: res.device.clone(),
                 why,
@@ -492,7 +493,7 @@ pub fn decide<'t>(
             })
         })?;
         let granted = match config {
-            Some(c) => limited(profile, granted, &c).map_err(|why| {
+            Some(c) => limited(offer.sharing, &profile.name, granted, &c).map_err(|why| {
                 refuse(Why::BadLimits {
                     request: request.clone(),
                     device: res.device.clone(),
@@ -502,7 +503,7 @@ pub fn decide<'t>(
             None => granted,
         };
         let env = granted
-            .zip(profile.sharing.as_ref())
+            .zip(offer.sharing)
             .map(|(g, s)| offers::env(s, &g))
             .unwrap_or_default();
         let facts = node.facts.get(&dev.name);
@@ -600,7 +601,7 @@ pub fn decide<'t>(
             .offers
             .iter()
             .find(|o| o.name == p.device)
-            .map(|o| o.totals(profile))
+            .map(|o| o.totals())
             .unwrap_or_default();
         check_holders(p, mine, &holders, &totals).map_err(|why| refuse(*why))?;
     }
@@ -665,7 +666,6 @@ fn check_again(node: &Node, rec: &Record, devices: &[Prepared]) -> Result<(), Bo
 /// allocation: a share of a device not published as shareable, a shareable device without
 /// its share, consumption of a capacity the device does not have or past its total.
 fn usage_of(
-    profile: &Profile,
     offer: &Offer,
     res: &DeviceRequestAllocationResult,
 ) -> Result<(Usage, Option<Grant>), String> {
@@ -679,7 +679,7 @@ fn usage_of(
             if !names::valid_uid(share) {
                 return Err(format!("share ID {:?} is not a UID", shown(share)));
             }
-            let totals = offer.totals(profile);
+            let totals = offer.totals();
             let given = res.consumed_capacity.clone().unwrap_or_default();
             let mut consumed = BTreeMap::new();
             for (name, q) in &given {
@@ -723,7 +723,7 @@ fn usage_of(
                     shown(share)
                 ));
             }
-            match (kind, &profile.sharing) {
+            match (kind, offer.sharing) {
                 (Kind::Partition { .. }, Some(sharing)) => Ok((
                     Usage::Partition {
                         slices: offer.slices(sharing).collect(),
@@ -856,9 +856,10 @@ fn config_for(
 }
 
 /// `granted` narrowed by `config`'s limits: only below what was granted, only on a share or
-/// a partition, only for what the profile gives containers a variable for.
+/// a partition, only for what `sharing` (of profile `vendor`) gives containers a variable for.
 fn limited(
-    profile: &Profile,
+    sharing: Option<&Sharing>,
+    vendor: &str,
     granted: Option<Grant>,
     config: &SharingConfig,
 ) -> Result<Option<Grant>, String> {
@@ -870,9 +871,7 @@ fn limited(
             "limits.*: limits apply to shares and partitions, not to a whole device".into(),
         );
     };
-    let templates: Vec<&String> = profile
-        .sharing
-        .as_ref()
+    let templates: Vec<&String> = sharing
         .map(|s| s.env.values().collect())
         .unwrap_or_default();
     let told = |what: &str| templates.iter().any(|t| t.contains(&format!("{{{what}")));
@@ -881,7 +880,7 @@ fn limited(
         if !told("memory") {
             return Err(format!(
                 "limits.memory: profile {} gives containers no memory limit to set",
-                profile.name
+                vendor
             ));
         }
         match g.memory {
@@ -899,7 +898,7 @@ fn limited(
         if !told("cores") {
             return Err(format!(
                 "limits.cores: profile {} gives containers no compute limit to set",
-                profile.name
+                vendor
             ));
         }
         match g.cores {
@@ -1041,7 +1040,8 @@ mod tests {
             .iter()
             .map(|v| serde_json::from_value(v.clone()).unwrap())
             .collect();
-        let offered = offers::offers(profile, table);
+        let sharing = Sharing::of(profile).unwrap().0;
+        let offered = offers::offers(sharing.as_ref(), table);
         let r = claim_ref(n);
         decide(
             Claim {

@@ -21,7 +21,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::profile::{Profile, Sharing};
+use crate::kubelet::sharing::Sharing;
 
 use super::table::DraDevice;
 
@@ -58,6 +58,8 @@ pub struct Offer<'a> {
     pub kind: Kind,
     /// The device's memory (bytes) where known: what its shares and parts are cut from.
     pub memory: Option<u64>,
+    /// The profile's `[sharing]` it was offered under.
+    pub sharing: Option<&'a Sharing>,
 }
 
 /// The capacities a shareable device declares.
@@ -89,33 +91,32 @@ fn shared_at_all(sharing: &Sharing, memory: Option<u64>) -> bool {
     memory.is_some_and(|m| m > 0) && (sharing.capacity.is_some() || !sharing.partitions.is_empty())
 }
 
-/// Every device `table` offers, each physical device's offers together, whole first.
-pub fn offers<'a>(profile: &Profile, table: &'a [DraDevice]) -> Vec<Offer<'a>> {
+/// Every device `table` offers under a profile's `sharing`, each physical device's offers
+/// together, whole first.
+pub fn offers<'a>(sharing: Option<&'a Sharing>, table: &'a [DraDevice]) -> Vec<Offer<'a>> {
     let mut out = Vec::with_capacity(table.len());
     for d in table {
-        let memory = profile.sharing.as_ref().and_then(|s| memory_of(s, d));
+        let memory = sharing.and_then(|s| memory_of(s, d));
         out.push(Offer {
             name: d.name.clone(),
             parent: d,
             kind: Kind::Whole,
             memory,
+            sharing,
         });
-        let Some(s) = profile
-            .sharing
-            .as_ref()
-            .filter(|s| shared_at_all(s, memory))
-        else {
+        let Some(s) = sharing.filter(|s| shared_at_all(s, memory)) else {
             continue;
         };
         // The names come from kubelet::names, which the exporter maps claims back with: the
         // shareable device first, then each partition's parts in order.
-        let mut names = crate::kubelet::names::offer_names(profile, &d.name).into_iter();
+        let mut names = crate::kubelet::names::offer_names(sharing, &d.name).into_iter();
         if s.capacity.is_some() {
             out.push(Offer {
                 name: names.next().expect("a name per offer"),
                 parent: d,
                 kind: Kind::Shared,
                 memory,
+                sharing,
             });
         }
         for p in &s.partitions {
@@ -129,6 +130,7 @@ pub fn offers<'a>(profile: &Profile, table: &'a [DraDevice]) -> Vec<Offer<'a>> {
                         part,
                     },
                     memory,
+                    sharing,
                 });
             }
         }
@@ -136,9 +138,10 @@ pub fn offers<'a>(profile: &Profile, table: &'a [DraDevice]) -> Vec<Offer<'a>> {
     out
 }
 
-/// The counter set of `d`'s physical device, where it is offered more than whole.
-pub fn counter_set(profile: &Profile, d: &DraDevice) -> Option<CounterSet> {
-    let s = profile.sharing.as_ref()?;
+/// The counter set of `d`'s physical device, where it is offered more than whole under
+/// `sharing`.
+pub fn counter_set(sharing: Option<&Sharing>, d: &DraDevice) -> Option<CounterSet> {
+    let s = sharing?;
     let memory = memory_of(s, d).filter(|_| shared_at_all(s, memory_of(s, d)))?;
     let mut counters = BTreeMap::from([(MEMORY.to_string(), counter(memory))]);
     for i in 0..s.slices() {
@@ -174,8 +177,8 @@ impl Offer<'_> {
     }
 
     /// What it takes of its device's counter set; `None` where the device has none.
-    pub fn consumes(&self, profile: &Profile) -> Option<Vec<DeviceCounterConsumption>> {
-        let s = profile.sharing.as_ref()?;
+    pub fn consumes(&self) -> Option<Vec<DeviceCounterConsumption>> {
+        let s = self.sharing?;
         let memory = self.memory.filter(|_| shared_at_all(s, self.memory))?;
         let share = match &self.kind {
             Kind::Partition { count, .. } => memory / u64::from(*count),
@@ -195,8 +198,8 @@ impl Offer<'_> {
     /// them: name, total, request policy `(default, min, step)` and how a quantity of it is
     /// written. The one list both the slice ([`Offer::capacity`]) and prepare's accounting
     /// ([`Offer::totals`]) read.
-    fn capacities(&self, profile: &Profile) -> Vec<Capacity> {
-        let Some(c) = profile.sharing.as_ref().and_then(|s| s.capacity.as_ref()) else {
+    fn capacities(&self) -> Vec<Capacity> {
+        let Some(c) = self.sharing.and_then(|s| s.capacity.as_ref()) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -219,13 +222,13 @@ impl Offer<'_> {
 
     /// The capacities a claim consumes part of: only on the shareable device, each with its
     /// total and request policy.
-    pub fn capacity(&self, profile: &Profile) -> Option<BTreeMap<String, DeviceCapacity>> {
+    pub fn capacity(&self) -> Option<BTreeMap<String, DeviceCapacity>> {
         if self.kind != Kind::Shared {
             return None;
         }
-        profile.sharing.as_ref()?.capacity.as_ref()?;
+        self.sharing?.capacity.as_ref()?;
         let out = self
-            .capacities(profile)
+            .capacities()
             .into_iter()
             .map(|(name, total, policy, q)| {
                 let request_policy = policy.map(|(default, min, step)| {
@@ -252,8 +255,8 @@ impl Offer<'_> {
     }
 
     /// The capacities of the shareable device as numbers: name → total.
-    pub fn totals(&self, profile: &Profile) -> BTreeMap<String, u64> {
-        self.capacities(profile)
+    pub fn totals(&self) -> BTreeMap<String, u64> {
+        self.capacities()
             .into_iter()
             .map(|(name, total, ..)| (name.to_string(), total))
             .collect()
@@ -316,13 +319,13 @@ mod tests {
     use super::*;
     use crate::kubelet::inventory::NodeDevice;
 
-    fn profile(sharing: &str) -> Profile {
+    /// The `[sharing]` of a profile with `sharing` as its tables.
+    fn profile(sharing: &str) -> Option<Sharing> {
         let text = format!(
             "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{{index}}\"]\n{sharing}"
         );
-        Profile::from_table(toml::from_str(&text).unwrap(), "t")
-            .unwrap()
-            .0
+        let p = crate::profile::Profile::from_text(&text, "t").unwrap().0;
+        Sharing::of(&p).unwrap().0
     }
 
     fn table(n: u32, memory: Option<u64>) -> Vec<DraDevice> {
@@ -343,7 +346,7 @@ mod tests {
     fn a_device_is_offered_whole_shared_and_in_halves_and_quarters() {
         let p = profile(ENFLAME_LIKE);
         let t = table(2, None);
-        let o = offers(&p, &t);
+        let o = offers(p.as_ref(), &t);
         let names: Vec<&str> = o.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(
             names[..8],
@@ -359,23 +362,23 @@ mod tests {
             ]
         );
         assert_eq!(o.len(), 16);
-        let s = p.sharing.as_ref().unwrap();
+        let s = p.as_ref().unwrap();
         assert_eq!(o[3].slices(s), 2..4);
         assert_eq!(o[6].slices(s), 2..3);
         assert_eq!(o[0].slices(s), 0..4);
-        let set = counter_set(&p, &t[0]).unwrap();
+        let set = counter_set(p.as_ref(), &t[0]).unwrap();
         assert_eq!(set.name, "x-0");
         assert_eq!(set.counters.len(), 5);
         assert_eq!(set.counters["memory"].value.0, "32Gi");
-        let half = o[3].consumes(&p).unwrap();
+        let half = o[3].consumes().unwrap();
         assert_eq!(half[0].counter_set, "x-0");
         assert_eq!(
             half[0].counters.keys().collect::<Vec<_>>(),
             ["memory", "slice-2", "slice-3"]
         );
         assert_eq!(half[0].counters["memory"].value.0, "16Gi");
-        assert_eq!(o[0].consumes(&p).unwrap()[0].counters.len(), 5);
-        let cap = o[1].capacity(&p).unwrap();
+        assert_eq!(o[0].consumes().unwrap()[0].counters.len(), 5);
+        let cap = o[1].capacity().unwrap();
         let mem = serde_json::to_value(&cap["memory"]).unwrap();
         assert_eq!(
             mem,
@@ -383,7 +386,7 @@ mod tests {
         );
         assert_eq!(cap["cores"].value.0, "100");
         assert_eq!(cap["slots"].value.0, "16");
-        assert!(o[0].capacity(&p).is_none() && o[2].capacity(&p).is_none());
+        assert!(o[0].capacity().is_none() && o[2].capacity().is_none());
         let g = o[7].partition_grant();
         assert_eq!(
             g,
@@ -407,18 +410,20 @@ mod tests {
         let no_memory = ENFLAME_LIKE.replace("memory = \"32Gi\"\n", "");
         let p = profile(&no_memory);
         let t = table(1, None);
-        assert_eq!(offers(&p, &t).len(), 1);
-        assert!(counter_set(&p, &t[0]).is_none());
-        assert!(offers(&p, &t)[0].consumes(&p).is_none());
+        assert_eq!(offers(p.as_ref(), &t).len(), 1);
+        assert!(counter_set(p.as_ref(), &t[0]).is_none());
+        assert!(offers(p.as_ref(), &t)[0].consumes().is_none());
         // Discovery's reading stands in for the profile's.
         let t = table(1, Some(64 << 30));
-        assert_eq!(offers(&p, &t).len(), 8);
+        assert_eq!(offers(p.as_ref(), &t).len(), 8);
         assert_eq!(
-            counter_set(&p, &t[0]).unwrap().counters["memory"].value.0,
+            counter_set(p.as_ref(), &t[0]).unwrap().counters["memory"]
+                .value
+                .0,
             "64Gi"
         );
         let p = profile("");
-        assert_eq!(offers(&p, &t).len(), 1);
+        assert_eq!(offers(p.as_ref(), &t).len(), 1);
     }
 
     #[test]
@@ -437,10 +442,8 @@ mod tests {
             let text = format!(
                 "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{{index}}\"]\n{bad}"
             );
-            let err = Profile::from_table(toml::from_str(&text).unwrap(), "t")
-                .map(|_| ())
-                .unwrap_err()
-                .to_string();
+            let (p, _) = crate::profile::Profile::from_text(&text, "t").unwrap();
+            let err = Sharing::of(&p).map(|_| ()).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
     }

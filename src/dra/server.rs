@@ -34,6 +34,7 @@ use crate::kubelet::proto::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, DRA_PLUGIN_TYPE,
     PLUGINS_DIR, PLUGINS_REGISTRY,
 };
+use crate::kubelet::sharing::Sharing;
 use crate::kubelet::socket::{self, DirTooLong, Serving};
 use crate::profile::Profile;
 
@@ -70,6 +71,8 @@ pub enum DraError {
     Name(String),
     #[error(transparent)]
     SocketDir(#[from] DirTooLong),
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
     #[error("cannot open the claim records in {}: {source}", path.display())]
     State {
         path: PathBuf,
@@ -179,6 +182,8 @@ pub fn forbidden_for_no_node(e: &kube::Error) -> Option<String> {
 /// One profile's driver, as the gRPC services see it.
 pub struct Driver {
     pub profile: Profile,
+    /// The profile's `[sharing]`, read when the driver starts.
+    pub sharing: Option<Sharing>,
     pub name: String,
     pub claims: Claims,
     pub table: RwLock<Vec<DraDevice>>,
@@ -213,9 +218,14 @@ impl Driver {
             path: state,
             source,
         })?;
+        let (sharing, warnings) = Sharing::of(&profile)?;
+        for w in warnings {
+            log::warn!("{w}");
+        }
         Ok(Driver {
             endpoint: socket_paths(opts, &name)?.0,
             profile,
+            sharing,
             name,
             claims,
             table: RwLock::new(Vec::new()),
@@ -235,7 +245,7 @@ impl Driver {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         // Every published device: a share or a part is as healthy as its device.
-        let offers = super::offers::offers(&self.profile, table);
+        let offers = super::offers::offers(self.sharing.as_ref(), table);
         let devices = offers
             .iter()
             .map(|o| {
@@ -278,7 +288,7 @@ impl Driver {
         let now = k8s_openapi::jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
-        let offers = super::offers::offers(&self.profile, &table);
+        let offers = super::offers::offers(self.sharing.as_ref(), &table);
         let entries: Vec<serde_json::Value> = devices
             .iter()
             .map(|p| {
@@ -359,7 +369,8 @@ impl Driver {
                 let me = Arc::clone(self);
                 let r2 = r.clone();
                 tokio::task::spawn_blocking(move || {
-                    me.claims.prepare(&me.profile, &me.table(), &r2, &claim)
+                    me.claims
+                        .prepare(&me.profile, me.sharing.as_ref(), &me.table(), &r2, &claim)
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("{r}: prepare failed: {e}")))
@@ -676,7 +687,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
             })
             .collect(),
     );
-    run.contents = slices::contents(&pool, p, &table, &healthy);
+    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &healthy);
     run.driver.report_health(&opts.node, &table, &health);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;

@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::names::STANDARD_DOMAIN;
 use super::offers::{self, Kind, Offer};
 use super::table::DraDevice;
-use crate::profile::Profile;
+use crate::kubelet::sharing::Sharing;
 
 /// Devices per slice: the API's limit for slices whose devices have taints.
 pub const DEVICES_PER_SLICE: usize = 64;
@@ -178,10 +178,10 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
 /// `partition`; for a part its `partition`, its first slice as `placement` and its `parent`;
 /// for a share or part whether its limits are `enforced` or `advisory`), the counters it
 /// consumes, and for the shareable one `allowMultipleAllocations` and its capacities.
-pub fn offered(pool: &Pool, profile: &Profile, o: &Offer, healthy: bool) -> Device {
+pub fn offered(pool: &Pool, o: &Offer, healthy: bool) -> Device {
     let mut d = device(pool, o.parent, healthy);
-    let consumes = o.consumes(profile);
-    let (Some(sharing), Some(_)) = (profile.sharing.as_ref(), &consumes) else {
+    let consumes = o.consumes();
+    let (Some(sharing), Some(_)) = (o.sharing, &consumes) else {
         // Offered whole only: published as before sharing was declared.
         return d;
     };
@@ -212,7 +212,7 @@ pub fn offered(pool: &Pool, profile: &Profile, o: &Offer, healthy: bool) -> Devi
     }
     if o.kind == Kind::Shared {
         d.allow_multiple_allocations = Some(true);
-        d.capacity = o.capacity(profile);
+        d.capacity = o.capacity();
     }
     d.name = o.name.clone();
     d.consumes_counters = consumes;
@@ -226,8 +226,14 @@ pub struct Contents {
     pub devices: Vec<Device>,
 }
 
-/// The pool's contents for `table` (`healthy` per device): every offer of every device.
-pub fn contents(pool: &Pool, profile: &Profile, table: &[DraDevice], healthy: &[bool]) -> Contents {
+/// The pool's contents for `table` (`healthy` per device): every offer of every device under
+/// the profile's `sharing`.
+pub fn contents(
+    pool: &Pool,
+    sharing: Option<&Sharing>,
+    table: &[DraDevice],
+    healthy: &[bool],
+) -> Contents {
     let ok = |o: &Offer| {
         table
             .iter()
@@ -237,11 +243,11 @@ pub fn contents(pool: &Pool, profile: &Profile, table: &[DraDevice], healthy: &[
     Contents {
         counters: table
             .iter()
-            .filter_map(|d| offers::counter_set(profile, d))
+            .filter_map(|d| offers::counter_set(sharing, d))
             .collect(),
-        devices: offers::offers(profile, table)
+        devices: offers::offers(sharing, table)
             .iter()
-            .map(|o| offered(pool, profile, o, ok(o)))
+            .map(|o| offered(pool, o, ok(o)))
             .collect(),
     }
 }

@@ -18,7 +18,7 @@ use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
-use crate::profile::MetricKind;
+use crate::exporter::sources::profile::MetricKind;
 
 use super::attribution::{holder_labels, pod_labels, Holders};
 use super::snapshot::{Device, Failure, ProfileSnapshot};

@@ -88,18 +88,18 @@ pub fn registry(state: Arc<State>) -> Registry {
 
 /// Polls one profile every `every` until `stop`, each poll on a blocking thread.
 async fn poll_loop(
-    profile: Profile,
-    driver_name: Option<String>,
+    poller: Poller,
     state: Arc<State>,
     every: Duration,
     health: crate::health::Settings,
     mut stop: watch::Receiver<bool>,
 ) {
-    let name = profile.name.clone();
-    let monitor = Arc::new(crate::health::Monitor::new(health));
-    let fresh =
-        || Poller::new(profile.clone(), driver_name.as_deref()).with_monitor(Arc::clone(&monitor));
-    let mut idle: Option<Poller> = Some(fresh());
+    let name = poller.profile.name.clone();
+    // One health engine for the profile: a poller made afresh keeps its baselines.
+    let poller = poller.with_monitor(Arc::new(crate::health::Monitor::new(health)));
+    let template = poller.fresh();
+    let fresh = || template.fresh();
+    let mut idle: Option<Poller> = Some(poller);
     type Polled = (Poller, (snapshot::ProfileSnapshot, Vec<Failure>));
     let mut job: Option<tokio::task::JoinHandle<Polled>> = None;
     let mut tick = tokio::time::interval(every);
@@ -242,11 +242,14 @@ pub async fn start(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, Arc<State>)> {
     let state = Arc::new(State::new(opts.holders_max_age()));
+    let mut pollers = Vec::with_capacity(profiles.len());
     for p in profiles {
         let driver = opts.driver_names.get(&p.name).cloned();
+        pollers.push(Poller::new(p, driver.as_deref()).map_err(std::io::Error::other)?);
+    }
+    for poller in pollers {
         tokio::spawn(poll_loop(
-            p,
-            driver,
+            poller,
             Arc::clone(&state),
             opts.poll,
             opts.health,

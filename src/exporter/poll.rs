@@ -7,11 +7,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::exporter::sources::profile::{MetricKind, Metrics};
 use crate::health::{Monitor, Settings};
-
 use crate::inroot::Root;
 use crate::kubelet::inventory::{self, NodeDevice};
-use crate::profile::{MetricKind, Profile};
+use crate::kubelet::sharing::Sharing;
+use crate::profile::{Profile, ProfileError};
 
 use super::snapshot::{Device, Failure, ProfileSnapshot, Reading};
 use super::sources::{command, files, nvml::NvmlSource, DeviceRef};
@@ -26,6 +27,9 @@ pub fn dra_device_name(profile: &Profile, dev: &NodeDevice) -> String {
 #[derive(Debug)]
 pub struct Poller {
     pub profile: Profile,
+    /// The profile's `[metrics]` and `[sharing]`, read once.
+    metrics: Option<Metrics>,
+    sharing: Option<Sharing>,
     dra_driver: Option<String>,
     nvml: NvmlSource,
     /// The profile's health engine: kept by the loop across pollers, so a poller made
@@ -35,14 +39,37 @@ pub struct Poller {
 
 impl Poller {
     /// `dra_driver` overrides the driver name derived from the profile, as the DRA
-    /// driver's `--driver-name` does.
-    pub fn new(profile: Profile, dra_driver: Option<&str>) -> Poller {
+    /// driver's `--driver-name` does. Fails where the profile's `[metrics]` or `[sharing]`
+    /// does not read (loaded with [`crate::profile::Keep::All`]); each key of them it does
+    /// not know is warned of in the log.
+    pub fn new(profile: Profile, dra_driver: Option<&str>) -> Result<Poller, ProfileError> {
+        let (metrics, mut warnings) = Metrics::of(&profile)?;
+        let (sharing, more) = Sharing::of(&profile)?;
+        warnings.extend(more);
+        for w in warnings {
+            log::warn!("{w}");
+        }
         let dra_driver = crate::kubelet::names::driver_name(&profile, dra_driver).ok();
-        Poller {
+        Ok(Poller {
             profile,
+            metrics,
+            sharing,
             dra_driver,
             nvml: NvmlSource::default(),
             monitor: Arc::new(Monitor::new(Settings::default())),
+        })
+    }
+
+    /// The same poller as new, without what it keeps between polls but its health engine
+    /// (whose baselines outlive a poller).
+    pub fn fresh(&self) -> Poller {
+        Poller {
+            profile: self.profile.clone(),
+            metrics: self.metrics.clone(),
+            sharing: self.sharing.clone(),
+            dra_driver: self.dra_driver.clone(),
+            nvml: NvmlSource::default(),
+            monitor: Arc::clone(&self.monitor),
         }
     }
 
@@ -94,7 +121,10 @@ impl Poller {
                 let problem = health.reason().map(str::to_string);
                 let dra_name = dra_device_name(p, &d);
                 Device {
-                    dra_offers: crate::kubelet::names::offer_names(p, &dra_name),
+                    dra_offers: crate::kubelet::names::offer_names(
+                        self.sharing.as_ref(),
+                        &dra_name,
+                    ),
                     dra_name,
                     name: d.name,
                     index: d.index,
@@ -109,7 +139,7 @@ impl Poller {
                 }
             })
             .collect();
-        if let Some(m) = &p.metrics {
+        if let Some(m) = &self.metrics {
             let refs: Vec<DeviceRef<'_>> = devices.iter().map(DeviceRef::from).collect();
             let mut readings: Vec<Vec<Reading>> = vec![Vec::new(); devices.len()];
             if !m.files.is_empty() && !refs.is_empty() {

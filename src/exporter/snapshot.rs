@@ -2,7 +2,7 @@
 //! readings its sources gave, and the failures of those sources. Pure data: the poll
 //! ([`super::poll`]) makes it, the collector ([`super::collect`]) renders it.
 
-use crate::profile::MetricKind;
+use crate::exporter::sources::profile::MetricKind;
 
 /// One number of one device, in the base unit of its metric.
 #[derive(Debug, Clone, PartialEq)]

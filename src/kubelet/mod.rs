@@ -1,6 +1,6 @@
 //! What the device plugin, the DRA driver, the exporter and `accel-ctk pods` share of kubelet,
 //! one floor below them: the node's device table (`inventory`), the IDs and names kubelet's
-//! two device APIs know each device by (`ids`, `names`), where the host's paths are seen
+//! two device APIs know each device by (`ids`, `names`), a profile's `[sharing]` (`sharing`), where the host's paths are seen
 //! from a pod (`host_root`) and one socket's identity (`socket::FileId`), all pure; and with
 //! the `plugin` feature kubelet's protocols compiled from `proto/` (`proto`), a client
 //! channel to a socket (`client`), serving on a socket (`socket`) with old kubelets'
@@ -14,6 +14,7 @@ pub mod host_root;
 pub mod ids;
 pub mod inventory;
 pub mod names;
+pub mod sharing;
 pub mod socket;
 
 #[cfg(feature = "plugin")]

@@ -80,12 +80,12 @@ pub fn device_name(profile: &Profile, key: &Key) -> String {
     format!("{class}-{}", key.label())
 }
 
-/// The names of the shares and parts of device `whole` that the profile's `[sharing]`
+/// The names of the shares and parts of device `whole` that a profile's `[sharing]`
 /// declares (docs/sharing.md): `<whole>-shared` where it shares by capacity, then
 /// `<whole>-<partition>-<k>` for each partition. The DRA driver publishes them where the
 /// device's memory is known; the exporter maps a claim on any of them back to the device.
-pub fn offer_names(profile: &Profile, whole: &str) -> Vec<String> {
-    let Some(s) = &profile.sharing else {
+pub fn offer_names(sharing: Option<&super::sharing::Sharing>, whole: &str) -> Vec<String> {
+    let Some(s) = sharing else {
         return Vec::new();
     };
     let mut out: Vec<String> = s

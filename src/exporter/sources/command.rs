@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::profile::{CommandFormat, DeviceKey, MetricCommand};
 use crate::exporter::snapshot::{Failure, Reading};
 use crate::inroot::Root;
 use crate::libraries::{binaries, Resolver};
-use crate::profile::{CommandFormat, DeviceKey, MetricCommand, Profile};
+use crate::profile::Profile;
 
 use super::{normal_bus, DeviceRef};
 
@@ -342,7 +343,7 @@ pub fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{CommandField, MetricKind};
+    use crate::exporter::sources::profile::{CommandField, MetricKind};
 
     fn csv() -> MetricCommand {
         MetricCommand {

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::profile::MetricFile;
 use crate::exporter::read::{self, MAX_ATTR};
 use crate::exporter::snapshot::{Failure, Reading};
 use crate::inroot::Root;
-use crate::profile::MetricFile;
 
 use super::DeviceRef;
 

@@ -1,6 +1,6 @@
 //! The sources of device readings, as a profile's `[metrics]` declares them: files the kernel
 //! driver publishes (`files`), NVIDIA's management library (`nvml`), vendor CLIs
-//! (`command`). Each gives readings for the devices it can and a [`Failure`] for each value it
+//! (`command`); the table itself, its keys and checks (`profile`). Each gives readings for the devices it can and a [`Failure`] for each value it
 //! could not give; none of them is ever called by a scrape.
 //!
 //! [`Failure`]: super::snapshot::Failure
@@ -8,6 +8,7 @@
 pub mod command;
 pub mod files;
 pub mod nvml;
+pub mod profile;
 
 /// What the sources need of a device: the values its placeholders and lookups name.
 #[derive(Debug, Clone, Copy)]

@@ -23,9 +23,10 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use rustix::fs::{FileType, Mode, OFlags};
 
+use super::profile::{MetricKind, MetricNvml};
 use crate::exporter::snapshot::{Failure, Reading};
 use crate::libraries::{libraries, Resolver};
-use crate::profile::{MetricKind, MetricNvml, Profile};
+use crate::profile::Profile;
 
 use super::DeviceRef;
 
