@@ -671,7 +671,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         driver_version: run.driver_version.as_deref(),
     };
     let subjects: Vec<_> = table.iter().map(|d| d.dev.subject()).collect();
-    let health = run.driver.monitor.check(p, &subjects);
+    let health = run.driver.monitor.check_all(p, &subjects);
     drop(subjects);
     let healthy: Vec<bool> = health.iter().map(Health::is_healthy).collect();
     run.driver.claims.set_health(

@@ -111,7 +111,7 @@ impl Poller {
         let mut failed = Vec::new();
         let table = self.table(&mut failed);
         let subjects: Vec<_> = table.iter().map(|(_, d)| d.subject()).collect();
-        let health = self.monitor.check(p, &subjects);
+        let health = self.monitor.check_all(p, &subjects);
         drop(subjects);
         let mut devices: Vec<Device> = table
             .into_iter()

@@ -152,6 +152,21 @@ impl Monitor {
             })
             .collect()
     }
+
+    /// [`Monitor::check`] of every device of the profile now (a table discovered afresh): a
+    /// device not among `subjects` has left the node's table and is forgotten, so that when
+    /// it comes back it is a device new to the node, read afresh (its function not yet back
+    /// in sysfs then is no signal). A caller whose table keeps every device it has seen (the
+    /// device plugin's) calls [`Monitor::check`].
+    pub fn check_all(&self, profile: &Profile, subjects: &[Subject<'_>]) -> Vec<Health> {
+        let health = self.check(profile, subjects);
+        let now: std::collections::HashSet<&str> = subjects.iter().map(|s| s.name).collect();
+        self.devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| now.contains(name.as_str()));
+        health
+    }
 }
 
 #[cfg(test)]
@@ -230,5 +245,47 @@ mod tests {
             "{:?}",
             back.elapsed()
         );
+    }
+
+    /// A device that leaves the table discovered afresh ([`Monitor::check_all`]) and comes
+    /// back before its function is back in sysfs is new to the node: no signal, no
+    /// hold-down; with [`Monitor::check`] (a table that keeps it) its function's absence is.
+    #[test]
+    fn a_device_that_left_the_table_comes_back_afresh() {
+        let t = tempfile::tempdir().unwrap();
+        let mut profile = crate::config::Config::builtin()
+            .profile("enflame")
+            .unwrap()
+            .clone();
+        profile.driver_root = t.path().to_path_buf();
+        profile.version_file = None;
+        let dir = t.path().join("sys/bus/pci/devices/0000:11:00.0");
+        std::fs::create_dir_all(&dir).unwrap();
+        let one = [Subject {
+            name: "1",
+            pci_bus_id: Some("0000:11:00.0"),
+            nodes: &[],
+            host_nodes: &[],
+        }];
+        let settings = Settings {
+            interval: Duration::ZERO,
+            hold_down: Duration::from_secs(3600),
+        };
+        let (all, kept) = (Monitor::new(settings), Monitor::new(settings));
+        assert!(all.check_all(&profile, &one)[0].is_healthy());
+        assert!(kept.check(&profile, &one)[0].is_healthy());
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(all.check_all(&profile, &[]).is_empty());
+        assert!(
+            all.check_all(&profile, &one)[0].is_healthy(),
+            "new to the node"
+        );
+        assert_eq!(
+            kept.check(&profile, &one)[0].reason(),
+            Some("PCI function 0000:11:00.0 is gone from sysfs")
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(all.check_all(&profile, &one)[0].is_healthy());
+        assert!(!kept.check(&profile, &one)[0].is_healthy(), "held down");
     }
 }
