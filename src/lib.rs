@@ -10,7 +10,8 @@
 //! `NVIDIA_REQUIRE_*` on the driver, pure) → `profile` → `config` → `discovery`, `libraries`,
 //! `request` (the devices a container asks for) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
 //! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
-//! device checkpoint) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
+//! device checkpoint), `health` (each device's health from its nodes and sysfs signals, one
+//! engine for the daemons and `accel-ctk`) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! compat libraries, requirements), `pipeline` (one vendor's gather-then-plan, the same steps
 //! for a create and a CDI spec) → `spec`, `engine` (engine config files) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
@@ -41,6 +42,7 @@ pub mod exec;
 #[cfg(feature = "exporter")]
 pub mod exporter;
 pub mod facts;
+pub mod health;
 pub mod inroot;
 pub mod keys;
 pub mod kubelet;

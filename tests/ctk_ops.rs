@@ -257,6 +257,43 @@ fn list_json_has_nodes_numa_and_shared_switch() {
     assert_eq!(v["errors"], serde_json::json!([]));
 }
 
+/// Issue 41: each device's health from the health engine at this one look: a GPU whose PCI
+/// function's config space reads all ones (fallen off the bus) is unhealthy with why, in the
+/// JSON and the table; the others healthy.
+#[test]
+fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
+    let n = Node::standard([UUID1, UUID2]);
+    let out = n.ctk(&["list", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devs = v["devices"].as_array().unwrap();
+    assert!(
+        devs.iter()
+            .all(|d| d["healthy"] == true && d["health_reason"].is_null()),
+        "{v:#}"
+    );
+
+    std::fs::write(
+        n.root().join("sys/bus/pci/devices/0000:04:00.0/config"),
+        [0xff; 64],
+    )
+    .unwrap();
+    let out = n.ctk(&["list", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devs = v["devices"].as_array().unwrap();
+    let why = "PCI function 0000:04:00.0 reads all ones (fallen off the bus)";
+    assert_eq!(devs[1]["name"], "gpu-1");
+    assert_eq!(devs[1]["healthy"], false, "{v:#}");
+    assert_eq!(devs[1]["health_reason"], why);
+    assert!(
+        devs[0]["healthy"] == true && devs[2]["healthy"] == true,
+        "{v:#}"
+    );
+    let out = n.ctk(&["list"]);
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.contains(&format!("unhealthy: {why}")), "{t}");
+    assert_eq!(t.matches("  healthy\n").count(), 2, "{t}");
+}
+
 #[test]
 fn list_table_groups_by_switch_and_numa() {
     let n = Node::standard([UUID1, UUID2]);

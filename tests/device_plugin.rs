@@ -875,11 +875,22 @@ struct PluginProcess {
 
 impl PluginProcess {
     fn spawn(scratch: &Path, kubelet_dir: &Path, instance: &str) -> PluginProcess {
+        Self::spawn_with(scratch, kubelet_dir, instance, &[])
+    }
+
+    /// [`PluginProcess::spawn`] with `args` added.
+    fn spawn_with(
+        scratch: &Path,
+        kubelet_dir: &Path,
+        instance: &str,
+        args: &[&str],
+    ) -> PluginProcess {
         let log = scratch.join(format!("plugin-{instance}.log"));
         let child = std::process::Command::new(binary(env!("CARGO_BIN_EXE_accel-device-plugin")))
             .arg("--kubelet-dir")
             .arg(kubelet_dir)
             .args(["--instance", instance])
+            .args(args)
             .env(
                 "ACCEL_CONTAINER_RUNTIME_CONFIG",
                 scratch.join("config.toml"),
@@ -1071,5 +1082,216 @@ fn the_old_instance_stands_aside_only_for_a_newer_one_that_answers() {
             .await
             .unwrap();
         assert!(grpc::get_options(&ch).await.is_ok());
+    });
+}
+
+/// The next ListAndWatch message that `pred` accepts, within `limit`, with the plugin's log
+/// when none comes.
+async fn next_update(
+    kubelet: &mut Kubelet,
+    plugin: &PluginProcess,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&ListAndWatchResponse) -> bool,
+) -> (ListAndWatchResponse, Duration) {
+    let t = Instant::now();
+    loop {
+        let left = limit.checked_sub(t.elapsed()).unwrap_or_default();
+        match tokio::time::timeout(left, kubelet.updates.recv()).await {
+            Ok(Some(m)) if pred(&m) => return (m, t.elapsed()),
+            Ok(Some(_)) => {}
+            _ => panic!("{what}: not within {limit:?}; log:\n{}", plugin.log()),
+        }
+    }
+}
+
+/// Each device's health in a ListAndWatch message, by ID.
+fn health_of(m: &ListAndWatchResponse) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = m
+        .devices
+        .iter()
+        .map(|d| (d.id.clone(), d.health.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue 41: the plugin's health comes from the health engine's sysfs signals, not only from
+/// the nodes. Two GCUs with known PCI functions and old AER counts (no failure); GCU-1's
+/// fatal count rises: Unhealthy within the health interval while GCU-2 stays Healthy,
+/// Allocate refuses it naming why and a preferred allocation never picks it; GCU-2's
+/// non-fatal count rises: said in the log, kept Healthy; GCU-1's function removed and brought
+/// back with its counts at zero: Healthy again, not before the hold-down.
+#[test]
+fn a_device_whose_aer_fatal_count_rises_is_unhealthy_until_its_function_comes_back() {
+    let (sim, _) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
+    let function = |n: u32| {
+        sim.path()
+            .join("sys/bus/pci/devices")
+            .join(format!("0000:{:02x}:00.0", 0x10 + n))
+            .canonicalize()
+            .unwrap()
+    };
+    let aer = |dir: &Path, fatal: u64, nonfatal: u64| {
+        std::fs::write(
+            dir.join("aer_dev_fatal"),
+            format!(
+                "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nTOTAL_ERR_FATAL {fatal}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("aer_dev_nonfatal"),
+            format!("Undefined 0\nTLP 0\nTOTAL_ERR_NONFATAL {nonfatal}\n"),
+        )
+        .unwrap();
+    };
+    let (one, two) = (function(1), function(2));
+    aer(&one, 3, 0);
+    aer(&two, 3, 0);
+    const HOLD_DOWN: Duration = Duration::from_secs(2);
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let plugin = PluginProcess::spawn_with(
+            scratch.path(),
+            kubelet.dir(),
+            "health",
+            &[
+                "--poll-seconds=0.1",
+                "--health-interval-seconds=0.2",
+                "--health-hold-down-seconds=2",
+            ],
+        );
+        wait_registration(&kubelet, 0, Duration::from_secs(10), &[&plugin]).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        assert_eq!(first.devices.len(), 8);
+        assert!(
+            first.devices.iter().all(|d| d.health == HEALTHY),
+            "old counts are no failure: {:?}",
+            health_of(&first)
+        );
+
+        aer(&one, 4, 0);
+        let (m, took) = next_update(
+            &mut kubelet,
+            &plugin,
+            "GCU-1 Unhealthy",
+            Duration::from_secs(2),
+            |m| {
+                m.devices
+                    .iter()
+                    .any(|d| d.id == "GCU-1" && d.health == UNHEALTHY)
+            },
+        )
+        .await;
+        eprintln!("GCU-1 Unhealthy after {took:?}");
+        let sick: Vec<String> = health_of(&m)
+            .into_iter()
+            .filter(|(_, h)| h != HEALTHY)
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(sick, ["GCU-1"], "the other devices stay Healthy");
+
+        let ch = grpc::connect(
+            &kubelet.dir().join("accel-enflame-com-gcu@health.sock"),
+            "localhost",
+        )
+        .await
+        .unwrap();
+        let e = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-1"]),
+                }],
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[\"GCU-1\"] device \"GCU-1\" is unhealthy (1 fatal PCIe (AER) error(s) on \
+             0000:11:00.0 since it was first read); not allocated"
+        );
+        // GCU-0 and GCU-1 share a switch: the pair a preferred choice of two would take.
+        let p = grpc::get_preferred(
+            &ch,
+            PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_ids: ids(&["GCU-0", "GCU-1", "GCU-2", "GCU-3"]),
+                    must_include_device_ids: Vec::new(),
+                    allocation_size: 3,
+                }],
+            },
+        )
+        .await
+        .unwrap();
+        let mut got = p.container_responses[0].device_ids.clone();
+        got.sort();
+        assert_eq!(got, ["GCU-0", "GCU-2", "GCU-3"]);
+
+        // Non-fatal errors on GCU-2: said, kept Healthy.
+        aer(&two, 3, 5);
+        let t = Instant::now();
+        while !plugin.log().contains("has 5 non-fatal PCIe (AER) error(s)") {
+            assert!(t.elapsed() < Duration::from_secs(2), "{}", plugin.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while let Ok(m) = kubelet.updates.try_recv() {
+            assert!(
+                m.devices
+                    .iter()
+                    .all(|d| d.id != "GCU-2" || d.health == HEALTHY),
+                "{:?}",
+                health_of(&m)
+            );
+        }
+
+        // The function removed (a reset, a hot unplug): still Unhealthy, for that reason.
+        let parked = scratch.path().join("parked-function");
+        std::fs::rename(&one, &parked).unwrap();
+        let t = Instant::now();
+        while !plugin.log().contains("0000:11:00.0 is gone from sysfs") {
+            assert!(t.elapsed() < Duration::from_secs(2), "{}", plugin.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Back, its counts at zero: Healthy once clear for the hold-down, not before.
+        aer(&parked, 0, 0);
+        std::fs::rename(&parked, &one).unwrap();
+        let (m, took) = next_update(
+            &mut kubelet,
+            &plugin,
+            "GCU-1 Healthy again",
+            Duration::from_secs(6),
+            |m| {
+                m.devices
+                    .iter()
+                    .any(|d| d.id == "GCU-1" && d.health == HEALTHY)
+            },
+        )
+        .await;
+        eprintln!("GCU-1 Healthy again after {took:?}");
+        assert!(took >= HOLD_DOWN - Duration::from_millis(100), "{took:?}");
+        assert!(m.devices.iter().all(|d| d.health == HEALTHY));
+        let log = plugin.log();
+        assert_eq!(log.matches("is unhealthy: ").count(), 1, "{log}");
+        assert_eq!(log.matches("is healthy again").count(), 1, "{log}");
+        assert!(
+            log.contains("has its PCI function 0000:11:00.0 back"),
+            "{log}"
+        );
+        grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&["GCU-1"]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
     });
 }

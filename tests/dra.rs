@@ -1795,3 +1795,102 @@ fn claim_status_from_a_driver_outside_a_pod_refused_says_why_once() {
     assert!(!status.success(), "{log}");
     assert!(log.contains("bound to no Node"), "{log}");
 }
+
+/// Issue 41: the driver's health comes from the health engine's sysfs signals. GCU 1's AER
+/// fatal count rises: it alone is tainted in the slice, kubelet's health stream says it is
+/// Unhealthy and why, and a claim of it is not prepared; its count back at its baseline (a
+/// reset): untainted after the hold-down, and the claim prepared.
+#[test]
+fn a_gcu_whose_aer_fatal_count_rises_is_tainted_reported_and_not_prepared() {
+    use tokio_stream::StreamExt;
+    let (sim, _major) = enflame_host();
+    // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
+    let one = sim.path().join("sys/bus/pci/devices/0000:11:00.0");
+    let fatal = |n: u32| {
+        std::fs::write(
+            one.join("aer_dev_fatal"),
+            format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
+        )
+        .unwrap()
+    };
+    fatal(2);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.put_claim("default", "one", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
+    let tainted = |s: &[Value]| -> Vec<String> {
+        devices(s)
+            .iter()
+            .filter(|d| d.get("taints").is_some())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
+        opts.health = accel_container_runtime::health::Settings {
+            interval: Duration::from_millis(100),
+            hold_down: Duration::from_secs(1),
+        };
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        wait_slices(&api, "published untainted", |s| {
+            devices(s).len() == 8 && tainted(s).is_empty()
+        })
+        .await;
+        let (_, ch) = register(&drv.reg_socket()).await;
+        let mut health = grpc::watch_health(&ch, WATCH_HEALTH_V1).await.unwrap();
+
+        fatal(3);
+        let s = wait_slices(&api, "gcu-1 tainted", |s| !tainted(s).is_empty()).await;
+        assert_eq!(tainted(&s), ["gcu-1"]);
+        let why = "1 fatal PCIe (AER) error(s) on 0000:11:00.0 since it was first read";
+        let r = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let r = health.next().await.unwrap().unwrap();
+                if r.devices
+                    .iter()
+                    .any(|d| d.health == HealthStatus::Unhealthy as i32)
+                {
+                    return r;
+                }
+            }
+        })
+        .await
+        .expect("an Unhealthy device on the health stream");
+        let sick: Vec<(&str, &str)> = r
+            .devices
+            .iter()
+            .filter(|d| d.health != HealthStatus::Healthy as i32)
+            .map(|d| {
+                (
+                    d.device.as_ref().unwrap().device_name.as_str(),
+                    d.message.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(sick, [("gcu-1", why)]);
+
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
+        assert_eq!(
+            r.claims[UID_A].error,
+            format!(
+                "claim default/one ({UID_A}): device gcu-1 is unhealthy: {why}; nothing \
+                 prepared (kubelet retries)"
+            )
+        );
+        assert!(!drv.spec_path(UID_A).exists());
+
+        fatal(2);
+        let t = std::time::Instant::now();
+        wait_slices(&api, "gcu-1 untainted", |s| tainted(s).is_empty()).await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "{:?}",
+            t.elapsed()
+        );
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
+        assert_eq!(r.claims[UID_A].error, "");
+        drop((health, ch));
+        drv.stop().await;
+    });
+}

@@ -1549,3 +1549,95 @@ fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale()
         "{log}"
     );
 }
+
+/// Issue 41: `accel_device_healthy` and its `reason` come from the daemons' health engine.
+/// Two GCUs with known PCI functions, old counts (no failure); GCU 1's AER fatal count rises:
+/// 0 with the reason, GCU 0 stays 1; then GCU 0's RAS `umc` uncorrectable count rises: 0
+/// naming the block; GCU 1's count back at its baseline (a reset): 1 again after the
+/// hold-down.
+#[test]
+fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    common::kubelet::enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
+    let (zero, one) = (
+        func_dir(sim.path(), "0000:10:00.0"),
+        func_dir(sim.path(), "0000:11:00.0"),
+    );
+    let fatal = |d: &Path, n: u32| {
+        write(
+            &d.join("aer_dev_fatal"),
+            &format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
+        )
+    };
+    fatal(&zero, 1);
+    fatal(&one, 1);
+    write(&zero.join("ras/umc_err_count"), "ue: 2\nce: 40\n");
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("enflame", sim.path())], "");
+    let ex = Exporter::start(
+        &cfg,
+        &[
+            "--no-pod-resources",
+            "--poll-seconds=0.2",
+            "--health-interval-seconds=0.2",
+            "--health-hold-down-seconds=1",
+        ],
+    );
+    let healthy =
+        |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
+    let page = ex.until("both GCUs", |p| {
+        healthy(p, "0").is_some() && healthy(p, "1").is_some()
+    });
+    assert_eq!(
+        healthy(&page, "0"),
+        Some(1.0),
+        "old counts are no failure\n{page}"
+    );
+    assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
+
+    fatal(&one, 2);
+    let page = ex.until("GCU 1 unhealthy", |p| healthy(p, "1") == Some(0.0));
+    assert!(
+        value(
+            &page,
+            "accel_device_healthy",
+            &[
+                "device=\"1\"",
+                "reason=\"1 fatal PCIe (AER) error(s) on 0000:11:00.0 since it was first read\""
+            ]
+        )
+        .is_some(),
+        "{page}"
+    );
+    assert_eq!(healthy(&page, "0"), Some(1.0), "{page}");
+
+    write(&zero.join("ras/umc_err_count"), "ue: 3\nce: 40\n");
+    let page = ex.until("GCU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
+    assert!(
+        value(
+            &page,
+            "accel_device_healthy",
+            &["device=\"0\"", "in block \\\"umc\\\""]
+        )
+        .is_some(),
+        "{page}"
+    );
+
+    // A count back at its baseline: clear, and 1 only once clear for the hold-down.
+    fatal(&one, 1);
+    let t = Instant::now();
+    ex.until("GCU 1 healthy again", |p| healthy(p, "1") == Some(1.0));
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    let log = std::fs::read_to_string(&ex.log).unwrap();
+    assert_eq!(
+        log.matches("device \"1\" is healthy again").count(),
+        1,
+        "{log}"
+    );
+}

@@ -43,6 +43,8 @@ struct Args {
     /// Seconds between health polls (inotify reports changes at once; this is the fallback).
     #[arg(long, default_value_t = 1.0)]
     poll_seconds: f64,
+    #[command(flatten)]
+    health: daemon::HealthArgs,
     /// Also keep node labels in this Node Feature Discovery feature file (as `accel-ctk
     /// labels` writes them), rewritten every third of --nfd-labels-expiry.
     #[arg(long)]
@@ -102,6 +104,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         opts.library_dir = d;
     }
     opts.poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
+    opts.health = args.health.settings()?;
     opts.instance = daemon::instance(args.instance)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -51,6 +51,8 @@ struct Args {
     /// Seconds between device and health checks.
     #[arg(long, default_value_t = 2.0)]
     poll_seconds: f64,
+    #[command(flatten)]
+    health: daemon::HealthArgs,
     /// Serve the driver's own metrics (registrations, prepare/unprepare counts and latency,
     /// failures, slice publishes) at http://<address>/metrics (docs/exporter.md). Off by
     /// default.
@@ -94,6 +96,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.state_dir = args.state_dir;
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
+    opts.health = args.health.settings()?;
     opts.instance = daemon::instance(args.instance)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let metrics_address = args.metrics_address;

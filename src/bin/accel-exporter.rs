@@ -48,6 +48,8 @@ struct Args {
     /// from the profile (as accel-dra-driver's --driver-name).
     #[arg(long = "driver-name", value_parser = daemon::driver_name_arg)]
     driver_names: Vec<(String, String)>,
+    #[command(flatten)]
+    health: daemon::HealthArgs,
 }
 
 fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
@@ -75,6 +77,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         .map(|s| seconds("pod-resources-max-age-seconds", s))
         .transpose()?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
+    opts.health = args.health.settings()?;
     // Polls run on blocking threads; two workers serve the scrapes and PodResources.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -5,8 +5,10 @@
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
 //! pci_root, switch, driver_version, resource, replicas, model, duplicate_uuid, name,
-//! stable_id}], "errors":[{vendor, error}]}`; absent values are `null`, fields are only ever
-//! added. `name` is the device's stable name (`gpu-0` by NVIDIA's minor, `gcu-3`,
+//! stable_id, healthy, health_reason}], "errors":[{vendor, error}]}`; absent values are
+//! `null`, fields are only ever added. `healthy` and `health_reason` are the health engine's
+//! verdict ([`crate::health`]) at this one look: its nodes and whether its PCI function reads
+//! all ones; counts need a baseline from an earlier look, which a one-shot command has not. `name` is the device's stable name (`gpu-0` by NVIDIA's minor, `gcu-3`,
 //! `gpu-0000-c3-00-0` by PCI function: the DRA driver's device name), `stable_id` what the
 //! device plugin's answers and CDI specs name it by (its UUID, node number or PCI bus id);
 //! neither changes when another device leaves the node, unlike `index` for NVIDIA and
@@ -24,6 +26,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::discovery::driver_version;
+use crate::health::{Monitor, Settings, Subject};
 use crate::topology::{discover_located, shared_switches, Node};
 
 #[derive(Debug, clap::Args)]
@@ -59,6 +62,9 @@ pub struct Row {
     pub name: String,
     /// See [`crate::discovery::Device::stable_name`].
     pub stable_id: String,
+    /// The health engine's verdict now, and why not.
+    pub healthy: bool,
+    pub health_reason: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,7 +96,37 @@ pub fn collect(config: &Config) -> Listing {
             }
         };
         let version = driver_version(profile);
-        for d in found {
+        let host_nodes: Vec<Vec<std::path::PathBuf>> = found
+            .iter()
+            .map(|d| {
+                d.nodes
+                    .iter()
+                    .map(|n| crate::profile::Profile::under(profile.dev_root(), &n.path))
+                    .collect()
+            })
+            .collect();
+        let names: Vec<String> = found
+            .iter()
+            .map(|d| d.device.stable_name(&profile.discovery))
+            .collect();
+        let subjects: Vec<Subject<'_>> = found
+            .iter()
+            .zip(&host_nodes)
+            .zip(&names)
+            .map(|((d, host), name)| Subject {
+                name,
+                pci_bus_id: d
+                    .pci
+                    .as_ref()
+                    .map(|p| p.bus_id.as_str())
+                    .or(d.device.pci_bus_id.as_deref()),
+                nodes: &d.nodes,
+                host_nodes: host,
+            })
+            .collect();
+        let health = Monitor::new(Settings::default()).check(profile, &subjects);
+        drop(subjects);
+        for (d, health) in found.into_iter().zip(health) {
             let shared = profile.shares(d.device.index);
             let resource = match (&profile.resource_name, &profile.shared_resource_name) {
                 (Some(_), Some(s)) if shared => Some(s.clone()),
@@ -116,6 +152,8 @@ pub fn collect(config: &Config) -> Listing {
                 driver_version: version.clone(),
                 resource,
                 replicas: if shared { profile.replicas } else { 1 },
+                healthy: health.is_healthy(),
+                health_reason: health.reason().map(str::to_string),
             });
         }
     }
@@ -149,8 +187,9 @@ pub fn table(listing: &Listing) -> String {
         "NUMA",
         "SWITCH",
         "DRIVER",
+        "HEALTH",
     ];
-    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
+    let mut rows: Vec<[String; 10]> = vec![header.map(String::from)];
     for r in &listing.devices {
         let nodes = r
             .nodes
@@ -175,6 +214,10 @@ pub fn table(listing: &Listing) -> String {
             or_dash(r.numa_node.map(|n| n.to_string())),
             or_dash(r.switch.as_deref().map(|s| labels[s].clone())),
             or_dash(r.driver_version.clone()),
+            match &r.health_reason {
+                None => "healthy".into(),
+                Some(why) => format!("unhealthy: {}", crate::quote::line(why)),
+            },
         ]);
     }
     let mut out = super::columns(&rows);
@@ -275,6 +318,8 @@ mod tests {
             duplicate_uuid: None,
             name: format!("{}-{index}", &vendor[..3]),
             stable_id: index.to_string(),
+            healthy: true,
+            health_reason: None,
         }
     }
 
@@ -293,6 +338,25 @@ mod tests {
         assert!(t.contains("S1 = 0000:01:00.0: nvi-0, nvi-1"), "{t}");
         assert!(t.contains("  0: nvi-0, nvi-1\n  1: enf-0"), "{t}");
         assert!(!t.contains("Shared devices"), "{t}");
+    }
+
+    /// The health column: `healthy`, or why not in one line (a newline in it escaped).
+    #[test]
+    fn table_shows_each_devices_health() {
+        let mut sick = row("nvidia", 1, None, None);
+        sick.healthy = false;
+        sick.health_reason = Some("PCI function 0000:04:00.0 reads all ones\nx".into());
+        let t = table(&Listing {
+            devices: vec![row("nvidia", 0, None, None), sick],
+            errors: vec![],
+        });
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("HEALTH"), "{t}");
+        assert!(lines[1].ends_with("  healthy"), "{t}");
+        assert!(
+            lines[2].ends_with("  unhealthy: PCI function 0000:04:00.0 reads all ones\\nx"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub struct Target {
     #[arg(long, value_enum)]
     pub runtime: Engine,
     /// The file to edit [default: /etc/docker/daemon.json, /etc/containerd/config.toml,
-    /// /etc/crio/crio.conf.d/99-<runtime-name>.conf]. The directory of a file named here must
+    /// /etc/crio/crio.conf.d/99-RUNTIME-NAME.conf]. The directory of a file named here must
     /// exist (a typo is an error, not a new tree) unless --create-parents; the directory of a
     /// default path is created when missing.
     #[arg(long, value_name = "PATH")]

@@ -77,6 +77,9 @@ pub struct Claims {
     pub host_root: HostRoot,
     /// This boot's id ([`boot_id`]).
     pub boot_id: String,
+    /// Each device's health at the driver's last check, by its name in the slice: what the
+    /// decision is told. A device not in it is healthy to the decision.
+    health: std::sync::RwLock<BTreeMap<String, Health>>,
 }
 
 /// The state directory's lock, held for one prepare or unprepare (`flock`, released when
@@ -107,7 +110,13 @@ impl Claims {
             library_dir,
             host_root,
             boot_id,
+            health: std::sync::RwLock::default(),
         })
+    }
+
+    /// Takes each device's health (by its name in the slice) from the driver's last check.
+    pub fn set_health(&self, health: BTreeMap<String, Health>) {
+        *self.health.write().unwrap_or_else(|e| e.into_inner()) = health;
     }
 
     /// The state directory locked for this caller: waits for another prepare or unprepare,
@@ -272,8 +281,8 @@ impl Claims {
     }
 
     /// What the host says now of each device of this driver that `results` name: its nodes
-    /// checked as the runtime resolves them, and what it is. Every device healthy: no health
-    /// check feeds the decision yet.
+    /// checked as the runtime resolves them, what it is, and its health at the driver's last
+    /// check ([`Claims::set_health`]).
     fn facts(
         &self,
         profile: &Profile,
@@ -281,6 +290,7 @@ impl Claims {
         results: &[DeviceRequestAllocationResult],
     ) -> BTreeMap<String, Facts> {
         let mut facts = BTreeMap::new();
+        let health = self.health.read().unwrap_or_else(|e| e.into_inner());
         for res in results.iter().filter(|x| x.driver == self.driver) {
             let Some(dev) = offered
                 .iter()
@@ -294,7 +304,7 @@ impl Claims {
                     Some(p) => Err(p),
                     None => identity_of(profile, dev),
                 },
-                health: Health::Healthy,
+                health: health.get(&dev.name).cloned().unwrap_or_default(),
             });
         }
         facts

@@ -1,7 +1,8 @@
 //! The driver's run loop: per profile with devices on this node, a driver (name, claims,
 //! device table), its DRA socket and then its registration socket in kubelet's plugin
-//! registry, and every poll its devices discovered again, their health checked by the device
-//! plugin's rule and the pool republished when anything changed (unhealthy devices tainted).
+//! registry, and every poll its devices discovered again, their health checked by the profile's
+//! health engine ([`crate::health`]) and the pool republished when anything changed
+//! (unhealthy devices tainted, and refused by prepare's decision).
 //! Taints are what act on health (KEP-4680); kubelet's health service (`DRAResourceHealth`,
 //! served on the DRA socket) gets every device's health at each check, which kubelet shows in
 //! the pod's status.
@@ -17,8 +18,8 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::health::Health;
 use crate::kubelet::host_root::HostRoot;
-use crate::kubelet::inventory;
 use crate::kubelet::proto::dra::{
     self, Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
     NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
@@ -95,6 +96,8 @@ pub struct Options {
     pub host_root: HostRoot,
     /// Devices and health are looked at this often.
     pub poll: Duration,
+    /// How often the health engine reads each device's sysfs signals, and its hold-down.
+    pub health: crate::health::Settings,
     /// Driver names by profile name, where not derived from the profile.
     pub driver_names: BTreeMap<String, String>,
     /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
@@ -139,6 +142,7 @@ impl Options {
             library_dir: crate::spec::MULTIARCH_LIBRARY_DIR.into(),
             host_root: HostRoot::default(),
             poll: Duration::from_secs(2),
+            health: crate::health::Settings::default(),
             driver_names: BTreeMap::new(),
             boot_id_file: super::claims::BOOT_ID.into(),
             instance: None,
@@ -188,6 +192,8 @@ pub struct Driver {
     health: watch::Sender<NodeWatchResourcesResponse>,
     /// kubelet's staleness timeout for those updates: a few checks.
     health_timeout: i64,
+    /// The profile's health engine.
+    monitor: crate::health::Monitor,
     client: Client,
 }
 
@@ -227,13 +233,14 @@ impl Driver {
             health_timeout: i64::try_from(opts.poll.as_secs().saturating_mul(3))
                 .unwrap_or(i64::MAX)
                 .max(30),
+            monitor: crate::health::Monitor::new(opts.health),
             client,
         })
     }
 
-    /// Every device's health now, for kubelet: `healthy` per device of `table`, each
+    /// Every device's health now, for kubelet: `health` per device of `table`, each
     /// unhealthy one with why.
-    fn report_health(&self, pool: &str, table: &[DraDevice], healthy: &[bool]) {
+    fn report_health(&self, pool: &str, table: &[DraDevice], health: &[Health]) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
@@ -243,29 +250,21 @@ impl Driver {
             .iter()
             .map(|o| {
                 let i = table.iter().position(|d| d.name == o.parent.name);
-                (o, i.and_then(|i| healthy.get(i)).copied().unwrap_or(true))
+                (o, i.and_then(|i| health.get(i)).and_then(Health::reason))
             })
-            .map(|(o, ok)| (o.name.clone(), o.parent, ok))
-            .map(|(name, d, ok)| DeviceHealth {
+            .map(|(o, why)| DeviceHealth {
                 device: Some(DeviceIdentifier {
                     pool_name: pool.to_string(),
-                    device_name: name,
+                    device_name: o.name.clone(),
                 }),
-                health: if ok {
+                health: if why.is_none() {
                     HealthStatus::Healthy
                 } else {
                     HealthStatus::Unhealthy
                 } as i32,
                 last_updated_time: now,
                 health_check_timeout_seconds: self.health_timeout,
-                message: if ok {
-                    String::new()
-                } else {
-                    let why = inventory::node_problem(&self.profile, &d.dev).unwrap_or_else(|| {
-                        "the driver is not loaded (its version file is gone)".into()
-                    });
-                    why.chars().take(1024).collect()
-                },
+                message: why.unwrap_or_default().chars().take(1024).collect(),
             })
             .collect();
         self.health
@@ -671,12 +670,25 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         vendor: &p.name,
         driver_version: run.driver_version.as_deref(),
     };
-    let healthy: Vec<bool> = table
-        .iter()
-        .map(|d| inventory::healthy(p, &d.dev))
-        .collect();
+    let subjects: Vec<_> = table.iter().map(|d| d.dev.subject()).collect();
+    let health = run.driver.monitor.check_all(p, &subjects);
+    drop(subjects);
+    let healthy: Vec<bool> = health.iter().map(Health::is_healthy).collect();
+    run.driver.claims.set_health(
+        table
+            .iter()
+            .zip(&health)
+            .map(|(d, h)| {
+                let h = match h.reason() {
+                    None => super::decide::Health::Healthy,
+                    Some(why) => super::decide::Health::Unhealthy(why.to_string()),
+                };
+                (d.name.clone(), h)
+            })
+            .collect(),
+    );
     run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &healthy);
-    run.driver.report_health(&opts.node, &table, &healthy);
+    run.driver.report_health(&opts.node, &table, &health);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;
 }

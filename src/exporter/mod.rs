@@ -55,6 +55,8 @@ pub struct Options {
     /// DRA driver names by profile, where not derived from the profile (as the DRA driver's
     /// `--driver-name`).
     pub driver_names: BTreeMap<String, String>,
+    /// How often the health engine reads each device's sysfs signals, and its hold-down.
+    pub health: crate::health::Settings,
 }
 
 impl Options {
@@ -66,6 +68,7 @@ impl Options {
             pod_resources_poll: Duration::from_secs(10),
             pod_resources_max_age: None,
             driver_names: BTreeMap::new(),
+            health: crate::health::Settings::default(),
         }
     }
 
@@ -88,9 +91,12 @@ async fn poll_loop(
     poller: Poller,
     state: Arc<State>,
     every: Duration,
+    health: crate::health::Settings,
     mut stop: watch::Receiver<bool>,
 ) {
     let name = poller.profile.name.clone();
+    // One health engine for the profile: a poller made afresh keeps its baselines.
+    let poller = poller.with_monitor(Arc::new(crate::health::Monitor::new(health)));
     let template = poller.fresh();
     let fresh = || template.fresh();
     let mut idle: Option<Poller> = Some(poller);
@@ -246,6 +252,7 @@ pub async fn start(
             poller,
             Arc::clone(&state),
             opts.poll,
+            opts.health,
             stop.clone(),
         ));
     }

@@ -1,11 +1,14 @@
 //! One poll of one profile: its devices as the device plugin and the DRA driver name them
-//! (the node's device table), each one's health by the plugin's rule, and every reading its
+//! (the node's device table), each one's health by the daemons' health engine
+//! ([`crate::health`]), and every reading its
 //! sources give. Runs off the scrape path, on a thread of its own ([`super::run`]): a poll may
 //! block on a slow driver file or wait out a CLI's time limit, a scrape never does.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::exporter::sources::profile::{MetricKind, Metrics};
+use crate::health::{Monitor, Settings};
 use crate::inroot::Root;
 use crate::kubelet::inventory::{self, NodeDevice};
 use crate::kubelet::sharing::Sharing;
@@ -29,6 +32,9 @@ pub struct Poller {
     sharing: Option<Sharing>,
     dra_driver: Option<String>,
     nvml: NvmlSource,
+    /// The profile's health engine: kept by the loop across pollers, so a poller made
+    /// afresh keeps the baselines.
+    monitor: Arc<Monitor>,
 }
 
 impl Poller {
@@ -50,10 +56,12 @@ impl Poller {
             sharing,
             dra_driver,
             nvml: NvmlSource::default(),
+            monitor: Arc::new(Monitor::new(Settings::default())),
         })
     }
 
-    /// The same poller as new, without what it keeps between polls.
+    /// The same poller as new, without what it keeps between polls but its health engine
+    /// (whose baselines outlive a poller).
     pub fn fresh(&self) -> Poller {
         Poller {
             profile: self.profile.clone(),
@@ -61,7 +69,14 @@ impl Poller {
             sharing: self.sharing.clone(),
             dra_driver: self.dra_driver.clone(),
             nvml: NvmlSource::default(),
+            monitor: Arc::clone(&self.monitor),
         }
+    }
+
+    /// This poller with `monitor` as its health engine.
+    pub fn with_monitor(mut self, monitor: Arc<Monitor>) -> Poller {
+        self.monitor = monitor;
+        self
     }
 
     /// The profile's devices with their device plugin IDs: the plugin's own table where
@@ -95,15 +110,15 @@ impl Poller {
         let p = &self.profile;
         let mut failed = Vec::new();
         let table = self.table(&mut failed);
+        let subjects: Vec<_> = table.iter().map(|(_, d)| d.subject()).collect();
+        let health = self.monitor.check_all(p, &subjects);
+        drop(subjects);
         let mut devices: Vec<Device> = table
             .into_iter()
-            .map(|(plugin_id, d)| {
-                let healthy = inventory::healthy(p, &d);
-                let problem = (!healthy).then(|| {
-                    inventory::node_problem(p, &d).unwrap_or_else(|| {
-                        "the driver is not loaded (its version file is gone)".into()
-                    })
-                });
+            .zip(health)
+            .map(|((plugin_id, d), health)| {
+                let healthy = health.is_healthy();
+                let problem = health.reason().map(str::to_string);
                 let dra_name = dra_device_name(p, &d);
                 Device {
                     dra_offers: crate::kubelet::names::offer_names(

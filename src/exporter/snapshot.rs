@@ -30,7 +30,7 @@ pub struct Device {
     /// The names of its shares and parts in the ResourceSlice (`gcu-3-shared`,
     /// `gcu-3-half-1`), where its profile shares devices: a claim on one holds this device.
     pub dra_offers: Vec<String>,
-    /// By the device plugin's rule ([`crate::kubelet::inventory::healthy`]), with why not.
+    /// By the daemons' health engine ([`crate::health`]), with why not.
     pub healthy: bool,
     pub problem: Option<String>,
     pub readings: Vec<Reading>,

@@ -79,3 +79,42 @@ pub fn stop_on_signals() -> std::io::Result<tokio::sync::watch::Receiver<bool>> 
     });
     Ok(rx)
 }
+
+/// The health engine's flags, the same in every daemon (docs/health.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// Seconds between reads of each device's sysfs health signals (its PCI function, AER
+    /// and RAS counters), made at the next check once passed.
+    #[arg(long, default_value_t = 5.0)]
+    pub health_interval_seconds: f64,
+    /// Seconds every signal of a device must stay clear, after a hardware signal, before it
+    /// is healthy again (0: at once).
+    #[arg(long, default_value_t = 30.0)]
+    pub health_hold_down_seconds: f64,
+}
+
+impl HealthArgs {
+    /// The engine's settings, or the flag that is not a number of seconds.
+    pub fn settings(&self) -> anyhow::Result<crate::health::Settings> {
+        let secs = |what: &str, s: f64, least: f64| {
+            std::time::Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|_| s >= least)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--{what} {s} is not a number of seconds of at least {least}")
+                })
+        };
+        Ok(crate::health::Settings {
+            interval: secs(
+                "health-interval-seconds",
+                self.health_interval_seconds,
+                0.01,
+            )?,
+            hold_down: secs(
+                "health-hold-down-seconds",
+                self.health_hold_down_seconds,
+                0.0,
+            )?,
+        })
+    }
+}

@@ -126,27 +126,29 @@ pub fn discover(profile: &Profile) -> Result<Vec<NodeDevice>, DiscoveryError> {
     Ok(out)
 }
 
-/// Healthy: the driver is loaded (the profile's version file exists, where it names one)
-/// and every node of the device is a character device with the major it had at discovery.
-/// Checked afresh each time, so a device that comes back is healthy again.
-///
-/// The node's host path is a lexical join under dev-root, looked at with `lstat` and never
-/// opened: a link there is not a character device, so nothing outside the root is reached,
-/// and what the check answers is only ever a health bit; what is handed to a container is
-/// resolved in the root by [`node_problem`] and the runtime.
+/// The device plugin's first rule, now one signal of [`crate::health`]: the driver is loaded
+/// (the profile's version file exists, where it names one) and every node of the device is a
+/// character device with the major it had at discovery
+/// ([`crate::health::signals::nodes_problem`]). The daemons ask a
+/// [`crate::health::Monitor`], which reads the device's sysfs signals as well.
 pub fn healthy(profile: &Profile, dev: &NodeDevice) -> bool {
-    if let Some(v) = profile.version_file.as_deref() {
-        if !Profile::under(&profile.driver_root, v).exists() {
-            return false;
+    crate::health::signals::nodes_problem(profile, &dev.nodes, &dev.host_nodes).is_none()
+}
+
+impl NodeDevice {
+    /// The device as the health engine is shown it.
+    pub fn subject(&self) -> crate::health::Subject<'_> {
+        crate::health::Subject {
+            name: &self.name,
+            pci_bus_id: self
+                .pci
+                .as_ref()
+                .map(|p| p.bus_id.as_str())
+                .or(self.pci_bus_id.as_deref()),
+            nodes: &self.nodes,
+            host_nodes: &self.host_nodes,
         }
     }
-    dev.nodes.iter().zip(&dev.host_nodes).all(|(n, host)| {
-        std::fs::symlink_metadata(host).is_ok_and(|m| {
-            m.file_type().is_char_device()
-                && n.major
-                    .is_none_or(|want| nix::sys::stat::major(m.rdev()) == want)
-        })
-    })
 }
 
 /// Why `dev`'s nodes cannot be handed to a container now, in one line naming the node; `None`

@@ -9,9 +9,9 @@
 //! The endpoint faces any pod of the node, so no client can hold it: each connection answers
 //! one request and lives at most [`CONNECTION_DEADLINE`] in all (reading the request and
 //! writing the answer: a client that stops reading is cut off there); at most
-//! [`MAX_CONNECTIONS`] are open, and a new one closes the oldest, so connections left open
+//! `MAX_CONNECTIONS` are open, and a new one closes the oldest, so connections left open
 //! never keep a scrape waiting; and a page being sent to slow clients is one page shared by
-//! them, not one each ([`Pages`]).
+//! them, not one each (`Pages`).
 //!
 //! Names follow Prometheus' rules (docs/exporter.md): `accel_` first, base units (seconds),
 //! `_total` on counters (added by the encoder), labels of few values (`resource`, `driver`,

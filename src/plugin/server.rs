@@ -57,6 +57,8 @@ pub struct Options {
     pub library_dir: PathBuf,
     /// Health is re-checked at least this often, whatever inotify reports.
     pub poll: Duration,
+    /// How often the health engine reads each device's sysfs signals, and its hold-down.
+    pub health: crate::health::Settings,
     /// First wait between registration attempts while kubelet is away (and again after
     /// each kubelet event).
     pub min_backoff: Duration,
@@ -78,6 +80,7 @@ impl Options {
             cdi_dir: PathBuf::from("/var/run/cdi"),
             library_dir: PathBuf::from(crate::spec::MULTIARCH_LIBRARY_DIR),
             poll: Duration::from_secs(1),
+            health: crate::health::Settings::default(),
             min_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(30),
             host_root: HostRoot::default(),
@@ -352,10 +355,17 @@ pub async fn run(
         }
         // One plugin per offer: a shared resource is a resource of its own to kubelet, with
         // its own socket and registration, over devices the whole resource does not list.
+        // One health engine for them all: a device's baselines and transitions are its own.
+        let monitor = Arc::new(crate::health::Monitor::new(opts.health));
         for offer in devices::offers(&profile) {
             let table = offer.select(&profile, found.clone())?;
-            let (mut plugin, rx) =
-                Plugin::with_table(profile.clone(), offer, opts.strategies.clone(), table);
+            let (mut plugin, rx) = Plugin::with_table(
+                profile.clone(),
+                offer,
+                opts.strategies.clone(),
+                table,
+                Arc::clone(&monitor),
+            );
             plugin.cdi = cdi.then(|| opts.cdi_target());
             plugin.host_root = opts.host_root.clone();
             plugin.instance = opts.instance.clone();

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status};
 
+use crate::health::{Health, Monitor};
 use crate::kubelet::host_root::HostRoot;
-use crate::kubelet::inventory;
 use crate::kubelet::proto::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::kubelet::proto::deviceplugin::*;
 use crate::kubelet::socket::DirTooLong;
@@ -76,11 +76,11 @@ impl CdiTarget {
     }
 }
 
-/// What ListAndWatch reports: every device seen since start, and whether each is healthy.
+/// What ListAndWatch reports: every device seen since start, and each one's health.
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
     pub table: Arc<Vec<PluginDevice>>,
-    pub health: Vec<bool>,
+    pub health: Vec<Health>,
     /// Times each device is listed (its replicas share its health).
     pub replicas: u32,
 }
@@ -105,6 +105,8 @@ pub struct Plugin {
     socket: String,
     /// The last re-discovery error logged, so a lasting one is logged once.
     last_error: Mutex<Option<String>>,
+    /// The profile's health engine, shared by its offers.
+    pub(super) monitor: Arc<Monitor>,
 }
 
 impl Plugin {
@@ -124,7 +126,7 @@ impl Plugin {
         strategies: Vec<Strategy>,
     ) -> Result<Plugin, DevicesError> {
         let table = offer.select(&profile, crate::kubelet::ids::discover(&profile)?)?;
-        Ok(Self::with_table(profile, offer, strategies, table).0)
+        Ok(Self::with_table(profile, offer, strategies, table, Self::own_monitor()).0)
     }
 
     /// A plugin over an already-built device table (benchmarks).
@@ -134,7 +136,18 @@ impl Plugin {
         table: Vec<PluginDevice>,
     ) -> Plugin {
         let offer = Offer::all(&profile);
-        Self::with_table(profile, offer, strategies, table).0
+        Self::with_table(profile, offer, strategies, table, Self::own_monitor()).0
+    }
+
+    /// A health engine of the default settings, for a plugin not run by the server.
+    fn own_monitor() -> Arc<Monitor> {
+        Arc::new(Monitor::new(crate::health::Settings::default()))
+    }
+
+    /// Each device's health now, by the profile's engine.
+    fn check(monitor: &Monitor, profile: &Profile, table: &[PluginDevice]) -> Vec<Health> {
+        let subjects: Vec<_> = table.iter().map(|d| d.dev.subject()).collect();
+        monitor.check(profile, &subjects)
     }
 
     pub(super) fn with_table(
@@ -142,12 +155,10 @@ impl Plugin {
         offer: Offer,
         strategies: Vec<Strategy>,
         table: Vec<PluginDevice>,
+        monitor: Arc<Monitor>,
     ) -> (Plugin, mpsc::UnboundedReceiver<Event>) {
         profile.resource_name = Some(offer.resource.clone());
-        let health = table
-            .iter()
-            .map(|d| inventory::healthy(&profile, &d.dev))
-            .collect();
+        let health = Self::check(&monitor, &profile, &table);
         let (tx, rx) = mpsc::unbounded_channel();
         let mut plugin = Plugin {
             resource: offer.resource.clone(),
@@ -166,6 +177,7 @@ impl Plugin {
             instance: None,
             socket: String::new(),
             last_error: Mutex::new(None),
+            monitor,
         };
         plugin.socket = format!("{}.sock", plugin.socket_base());
         (plugin, rx)
@@ -179,6 +191,31 @@ impl Plugin {
     /// What the next ListAndWatch message says.
     pub fn state(&self) -> State {
         self.state.borrow().clone()
+    }
+
+    /// Whether each device of the table is healthy now (one snapshot with the table).
+    fn healthy(&self) -> (Arc<Vec<PluginDevice>>, Vec<bool>) {
+        let s = self.state.borrow();
+        (
+            Arc::clone(&s.table),
+            s.health.iter().map(Health::is_healthy).collect(),
+        )
+    }
+
+    /// Why one of device IDs `ids` cannot be given: the first that is unhealthy, with why.
+    /// kubelet asks only for devices it was told are healthy; this covers the moment between
+    /// a device failing and kubelet hearing of it.
+    fn unhealthy_among(&self, ids: &[String]) -> Option<String> {
+        let s = self.state.borrow();
+        ids.iter().find_map(|id| {
+            let t = s.table.iter().position(|d| d.id == *id)?;
+            let why = s.health.get(t)?.reason()?;
+            Some(format!(
+                "device {:?} is unhealthy ({}); not allocated",
+                id.chars().take(80).collect::<String>(),
+                why.chars().take(300).collect::<String>()
+            ))
+        })
     }
 
     /// What the plugin tells kubelet it offers: GetPreferredAllocation, no PreStartContainer.
@@ -229,7 +266,7 @@ impl Plugin {
                         .into_iter()
                         .map(move |id| Device {
                             id,
-                            health: if *h { HEALTHY } else { UNHEALTHY }.into(),
+                            health: if h.is_healthy() { HEALTHY } else { UNHEALTHY }.into(),
                             topology: d.dev.place.numa.map(|n| TopologyInfo {
                                 nodes: vec![NumaNode { id: i64::from(n) }],
                             }),
@@ -278,10 +315,7 @@ impl Plugin {
                 known
             }
         };
-        let health = table
-            .iter()
-            .map(|d| inventory::healthy(&self.profile, &d.dev))
-            .collect();
+        let health = Self::check(&self.monitor, &self.profile, &table);
         let now = State {
             table,
             health,
@@ -300,7 +334,7 @@ impl Plugin {
                 return false;
             }
             for (i, d) in now.table.iter().enumerate() {
-                let is = now.health[i];
+                let is = now.health[i].is_healthy();
                 match old.table.iter().position(|o| o.id == d.id) {
                     None => log::info!(
                         "{}: device {} appeared, {}",
@@ -308,7 +342,7 @@ impl Plugin {
                         d.id,
                         if is { HEALTHY } else { UNHEALTHY }
                     ),
-                    Some(j) if old.health[j] != is => {
+                    Some(j) if old.health[j].is_healthy() != is => {
                         crate::kubelet::metrics::plugin().health_transition(&self.resource, is);
                         log::info!(
                             "{}: device {} is now {}",
@@ -338,7 +372,7 @@ impl Plugin {
             return self.preferred_replicas(req);
         }
         let mut out = PreferredAllocationResponse::default();
-        let table = self.table();
+        let (table, healthy) = self.healthy();
         for r in req.container_requests {
             // kubelet offers only IDs this plugin listed: a longer list is refused before
             // any per-ID work.
@@ -357,6 +391,9 @@ impl Plugin {
                 r.available_device_ids.iter().filter_map(position).collect();
             offered.sort_unstable();
             offered.dedup();
+            // An unhealthy device is never chosen unless kubelet requires it (one an init
+            // container of the pod holds).
+            offered.retain(|&t| healthy[t] || r.must_include_device_ids.contains(&table[t].id));
             let mut must: Vec<usize> = Vec::new();
             for id in &r.must_include_device_ids {
                 match position(id).and_then(|t| offered.binary_search(&t).ok()) {
@@ -414,7 +451,7 @@ impl Plugin {
         req: PreferredAllocationRequest,
     ) -> Result<PreferredAllocationResponse, Status> {
         let mut out = PreferredAllocationResponse::default();
-        let table = self.table();
+        let (table, healthy) = self.healthy();
         let listed_ids = table.len() * self.offer.replicas as usize;
         let policy = self.profile.replica_policy;
         for r in req.container_requests {
@@ -435,6 +472,12 @@ impl Plugin {
                 .collect();
             offered.sort_unstable();
             offered.dedup();
+            // Replicas of an unhealthy device are never chosen unless kubelet requires them.
+            offered.retain(|&(t, k)| {
+                healthy[t]
+                    || r.must_include_device_ids
+                        .contains(&replica_id(&table[t].id, k))
+            });
             // Offered devices in index order, each with its free replicas.
             let mut devices: Vec<usize> = Vec::new();
             let mut free: Vec<Vec<u32>> = Vec::new();
@@ -573,10 +616,17 @@ impl Plugin {
                     ),
                 ));
             }
-            let mut answer = self
+            let refused = |e: &dyn std::fmt::Display| {
+                self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids)))
+            };
+            let ids = self
                 .device_ids(&table, &r.devices_ids)
-                .and_then(|ids| allocate(&self.profile, &table, &self.strategies, &ids))
-                .map_err(|e| self.refused("Allocate", format!("{} {e}", shown(&r.devices_ids))))?;
+                .map_err(|e| refused(&e))?;
+            if let Some(why) = self.unhealthy_among(&ids) {
+                return Err(refused(&why));
+            }
+            let mut answer =
+                allocate(&self.profile, &table, &self.strategies, &ids).map_err(|e| refused(&e))?;
             if self.offer.replicas > 1 {
                 if let Some(var) = &self.profile.replicas_env {
                     answer
@@ -740,6 +790,12 @@ mod tests {
     /// Eight GCUs, two switches of four under one root port each (device i under switch
     /// i / 4), as the seed's node.
     fn plugin(strategies: Vec<Strategy>) -> Plugin {
+        plugin_with_sick(strategies, &[])
+    }
+
+    /// [`plugin`], each GCU healthy (its host node `/dev/null`, a character device of major
+    /// 1 on every Linux) but those of `sick`, whose host node does not exist.
+    fn plugin_with_sick(strategies: Vec<Strategy>, sick: &[u32]) -> Plugin {
         let table = (0..8u32)
             .map(|i| PluginDevice {
                 id: format!("GCU-{i}"),
@@ -748,10 +804,14 @@ mod tests {
                     name: i.to_string(),
                     nodes: vec![Node {
                         path: PathBuf::from(format!("/dev/gcu{i}")),
-                        major: Some(240),
+                        major: Some(1),
                         minor: Some(u64::from(i)),
                     }],
-                    host_nodes: vec![PathBuf::from(format!("/dev/gcu{i}"))],
+                    host_nodes: vec![PathBuf::from(if sick.contains(&i) {
+                        "/nonexistent/gcu"
+                    } else {
+                        "/dev/null"
+                    })],
                     place: Place {
                         numa: Some(i / 4),
                         root: Some("pci0000:00".into()),
@@ -764,10 +824,11 @@ mod tests {
                 },
             })
             .collect();
-        let enflame = crate::config::Config::builtin()
+        let mut enflame = crate::config::Config::builtin()
             .profile("enflame")
             .unwrap()
             .clone();
+        enflame.version_file = None;
         Plugin::from_table(enflame, strategies, table)
     }
 
@@ -877,5 +938,25 @@ mod tests {
         assert!(line.starts_with("[\"a\\nb\", \"xxx"), "{line}");
         assert!(!line.contains('\n') && line.len() < 100, "{line}");
         assert_eq!(shown(&[]), "[]");
+    }
+
+    /// An unhealthy device is never chosen by a preferred allocation unless kubelet requires
+    /// it, and Allocate refuses it naming why: kubelet may not have heard yet.
+    #[test]
+    fn unhealthy_devices_are_not_chosen_nor_allocated() {
+        let p = plugin_with_sick(vec![Strategy::DeviceSpecs], &[1]);
+        let all = ["GCU-0", "GCU-1", "GCU-2", "GCU-3"];
+        let got = preferred(&p, &all, &[], 2);
+        assert!(!got.contains(&"GCU-1".to_string()), "{got:?}");
+        assert_eq!(preferred(&p, &all, &[], 3), ["GCU-0", "GCU-2", "GCU-3"]);
+        assert_eq!(preferred(&p, &all, &["GCU-1"], 2), ["GCU-0", "GCU-1"]);
+        let e = allocate(&p, &["GCU-0", "GCU-1"]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message(),
+            "[\"GCU-0\", \"GCU-1\"] device \"GCU-1\" is unhealthy (/nonexistent/gcu: does not \
+             exist); not allocated"
+        );
+        allocate(&p, &["GCU-0", "GCU-2"]).unwrap();
     }
 }

@@ -1,0 +1,308 @@
+//! Reading a device's signals on the host: its nodes and driver (the device plugin's old
+//! rule), and in sysfs under the profile's driver root its PCI function's presence, the first
+//! word of its config space, its AER counters and its amdgpu RAS counters.
+//!
+//! Every sysfs file is read by [`crate::discovery::open_in_root`]'s rule: resolved inside
+//! the root as if it were `/` (no link leads out of it), opened only once `fstat` says it is a
+//! regular file, and read with a limit. Of `config` only the first 4 bytes are read: each
+//! word read is a config cycle on the bus.
+//!
+//! Ref: Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats (`aer_dev_fatal`,
+//! `aer_dev_nonfatal`: `NAME count` lines, `TOTAL_ERR_FATAL` / `TOTAL_ERR_NONFATAL` last);
+//! Documentation/ABI/testing/sysfs-bus-pci (`config`); amdgpu's `ras/<block>_err_count`
+//! (`ue: N` and `ce: N` lines, drivers/gpu/drm/amd/amdgpu/amdgpu_ras.c).
+
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+
+use crate::discovery::{is_bdf, open_in_root, read_in_root};
+use crate::inroot::{Root, Scope};
+use crate::profile::Profile;
+use crate::topology::{normalize_bdf, Node};
+
+use super::decide::{Counters, Pci};
+
+const PCI_DEVICES: &str = "sys/bus/pci/devices";
+
+/// A counter file is a few dozen short lines.
+const MAX_COUNTER_FILE: u64 = 4096;
+
+/// More RAS blocks than amdgpu has (about 20): the rest are not read.
+const MAX_RAS_BLOCKS: usize = 64;
+
+/// Why the device's nodes or its driver cannot serve it now; `None` when the driver is loaded
+/// (the profile's version file exists, where it names one) and every node is a character
+/// device with the major it had at discovery.
+///
+/// The node's host path is a lexical join under dev-root looked at with `lstat`, never
+/// opened: a link there is not a character device, so nothing outside the root is reached.
+pub fn nodes_problem(profile: &Profile, nodes: &[Node], host_nodes: &[PathBuf]) -> Option<String> {
+    if let Some(v) = profile.version_file.as_deref() {
+        let path = Profile::under(&profile.driver_root, v);
+        if !path.exists() {
+            return Some(format!(
+                "the driver is not loaded (its version file {} is gone)",
+                path.display()
+            ));
+        }
+    }
+    for (n, host) in nodes.iter().zip(host_nodes) {
+        let m = match std::fs::symlink_metadata(host) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Some(format!("{}: does not exist", host.display()))
+            }
+            Err(e) => return Some(format!("{}: cannot be read: {e}", host.display())),
+        };
+        if !m.file_type().is_char_device() {
+            return Some(format!("{}: is not a character device", host.display()));
+        }
+        let major = nix::sys::stat::major(m.rdev());
+        if let Some(want) = n.major.filter(|w| *w != major) {
+            return Some(format!(
+                "{}: has major {major}, the driver's is {want}",
+                host.display()
+            ));
+        }
+    }
+    None
+}
+
+/// What sysfs says of PCI function `bdf` under `root`: whether it is there and answers, and
+/// its error counts. [`Pci::Unknown`] and no counts when `bdf` is not a bus id or its
+/// directory cannot be looked at for another reason than its absence.
+pub fn read_pci(root: &Root, bdf: &str) -> (Pci, Counters) {
+    let bdf = normalize_bdf(bdf);
+    if !is_bdf(&bdf) {
+        return (Pci::Unknown, Counters::default());
+    }
+    let dir = Path::new(PCI_DEVICES).join(&bdf);
+    match root.open_at(&dir, OFlags::PATH | OFlags::DIRECTORY, Scope::InRoot) {
+        Ok(_) => {}
+        Err(Errno::NOENT | Errno::NOTDIR) => return (Pci::Gone, Counters::default()),
+        Err(_) => return (Pci::Unknown, Counters::default()),
+    }
+    let pci = if config_all_ones(root, &dir.join("config")) {
+        Pci::AllOnes
+    } else {
+        Pci::Present
+    };
+    let counters = Counters {
+        aer_fatal: total(root, &dir.join("aer_dev_fatal"), "TOTAL_ERR_FATAL"),
+        aer_nonfatal: total(root, &dir.join("aer_dev_nonfatal"), "TOTAL_ERR_NONFATAL"),
+        ras_ue: ras(root, &dir.join("ras")),
+    };
+    (pci, counters)
+}
+
+/// The first word of config space is the vendor and device ID; a function that no longer
+/// answers reads `0xffffffff` there. A file that cannot be read says nothing.
+fn config_all_ones(root: &Root, rel: &Path) -> bool {
+    let Ok((file, _)) = open_in_root(root, rel) else {
+        return false;
+    };
+    let mut first = Vec::with_capacity(4);
+    match file.take(4).read_to_end(&mut first) {
+        Ok(4) => first == [0xff; 4],
+        _ => false,
+    }
+}
+
+/// The count on the line `NAME count` whose name is `key`.
+pub fn parse_total(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next()? == key).then(|| w.next()?.parse().ok())?
+    })
+}
+
+/// An amdgpu RAS counter file's uncorrectable count (`ue: N`).
+pub fn parse_ue(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == "ue").then(|| v.trim().parse().ok())?
+    })
+}
+
+fn total(root: &Root, rel: &Path, key: &str) -> Option<u64> {
+    let data = read_in_root(root, rel, MAX_COUNTER_FILE).ok()?;
+    parse_total(std::str::from_utf8(&data).ok()?, key)
+}
+
+/// Each `<block>_err_count` of the function's `ras` directory, by block.
+fn ras(root: &Root, rel: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for name in dir_names(root, rel).into_iter().take(MAX_RAS_BLOCKS) {
+        let Some(block) = name.strip_suffix("_err_count").filter(|b| !b.is_empty()) else {
+            continue;
+        };
+        let Ok(data) = read_in_root(root, &rel.join(&name), MAX_COUNTER_FILE) else {
+            continue;
+        };
+        if let Some(n) = std::str::from_utf8(&data).ok().and_then(parse_ue) {
+            out.insert(block.to_string(), n);
+        }
+    }
+    out
+}
+
+/// The names in directory `rel` under `root`, in sorted order; none when it cannot be read.
+fn dir_names(root: &Root, rel: &Path) -> Vec<String> {
+    let Ok(fd) = root.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot) else {
+        return Vec::new();
+    };
+    let mut buf = Vec::with_capacity(4096);
+    let mut names = Vec::new();
+    let mut entries = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
+    while let Some(Ok(e)) = entries.next() {
+        if let Ok(n) = e.file_name().to_str() {
+            if n != "." && n != ".." {
+                names.push(n.to_string());
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    const BDF: &str = "0000:11:00.0";
+
+    /// A simulated sysfs: the function's directory under `sys/devices`, linked from
+    /// `sys/bus/pci/devices` as the kernel does.
+    fn function(root: &Path) -> PathBuf {
+        let real = root.join("sys/devices/pci0000:00/0000:00:01.0").join(BDF);
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::create_dir_all(root.join(PCI_DEVICES)).unwrap();
+        symlink(
+            format!("../../../devices/pci0000:00/0000:00:01.0/{BDF}"),
+            root.join(PCI_DEVICES).join(BDF),
+        )
+        .unwrap();
+        real
+    }
+
+    fn aer(dir: &Path, fatal: u64, nonfatal: u64) {
+        std::fs::write(
+            dir.join("aer_dev_fatal"),
+            format!(
+                "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nTOTAL_ERR_FATAL {fatal}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("aer_dev_nonfatal"),
+            format!("Undefined 0\nTLP 0\nTOTAL_ERR_NONFATAL {nonfatal}\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn counters_config_and_ras_read_from_a_simulated_sysfs() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = function(t.path());
+        aer(&dir, 2, 5);
+        std::fs::write(dir.join("config"), [0x02, 0x10, 0xa1, 0x74, 0, 0, 0, 0]).unwrap();
+        std::fs::create_dir(dir.join("ras")).unwrap();
+        std::fs::write(dir.join("ras/umc_err_count"), "ue: 3\nce: 12\n").unwrap();
+        std::fs::write(dir.join("ras/gfx_err_count"), "ue: 0\nce: 0\n").unwrap();
+        std::fs::write(dir.join("ras/features"), "feature mask: 0x3fbb\n").unwrap();
+        let root = Root::open(t.path()).unwrap();
+        let (pci, c) = read_pci(&root, BDF);
+        assert_eq!(pci, Pci::Present);
+        assert_eq!(c.aer_fatal, Some(2));
+        assert_eq!(c.aer_nonfatal, Some(5));
+        assert_eq!(
+            c.ras_ue.into_iter().collect::<Vec<_>>(),
+            [("gfx".to_string(), 0), ("umc".to_string(), 3)]
+        );
+        // NVIDIA's way of writing the same function.
+        assert_eq!(read_pci(&root, "00000000:11:00.0").0, Pci::Present);
+
+        std::fs::write(dir.join("config"), [0xff; 256]).unwrap();
+        assert_eq!(read_pci(&root, BDF).0, Pci::AllOnes);
+        // A short or empty config says nothing.
+        std::fs::write(dir.join("config"), [0xff; 2]).unwrap();
+        assert_eq!(read_pci(&root, BDF).0, Pci::Present);
+
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(read_pci(&root, BDF), (Pci::Gone, Counters::default()));
+        assert_eq!(read_pci(&root, "not a bdf").0, Pci::Unknown);
+    }
+
+    /// Files absent: no counts (not zero); a counter that is not a regular file (a FIFO: it
+    /// would block) or is endless is not read; a link out of the root reads inside it.
+    #[test]
+    fn what_is_not_a_counter_gives_no_count() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = function(t.path());
+        let root = Root::open(t.path()).unwrap();
+        assert_eq!(read_pci(&root, BDF), (Pci::Present, Counters::default()));
+
+        nix::unistd::mkfifo(&dir.join("aer_dev_fatal"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::write(
+            dir.join("aer_dev_nonfatal"),
+            "TOTAL_ERR_NONFATAL 1\n".repeat(1000),
+        )
+        .unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("umc_err_count"), "ue: 9\n").unwrap();
+        std::fs::create_dir(dir.join("ras")).unwrap();
+        symlink(
+            outside.path().join("umc_err_count"),
+            dir.join("ras/umc_err_count"),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let (_, c) = read_pci(&root, BDF);
+        assert_eq!(c, Counters::default());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn parsers() {
+        assert_eq!(
+            parse_total("DLP 1\nTOTAL_ERR_FATAL 12\n", "TOTAL_ERR_FATAL"),
+            Some(12)
+        );
+        assert_eq!(
+            parse_total("TOTAL_ERR_FATALX 12\n", "TOTAL_ERR_FATAL"),
+            None
+        );
+        assert_eq!(parse_total("TOTAL_ERR_FATAL -1\n", "TOTAL_ERR_FATAL"), None);
+        assert_eq!(parse_ue("ue: 4\nce: 7\n"), Some(4));
+        assert_eq!(parse_ue("ce: 7\n"), None);
+        assert_eq!(parse_ue("ue: x\n"), None);
+    }
+
+    #[test]
+    fn nodes_problem_names_the_node() {
+        let t = tempfile::tempdir().unwrap();
+        let profile = crate::config::Config::builtin()
+            .profile("enflame")
+            .unwrap()
+            .clone();
+        let host = t.path().join("gcu1");
+        let nodes = [Node {
+            path: PathBuf::from("/dev/gcu1"),
+            major: Some(240),
+            minor: Some(1),
+        }];
+        let hosts = [host.clone()];
+        let mut p = profile.clone();
+        p.version_file = None;
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        assert_eq!(why, format!("{}: does not exist", host.display()));
+        std::fs::write(&host, "").unwrap();
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        assert!(why.ends_with("is not a character device"), "{why}");
+    }
+}
