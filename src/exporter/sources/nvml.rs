@@ -9,9 +9,9 @@
 //! function when it is called (a missing one is `FailedToLoadSymbol`: that reading is absent,
 //! counted `not-in-library`) except `nvmlShutdown`, which its `Drop` calls unchecked: a panic
 //! where it is absent, an abort (exit 134) in a release build (`panic = "abort"`). So the
-//! symbols without which nothing can be done or undone ([`REQUIRED`]) are looked up before
+//! symbols without which nothing can be done or undone (`REQUIRED`) are looked up before
 //! `nvmlInit` and a library lacking one is refused, uninitialised, in one counted failure;
-//! and [`Loaded`] never lets that `Drop` run without the symbol.
+//! and `Loaded` never lets that `Drop` run without the symbol.
 //!
 //! Ref: NVML API Reference Guide, Device Queries (units: %, bytes, °C, mW, mJ, MHz).
 
