@@ -537,6 +537,34 @@ fn unknown_config_and_profile_keys_are_logged() {
     }
 }
 
+/// Issue 42 item 5: a create never parses the tables only the daemons read, nor a profile no
+/// variable of its spec can claim. A broken `[sharing]` and `[metrics]` in a profile the spec
+/// asks for, and a file of another vendor that does not parse at all, leave the create of the
+/// NVIDIA GPU as it was; what is wrong is the daemons' and the doctor's to say.
+#[test]
+fn the_creates_cost_grows_with_profile_sections_it_never_reads() {
+    let e = Env::new();
+    std::fs::create_dir_all(e.path("profiles.d")).unwrap();
+    // Another vendor's file, broken past parsing: no variable of this spec can reach it.
+    std::fs::write(e.path("profiles.d/broken.toml"), "name = [\n").unwrap();
+    e.config("[profiles.nvidia.sharing]\nlimits = \"maybe\"\n[profiles.nvidia.metrics]\nfiles = 5");
+    e.set_env(&["NVIDIA_VISIBLE_DEVICES=0"]);
+    let spec = e.accepted();
+    assert_eq!(
+        device_paths(&spec)
+            .iter()
+            .filter(|p| p.as_str() == "/dev/nvidia0")
+            .count(),
+        1,
+        "{spec}"
+    );
+    let log = e.log();
+    assert!(
+        !log.contains("sharing") && !log.contains("metrics") && !log.contains("broken.toml"),
+        "{log}"
+    );
+}
+
 #[test]
 fn config_wrong_types_are_refused() {
     let e = Env::new();
