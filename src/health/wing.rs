@@ -93,6 +93,8 @@ impl HealthWing {
         if let Some(n) = &w.nvml {
             n.validate().map_err(|msg| profile.wings.invalid(msg))?;
         }
+        // serde_ignored writes the way through an `Option` as `?`: not a key anyone wrote.
+        let warnings = warnings.iter().map(|w| w.replace(".?.", ".")).collect();
         Ok((w, warnings))
     }
 }
