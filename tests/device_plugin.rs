@@ -1327,7 +1327,9 @@ fn an_nvidia_gpu_with_a_critical_xid_is_unhealthy_until_it_is_reset() {
         assert_eq!(first.devices.len(), 2, "{:?}", health_of(&first));
         assert!(first.devices.iter().all(|d| d.health == HEALTHY));
         let sick = |m: &ListAndWatchResponse, id: &str| {
-            m.devices.iter().any(|d| d.id == id && d.health == UNHEALTHY)
+            m.devices
+                .iter()
+                .any(|d| d.id == id && d.health == UNHEALTHY)
         };
 
         common::nvml::write_control(&control, "xid 0 13 1\n");
@@ -1338,7 +1340,11 @@ fn an_nvidia_gpu_with_a_critical_xid_is_unhealthy_until_it_is_reset() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         while let Ok(m) = kubelet.updates.try_recv() {
-            assert!(!sick(&m, &zero), "XID 13 is no GPU failure: {:?}", health_of(&m));
+            assert!(
+                !sick(&m, &zero),
+                "XID 13 is no GPU failure: {:?}",
+                health_of(&m)
+            );
         }
 
         common::nvml::write_control(&control, "xid 0 13 1\nxid 0 79 2\n");
@@ -1369,7 +1375,8 @@ fn an_nvidia_gpu_with_a_critical_xid_is_unhealthy_until_it_is_reset() {
         .await
         .unwrap_err();
         assert!(
-            e.message().contains("is unhealthy (XID 79 on GPU 0000:3b:00.0)"),
+            e.message()
+                .contains("is unhealthy (XID 79 on GPU 0000:3b:00.0)"),
             "{}",
             e.message()
         );
@@ -1395,7 +1402,10 @@ fn an_nvidia_gpu_with_a_critical_xid_is_unhealthy_until_it_is_reset() {
         assert!(took >= HOLD_DOWN - Duration::from_millis(100), "{took:?}");
         assert!(m.devices.iter().all(|d| d.health == HEALTHY));
         let log = plugin.log();
-        assert!(log.contains("GPU 0000:3b:00.0 answers NVML again (reset)"), "{log}");
+        assert!(
+            log.contains("GPU 0000:3b:00.0 answers NVML again (reset)"),
+            "{log}"
+        );
         assert_eq!(log.matches("is healthy again").count(), 1, "{log}");
         assert!(!log.contains("0000:af:00.0 is"), "{log}");
         grpc::allocate(

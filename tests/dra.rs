@@ -1954,8 +1954,18 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
             .collect();
         names.sort();
         let sick = names[0].clone();
-        api.put_claim("default", "one", UID_A, NV, NODE, &[("gpus", sick.as_str())]);
-        let reg = drv.dir.path().join(format!("plugins_registry/{NV}-reg.sock"));
+        api.put_claim(
+            "default",
+            "one",
+            UID_A,
+            NV,
+            NODE,
+            &[("gpus", sick.as_str())],
+        );
+        let reg = drv
+            .dir
+            .path()
+            .join(format!("plugins_registry/{NV}-reg.sock"));
         let (_, ch) = register(&reg).await;
 
         common::nvml::write_control(&control, "xid 0 79 1\n");
@@ -1979,13 +1989,24 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
             if r.claims[UID_A].error.contains("is lost to NVML") {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(3), "{}", r.claims[UID_A].error);
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{}",
+                r.claims[UID_A].error
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         common::nvml::write_control(&control, "xid 0 79 1\n");
         let t = std::time::Instant::now();
-        wait_slices_of(&api, NV, "untainted after the reset", |s| tainted(s).is_empty()).await;
-        assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
+        wait_slices_of(&api, NV, "untainted after the reset", |s| {
+            tainted(s).is_empty()
+        })
+        .await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "{:?}",
+            t.elapsed()
+        );
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
         assert_eq!(r.claims[UID_A].error, "");
         drop(ch);

@@ -1655,7 +1655,11 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
 fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     require_root();
     let sim = SimRoot::builder()
-        .nvidia(&[("0000:3b:00.0", 0), ("0000:af:00.0", 1), ("0000:d8:00.0", 2)])
+        .nvidia(&[
+            ("0000:3b:00.0", 0),
+            ("0000:af:00.0", 1),
+            ("0000:d8:00.0", 2),
+        ])
         .build();
     let control = common::nvml::stand_in(&sim, &[]);
     let set = |text: &str| common::nvml::write_control(&control, text);
@@ -1674,16 +1678,26 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     // An NVIDIA device is named by its UUID; GPU i here.
     let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
     let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
-    let healthy =
-        |p: &str, i: &str| value(p, "accel_device_healthy", &[&format!("device=\"{}\"", dev(i))]);
+    let healthy = |p: &str, i: &str| {
+        value(
+            p,
+            "accel_device_healthy",
+            &[&format!("device=\"{}\"", dev(i))],
+        )
+    };
     let reason = |p: &str, i: &str, why: &str| {
         value(
             p,
             "accel_device_healthy",
-            &[&format!("device=\"{}\"", dev(i)), &format!("reason=\"{why}\"")],
+            &[
+                &format!("device=\"{}\"", dev(i)),
+                &format!("reason=\"{why}\""),
+            ],
         ) == Some(0.0)
     };
-    let page = ex.until("three GPUs", |p| (0..3).all(|i| healthy(p, &i.to_string()).is_some()));
+    let page = ex.until("three GPUs", |p| {
+        (0..3).all(|i| healthy(p, &i.to_string()).is_some())
+    });
     for i in 0..3 {
         assert_eq!(healthy(&page, &i.to_string()), Some(1.0), "{page}");
     }
@@ -1716,7 +1730,11 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
         "{page}"
     );
     assert!(
-        reason(&page, "2", "row remapping pending on GPU 0000:d8:00.0 (it needs a reset)"),
+        reason(
+            &page,
+            "2",
+            "row remapping pending on GPU 0000:d8:00.0 (it needs a reset)"
+        ),
         "{page}"
     );
 
@@ -1725,10 +1743,18 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     let page = ex.until("GPUs 1 and 2 healthy again", |p| {
         healthy(p, "1") == Some(1.0) && healthy(p, "2") == Some(1.0)
     });
-    assert_eq!(healthy(&page, "0"), Some(0.0), "an XID holds until a reset\n{page}");
+    assert_eq!(
+        healthy(&page, "0"),
+        Some(0.0),
+        "an XID holds until a reset\n{page}"
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let page = ex.scrape();
-    assert_eq!(healthy(&page, "1"), Some(1.0), "a failed wait is no GPU failure\n{page}");
+    assert_eq!(
+        healthy(&page, "1"),
+        Some(1.0),
+        "a failed wait is no GPU failure\n{page}"
+    );
     assert_eq!(healthy(&page, "2"), Some(1.0), "{page}");
     set("xid 0 13 1\nxid 0 79 2\n");
     let t = Instant::now();
@@ -1776,10 +1802,20 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
         let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
         let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
         let healthy = |p: &str, i: &str| {
-            value(p, "accel_device_healthy", &[&format!("device=\"{}\"", dev(i))])
+            value(
+                p,
+                "accel_device_healthy",
+                &[&format!("device=\"{}\"", dev(i))],
+            )
         };
-        let page = ex.until("two GPUs", |p| healthy(p, "0").is_some() && healthy(p, "1").is_some());
-        assert_eq!(healthy(&page, "0"), Some(1.0), "{lacking:?}: remap not read\n{page}");
+        let page = ex.until("two GPUs", |p| {
+            healthy(p, "0").is_some() && healthy(p, "1").is_some()
+        });
+        assert_eq!(
+            healthy(&page, "0"),
+            Some(1.0),
+            "{lacking:?}: remap not read\n{page}"
+        );
         common::nvml::write_control(&control, "remap 0 failed\nxid 1 79 1\necc 1 3\n");
         if lacking[0] == "nvmlShutdown" {
             std::thread::sleep(Duration::from_millis(1500));

@@ -121,7 +121,11 @@ impl Monitor {
     /// (said once, tried again after [`NVML_RETRY`]).
     #[cfg(feature = "plugin")]
     fn nvml(&self, profile: &Profile) -> Option<std::sync::Arc<nvml::Watch>> {
-        let mut all = self.nvml.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self
+            .nvml
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let state = all.get(&profile.name);
         match state {
             Some(NvmlState::On(w)) => return Some(w.clone()),

@@ -148,8 +148,9 @@ struct Api {
     wait: Option<unsafe extern "C" fn(EventSet, *mut EventData, c_uint) -> c_int>,
     set_free: Option<unsafe extern "C" fn(EventSet) -> c_int>,
     ecc: Option<unsafe extern "C" fn(Device, c_int, c_int, *mut u64) -> c_int>,
-    remapped:
-        Option<unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint, *mut c_uint, *mut c_uint) -> c_int>,
+    remapped: Option<
+        unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint, *mut c_uint, *mut c_uint) -> c_int,
+    >,
     error_string: Option<unsafe extern "C" fn(c_int) -> *const c_char>,
     /// Keeps every pointer above valid; last, so it is dropped after them.
     _lib: libloading::Library,
@@ -269,7 +270,11 @@ impl Watch {
             ("nvmlEventSetWait_v2", api.wait.is_some(), true),
             ("nvmlEventSetFree", api.set_free.is_some(), true),
             ("nvmlDeviceGetTotalEccErrors", api.ecc.is_some(), cfg.ecc),
-            ("nvmlDeviceGetRemappedRows", api.remapped.is_some(), cfg.remapped_rows),
+            (
+                "nvmlDeviceGetRemappedRows",
+                api.remapped.is_some(),
+                cfg.remapped_rows,
+            ),
         ] {
             if wanted && !there {
                 unread.push(name);
@@ -467,8 +472,7 @@ impl Shared {
         if let (true, Some(remapped)) = (self.cfg.remapped_rows, api.remapped) {
             let (mut corr, mut unc, mut pending, mut failure) = (0, 0, 0, 0);
             // SAFETY: a handle NVML gave and four places for the answers.
-            match unsafe { remapped(device(h), &mut corr, &mut unc, &mut pending, &mut failure) }
-            {
+            match unsafe { remapped(device(h), &mut corr, &mut unc, &mut pending, &mut failure) } {
                 SUCCESS => {
                     if failure != 0 {
                         problems.push(format!("row remapping failed on GPU {bdf}"));
@@ -545,7 +549,11 @@ impl Shared {
         unsafe { free(set) };
     }
 
-    fn register(&self, register: unsafe extern "C" fn(Device, u64, EventSet) -> c_int, set: EventSet) {
+    fn register(
+        &self,
+        register: unsafe extern "C" fn(Device, u64, EventSet) -> c_int,
+        set: EventSet,
+    ) {
         let mut gpus = self.lock();
         for (bdf, g) in gpus.iter_mut() {
             let Some(h) = g.handle.filter(|_| !g.registered) else {

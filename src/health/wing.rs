@@ -104,7 +104,8 @@ mod tests {
     use super::*;
 
     fn nvidia(health: &str) -> Result<(HealthWing, Vec<String>), String> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/nvidia.toml");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/nvidia.toml");
         let mut text = std::fs::read_to_string(path).unwrap();
         if !health.is_empty() {
             let at = text.find("[health.nvml]").unwrap();
@@ -131,9 +132,18 @@ mod tests {
     #[test]
     fn bad_values_are_refused_and_unknown_keys_warned_of() {
         for (table, key) in [
-            ("library = \"/usr/lib/libnvidia-ml.so.1\"\n", "health.nvml.library"),
-            ("library = \"libnvidia-ml.so.1\"\nxid-ignore = [13, 0]\n", "health.nvml.xid-ignore"),
-            ("library = \"libnvidia-ml.so.1\"\nxid-clear-seconds = 0\n", "health.nvml.xid-clear-seconds"),
+            (
+                "library = \"/usr/lib/libnvidia-ml.so.1\"\n",
+                "health.nvml.library",
+            ),
+            (
+                "library = \"libnvidia-ml.so.1\"\nxid-ignore = [13, 0]\n",
+                "health.nvml.xid-ignore",
+            ),
+            (
+                "library = \"libnvidia-ml.so.1\"\nxid-clear-seconds = 0\n",
+                "health.nvml.xid-clear-seconds",
+            ),
             ("library = \"libnvidia-ml.so.1\"\necc = \"yes\"\n", "ecc"),
         ] {
             let e = nvidia(&format!("[health.nvml]\n{table}")).unwrap_err();
@@ -144,7 +154,10 @@ mod tests {
             nvidia("[health.nvml]\nlibrary = \"libnvidia-ml.so.1\"\nxid-ingore = [79]\n").unwrap();
         assert_eq!(w.nvml.unwrap().xid_ignore, NvmlHealth::APPLICATION_XIDS);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("health.nvml.xid-ingore"), "{warnings:?}");
+        assert!(
+            warnings[0].contains("health.nvml.xid-ingore"),
+            "{warnings:?}"
+        );
         assert!(warnings[0].contains("xid-ignore"), "{warnings:?}");
     }
 }

@@ -124,7 +124,13 @@ const char *nvmlErrorString(int r) {{ return r == 15 ? "GPU is lost" : "stand-in
     let _ = std::fs::remove_file(&lib);
     let _ = std::fs::remove_file(dir.join("libnvidia-ml.so.1"));
     run(Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+        ])
         .arg(&lib)
         .arg(&c));
     std::os::unix::fs::symlink("libnvidia-ml.so.550.54.14", dir.join("libnvidia-ml.so.1")).unwrap();
