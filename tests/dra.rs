@@ -1970,7 +1970,7 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
 
         common::nvml::write_control(&control, "xid 0 79 1\n");
         let s = wait_slices_of(&api, NV, "one GPU tainted", |s| !tainted(s).is_empty()).await;
-        assert_eq!(tainted(&s), [sick.clone()]);
+        assert_eq!(tainted(&s), [sick.as_str()]);
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
         assert_eq!(
             r.claims[UID_A].error,

@@ -483,7 +483,7 @@ impl Shared {
                     }
                 }
                 ERROR_NOT_SUPPORTED => {}
-                ERROR_GPU_IS_LOST => return self.lost(g, bdf),
+                ERROR_GPU_IS_LOST => self.lost(g, bdf),
                 e => self.failed(g, "remap", bdf, "read its remapped rows", e),
             }
         }
