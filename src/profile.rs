@@ -323,11 +323,11 @@ pub fn known_keys() -> Vec<&'static str> {
 }
 
 /// The tables of a profile that only a daemon reads, each by the wing beside it: the
-/// exporter's `[metrics]` (src/exporter/sources/profile.rs) and the DRA driver's `[sharing]`
-/// (src/kubelet/sharing.rs). A create reads none of them: the loader drops them from the
+/// exporter's `[metrics]` (src/exporter/sources/profile.rs), the DRA driver's `[sharing]`
+/// (src/kubelet/sharing.rs) and the health engine's `[health]` (src/health/wing.rs). A create reads none of them: the loader drops them from the
 /// parsed document before the profile is read ([`Keep::Create`]), so their keys and checks
 /// cost a create nothing, and a mistake in one is said by the daemon that reads it.
-pub const WINGS: &[&str] = &["metrics", "sharing"];
+pub const WINGS: &[&str] = &["health", "metrics", "sharing"];
 
 /// Which of a profile's tables the loader keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1295,3 +1295,128 @@ fn a_device_whose_aer_fatal_count_rises_is_unhealthy_until_its_function_comes_ba
         .unwrap();
     });
 }
+
+/// Issue 41: NVIDIA's signals through NVML (a stand-in library driven by a control file). An
+/// application XID (13) on GPU 0 is logged and ignored; a critical one (79) makes it Unhealthy
+/// within the interval, named by Allocate's refusal, the other GPU Healthy; NVML losing it and
+/// reaching it again (a reset) brings it back Healthy after the hold-down, and not before.
+#[test]
+fn an_nvidia_gpu_with_a_critical_xid_is_unhealthy_until_it_is_reset() {
+    let sim = SimRoot::builder()
+        .nvidia(&[("0000:3b:00.0", 0), ("0000:af:00.0", 1)])
+        .build();
+    let control = common::nvml::stand_in(&sim, &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    config(&sim, scratch.path(), "");
+    let (zero, one) = (sim.gpus()[0].uuid.clone(), sim.gpus()[1].uuid.clone());
+    const HOLD_DOWN: Duration = Duration::from_secs(1);
+    rt().block_on(async move {
+        let mut kubelet = Kubelet::started();
+        let plugin = PluginProcess::spawn_with(
+            scratch.path(),
+            kubelet.dir(),
+            "nvml",
+            &[
+                "--poll-seconds=0.1",
+                "--health-interval-seconds=0.2",
+                "--health-hold-down-seconds=1",
+            ],
+        );
+        wait_registration(&kubelet, 0, Duration::from_secs(10), &[&plugin]).await;
+        let first = kubelet.updates.recv().await.unwrap();
+        assert_eq!(first.devices.len(), 2, "{:?}", health_of(&first));
+        assert!(first.devices.iter().all(|d| d.health == HEALTHY));
+        let sick = |m: &ListAndWatchResponse, id: &str| {
+            m.devices
+                .iter()
+                .any(|d| d.id == id && d.health == UNHEALTHY)
+        };
+
+        common::nvml::write_control(&control, "xid 0 13 1\n");
+        let t = Instant::now();
+        while !plugin.log().contains("XID 13, an application error") {
+            assert!(t.elapsed() < Duration::from_secs(3), "{}", plugin.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        while let Ok(m) = kubelet.updates.try_recv() {
+            assert!(
+                !sick(&m, &zero),
+                "XID 13 is no GPU failure: {:?}",
+                health_of(&m)
+            );
+        }
+
+        common::nvml::write_control(&control, "xid 0 13 1\nxid 0 79 2\n");
+        let (m, took) = next_update(
+            &mut kubelet,
+            &plugin,
+            "GPU 0 Unhealthy on XID 79",
+            Duration::from_secs(2),
+            |m| sick(m, &zero),
+        )
+        .await;
+        eprintln!("GPU 0 Unhealthy after {took:?}");
+        assert!(!sick(&m, &one), "{:?}", health_of(&m));
+        let ch = grpc::connect(
+            &kubelet.dir().join("accel-nvidia-com-gpu@nvml.sock"),
+            "localhost",
+        )
+        .await
+        .unwrap();
+        let e = grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&[zero.as_str()]),
+                }],
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            e.message()
+                .contains("is unhealthy (XID 79 on GPU 0000:3b:00.0)"),
+            "{}",
+            e.message()
+        );
+
+        // A reset: NVML loses the GPU, then reaches it again.
+        common::nvml::write_control(&control, "xid 0 13 1\nxid 0 79 2\nlost 0\n");
+        let t = Instant::now();
+        while !plugin.log().contains("NVML_ERROR_GPU_IS_LOST") {
+            assert!(t.elapsed() < Duration::from_secs(3), "{}", plugin.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while kubelet.updates.try_recv().is_ok() {}
+        common::nvml::write_control(&control, "xid 0 13 1\nxid 0 79 2\n");
+        let (m, took) = next_update(
+            &mut kubelet,
+            &plugin,
+            "GPU 0 Healthy after its reset",
+            Duration::from_secs(4),
+            |m| !sick(m, &zero),
+        )
+        .await;
+        eprintln!("GPU 0 Healthy again after {took:?}");
+        assert!(took >= HOLD_DOWN - Duration::from_millis(100), "{took:?}");
+        assert!(m.devices.iter().all(|d| d.health == HEALTHY));
+        let log = plugin.log();
+        assert!(
+            log.contains("GPU 0000:3b:00.0 answers NVML again (reset)"),
+            "{log}"
+        );
+        assert_eq!(log.matches("is healthy again").count(), 1, "{log}");
+        assert!(!log.contains("0000:af:00.0 is"), "{log}");
+        grpc::allocate(
+            &ch,
+            AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids(&[zero.as_str()]),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+    });
+}

@@ -1894,3 +1894,122 @@ fn a_gcu_whose_aer_fatal_count_rises_is_tainted_reported_and_not_prepared() {
         drv.stop().await;
     });
 }
+
+/// The slices of driver `driver` once `ok`, within 20 s.
+async fn wait_slices_of(
+    api: &ApiServer,
+    driver: &str,
+    what: &str,
+    ok: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let start = std::time::Instant::now();
+    loop {
+        let s = api.slices_of(driver);
+        if ok(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 41: NVIDIA's signals through NVML (a stand-in library driven by a control file) in
+/// the DRA driver. XID 79 on one GPU: it alone is tainted, and a claim of it is not prepared,
+/// naming the XID; the GPU reset (NVML loses it and reaches it again): untainted after the
+/// hold-down, and the claim prepared.
+#[test]
+fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
+    const NV: &str = "gpu.nvidia.com";
+    let sim = common::SimRoot::builder()
+        .nvidia(&[("0000:41:00.0", 0), ("0000:42:00.0", 1)])
+        .library(common::LIB_DIR, "libcuda.so.550.54.14", "libcuda.so.1")
+        .build();
+    let control = common::nvml::stand_in(&sim, &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    let tainted = |s: &[Value]| -> Vec<String> {
+        devices(s)
+            .iter()
+            .filter(|d| d.get("taints").is_some())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
+        opts.health = accel_container_runtime::health::Settings {
+            interval: Duration::from_millis(100),
+            hold_down: Duration::from_secs(1),
+        };
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let s = wait_slices_of(&api, NV, "published untainted", |s| {
+            devices(s).len() == 2 && tainted(s).is_empty()
+        })
+        .await;
+        // Named in bus-id order: the first is the GPU at 0000:41:00.0.
+        let mut names: Vec<String> = devices(&s)
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        let sick = names[0].clone();
+        api.put_claim(
+            "default",
+            "one",
+            UID_A,
+            NV,
+            NODE,
+            &[("gpus", sick.as_str())],
+        );
+        let reg = drv
+            .dir
+            .path()
+            .join(format!("plugins_registry/{NV}-reg.sock"));
+        let (_, ch) = register(&reg).await;
+
+        common::nvml::write_control(&control, "xid 0 79 1\n");
+        let s = wait_slices_of(&api, NV, "one GPU tainted", |s| !tainted(s).is_empty()).await;
+        assert_eq!(tainted(&s), [sick.as_str()]);
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
+        assert_eq!(
+            r.claims[UID_A].error,
+            format!(
+                "claim default/one ({UID_A}): device {sick} is unhealthy: XID 79 on GPU \
+                 0000:41:00.0; nothing prepared (kubelet retries)"
+            )
+        );
+        assert!(!drv.spec_path(UID_A).exists());
+
+        // A reset: NVML loses the GPU, then reaches it again.
+        common::nvml::write_control(&control, "xid 0 79 1\nlost 0\n");
+        let t = std::time::Instant::now();
+        loop {
+            let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
+            if r.claims[UID_A].error.contains("is lost to NVML") {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{}",
+                r.claims[UID_A].error
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        common::nvml::write_control(&control, "xid 0 79 1\n");
+        let t = std::time::Instant::now();
+        wait_slices_of(&api, NV, "untainted after the reset", |s| {
+            tainted(s).is_empty()
+        })
+        .await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "{:?}",
+            t.elapsed()
+        );
+        let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
+        assert_eq!(r.claims[UID_A].error, "");
+        drop(ch);
+        drv.stop().await;
+    });
+}

@@ -1319,8 +1319,11 @@ fn nvml_lacking_a_symbol_is_an_error_said_once_and_sigterm_exits_0() {
             assert_eq!(samples(&page, "accel_memory_used_bytes").len(), 2, "{page}");
             assert!(samples(&page, "accel_power_watts").is_empty(), "{page}");
         }
+        // The health engine refuses it too, once, in its own words.
         assert_eq!(
-            log.lines().filter(|l| l.contains(lacking)).count(),
+            log.lines()
+                .filter(|l| l.contains(lacking) && !l.contains("NVML not read"))
+                .count(),
             1,
             "{lacking}: said once\n{log}"
         );
@@ -1640,4 +1643,211 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
         1,
         "{log}"
     );
+}
+
+/// Issue 41: NVIDIA's signals through NVML (a stand-in library driven by a control file)
+/// reach `accel_device_healthy` with their reason. Three GPUs, GPU 1 with an old ECC count (no
+/// failure): XID 13 (an application's) changes nothing, XID 79 on GPU 0 is 0 naming it; GPU 1's
+/// volatile uncorrected ECC count rising and GPU 2's row remap pending are 0 naming them; a
+/// failed event wait is said once, makes no GPU unhealthy, and is said to be over when it is;
+/// SIGTERM exits 0.
+#[test]
+fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
+    require_root();
+    let sim = SimRoot::builder()
+        .nvidia(&[
+            ("0000:3b:00.0", 0),
+            ("0000:af:00.0", 1),
+            ("0000:d8:00.0", 2),
+        ])
+        .build();
+    let control = common::nvml::stand_in(&sim, &[]);
+    let set = |text: &str| common::nvml::write_control(&control, text);
+    set("ecc 1 4\n");
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+    let mut ex = Exporter::start(
+        &cfg,
+        &[
+            "--no-pod-resources",
+            "--poll-seconds=0.2",
+            "--health-interval-seconds=0.2",
+            "--health-hold-down-seconds=1",
+        ],
+    );
+    // An NVIDIA device is named by its UUID; GPU i here.
+    let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
+    let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
+    let healthy = |p: &str, i: &str| {
+        value(
+            p,
+            "accel_device_healthy",
+            &[&format!("device=\"{}\"", dev(i))],
+        )
+    };
+    let reason = |p: &str, i: &str, why: &str| {
+        value(
+            p,
+            "accel_device_healthy",
+            &[
+                &format!("device=\"{}\"", dev(i)),
+                &format!("reason=\"{why}\""),
+            ],
+        ) == Some(0.0)
+    };
+    let page = ex.until("three GPUs", |p| {
+        (0..3).all(|i| healthy(p, &i.to_string()).is_some())
+    });
+    for i in 0..3 {
+        assert_eq!(healthy(&page, &i.to_string()), Some(1.0), "{page}");
+    }
+    let log = || std::fs::read_to_string(&ex.log).unwrap();
+
+    set("ecc 1 4\nxid 0 13 1\n");
+    let t = Instant::now();
+    while !log().contains("XID 13, an application error") {
+        assert!(t.elapsed() < Duration::from_secs(3), "{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(healthy(&ex.scrape(), "0"), Some(1.0));
+
+    set("ecc 1 4\nxid 0 13 1\nxid 0 79 2\n");
+    let page = ex.until("GPU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
+    assert!(reason(&page, "0", "XID 79 on GPU 0000:3b:00.0"), "{page}");
+    assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
+
+    set("ecc 1 6\nxid 0 13 1\nxid 0 79 2\nremap 2 pending\n");
+    let page = ex.until("GPUs 1 and 2 unhealthy", |p| {
+        healthy(p, "1") == Some(0.0) && healthy(p, "2") == Some(0.0)
+    });
+    assert!(
+        reason(
+            &page,
+            "1",
+            "2 uncorrected ECC error(s) on GPU 0000:af:00.0 since it was first read (volatile count 6)"
+        ),
+        "{page}"
+    );
+    assert!(
+        reason(
+            &page,
+            "2",
+            "row remapping pending on GPU 0000:d8:00.0 (it needs a reset)"
+        ),
+        "{page}"
+    );
+
+    // Clear on GPUs 1 and 2 (a reset zeroes the volatile count), and every wait failing.
+    set("xid 0 13 1\nxid 0 79 2\nwaitfail\n");
+    let page = ex.until("GPUs 1 and 2 healthy again", |p| {
+        healthy(p, "1") == Some(1.0) && healthy(p, "2") == Some(1.0)
+    });
+    assert_eq!(
+        healthy(&page, "0"),
+        Some(0.0),
+        "an XID holds until a reset\n{page}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let page = ex.scrape();
+    assert_eq!(
+        healthy(&page, "1"),
+        Some(1.0),
+        "a failed wait is no GPU failure\n{page}"
+    );
+    assert_eq!(healthy(&page, "2"), Some(1.0), "{page}");
+    set("xid 0 13 1\nxid 0 79 2\n");
+    let t = Instant::now();
+    while !log().contains("NVML events are read again") {
+        assert!(t.elapsed() < Duration::from_secs(4), "{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, log) = ex.stop();
+    assert_eq!(status.code(), Some(0), "{status}\n{log}");
+    assert_eq!(
+        log.matches("waiting for NVML events failed").count(),
+        1,
+        "said once\n{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Issue 41: an NVML lacking functions the health engine calls: one lacking the remapped-rows
+/// and event-wait functions is said once, the GPU still judged by its ECC count; one lacking
+/// `nvmlShutdown` is refused by the engine (said once, tried again later) and no GPU is
+/// unhealthy for it. SIGTERM exits 0 with either.
+#[test]
+fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
+    require_root();
+    for lacking in [
+        &["nvmlDeviceGetRemappedRows", "nvmlEventSetWait_v2"][..],
+        &["nvmlShutdown"][..],
+    ] {
+        let sim = SimRoot::builder()
+            .nvidia(&[("0000:3b:00.0", 0), ("0000:af:00.0", 1)])
+            .build();
+        let control = common::nvml::stand_in(&sim, lacking);
+        common::nvml::write_control(&control, "remap 0 failed\n");
+        let scratch = tempfile::tempdir().unwrap();
+        let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
+        let mut ex = Exporter::start(
+            &cfg,
+            &[
+                "--no-pod-resources",
+                "--poll-seconds=0.2",
+                "--health-interval-seconds=0.2",
+                "--health-hold-down-seconds=1",
+            ],
+        );
+        let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
+        let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
+        let healthy = |p: &str, i: &str| {
+            value(
+                p,
+                "accel_device_healthy",
+                &[&format!("device=\"{}\"", dev(i))],
+            )
+        };
+        let page = ex.until("two GPUs", |p| {
+            healthy(p, "0").is_some() && healthy(p, "1").is_some()
+        });
+        assert_eq!(
+            healthy(&page, "0"),
+            Some(1.0),
+            "{lacking:?}: remap not read\n{page}"
+        );
+        common::nvml::write_control(&control, "remap 0 failed\nxid 1 79 1\necc 1 3\n");
+        if lacking[0] == "nvmlShutdown" {
+            std::thread::sleep(Duration::from_millis(1500));
+            let page = ex.scrape();
+            assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
+        } else {
+            let page = ex.until("GPU 1 unhealthy by its ECC count", |p| {
+                healthy(p, "1") == Some(0.0)
+            });
+            assert!(
+                value(
+                    &page,
+                    "accel_device_healthy",
+                    &[
+                        &format!("device=\"{}\"", dev("1")),
+                        "reason=\"3 uncorrected ECC error(s) on GPU 0000:af:00.0"
+                    ]
+                )
+                .is_some(),
+                "the XID is not read without the wait\n{page}"
+            );
+        }
+        let (status, log) = ex.stop();
+        assert_eq!(status.code(), Some(0), "{lacking:?}: {status}\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+        let said: Vec<&str> = log.lines().filter(|l| l.contains(lacking[0])).collect();
+        // The engine says it once; the exporter's NVML metrics source refuses a library
+        // without nvmlShutdown once more, in its own words.
+        let engine: Vec<&&str> = said
+            .iter()
+            .filter(|l| !l.contains("not an NVML the exporter can use"))
+            .collect();
+        assert_eq!(engine.len(), 1, "{lacking:?}: said once\n{log}");
+    }
 }

@@ -218,7 +218,8 @@ impl Driver {
             path: state,
             source,
         })?;
-        let (sharing, warnings) = Sharing::of(&profile)?;
+        let (sharing, mut warnings) = Sharing::of(&profile)?;
+        warnings.extend(crate::health::wing::HealthWing::of(&profile)?.1);
         for w in warnings {
             log::warn!("{w}");
         }
@@ -233,7 +234,7 @@ impl Driver {
             health_timeout: i64::try_from(opts.poll.as_secs().saturating_mul(3))
                 .unwrap_or(i64::MAX)
                 .max(30),
-            monitor: crate::health::Monitor::new(opts.health),
+            monitor: crate::health::Monitor::new(opts.health).with_nvml(),
             client,
         })
     }

@@ -387,7 +387,7 @@ impl Collector for Exposition {
         gauge(
             &mut enc,
             "accel_device_healthy",
-            "1 when the device can be handed to a container (the health engine: nodes, PCI function, AER, RAS), 0 with the reason",
+            "1 when the device can be handed to a container (the health engine: nodes, PCI function, AER, RAS, NVML), 0 with the reason",
             None,
             &health,
         )?;

@@ -96,7 +96,7 @@ async fn poll_loop(
 ) {
     let name = poller.profile.name.clone();
     // One health engine for the profile: a poller made afresh keeps its baselines.
-    let poller = poller.with_monitor(Arc::new(crate::health::Monitor::new(health)));
+    let poller = poller.with_monitor(Arc::new(crate::health::Monitor::new(health).with_nvml()));
     let template = poller.fresh();
     let fresh = || template.fresh();
     let mut idle: Option<Poller> = Some(poller);

@@ -39,13 +39,14 @@ pub struct Poller {
 
 impl Poller {
     /// `dra_driver` overrides the driver name derived from the profile, as the DRA
-    /// driver's `--driver-name` does. Fails where the profile's `[metrics]` or `[sharing]`
+    /// driver's `--driver-name` does. Fails where the profile's `[metrics]`, `[sharing]` or `[health]`
     /// does not read (loaded with [`crate::profile::Keep::All`]); each key of them it does
     /// not know is warned of in the log.
     pub fn new(profile: Profile, dra_driver: Option<&str>) -> Result<Poller, ProfileError> {
         let (metrics, mut warnings) = Metrics::of(&profile)?;
         let (sharing, more) = Sharing::of(&profile)?;
         warnings.extend(more);
+        warnings.extend(crate::health::wing::HealthWing::of(&profile)?.1);
         for w in warnings {
             log::warn!("{w}");
         }

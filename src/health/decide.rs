@@ -8,7 +8,9 @@
 //! - its PCI function gone from sysfs once it has been seen there, or its config space reading
 //!   all ones (a device that fell off the bus answers every read with ones);
 //! - the AER fatal count (`TOTAL_ERR_FATAL`) above its baseline;
-//! - an amdgpu RAS block's uncorrectable count (`ue:`) above its baseline.
+//! - an amdgpu RAS block's uncorrectable count (`ue:`) above its baseline;
+//! - what NVML says of an NVIDIA GPU ([`Reading::nvml`], from `health::nvml`: an XID, ECC,
+//!   remapped rows, lost), its baselines and clearing kept there.
 //!
 //! A non-fatal AER error never makes a device unhealthy: it is one the link survived, and the
 //! kernel's recovery either brings the function back or leaves it reading all ones or removed,
@@ -82,6 +84,8 @@ pub struct Reading {
     pub bdf: Option<String>,
     pub pci: Pci,
     pub counters: Counters,
+    /// What NVML says is wrong with the GPU, one line; `None` when clear or not read.
+    pub nvml: Option<String>,
 }
 
 /// What is kept of one device between reads.
@@ -208,6 +212,7 @@ pub fn step(
             baseline.ras_ue.insert(block.clone(), b);
         }
     }
+    hardware.extend(r.nvml.iter().cloned());
     let mut nonfatal_said = prev.and_then(|p| p.nonfatal_said).filter(|_| !fresh);
     if let Some(c) = above(&mut baseline.aer_nonfatal, r.counters.aer_nonfatal) {
         if nonfatal_said.is_none_or(|s| c > s) {
@@ -300,6 +305,7 @@ mod tests {
             bdf: Some("0000:11:00.0".into()),
             pci,
             counters: c,
+            nvml: None,
         }
     }
 
@@ -321,6 +327,46 @@ mod tests {
 
     fn verdicts(reads: &[(u64, Reading)]) -> Vec<Option<String>> {
         run(reads).into_iter().map(|(h, _)| h).collect()
+    }
+
+    /// What NVML says is a hardware reason: named after the others, and held down once clear.
+    #[test]
+    fn an_nvml_reason_is_a_hardware_signal_held_down() {
+        let clear = reading(Pci::Present, counters(0, 0, &[]));
+        let xid = Reading {
+            nvml: Some("XID 79 on GPU 0000:11:00.0".into()),
+            ..clear.clone()
+        };
+        let both = Reading {
+            pci: Pci::AllOnes,
+            ..xid.clone()
+        };
+        let hold = HOLD.as_secs();
+        let v = verdicts(&[
+            (0, clear.clone()),
+            (1, xid.clone()),
+            (2, both),
+            (3, clear.clone()),
+            (3 + hold - 1, clear.clone()),
+            (3 + hold, clear),
+        ]);
+        let xid_reason = Some("XID 79 on GPU 0000:11:00.0".to_string());
+        let both_reason = Some(
+            "PCI function 0000:11:00.0 reads all ones (fallen off the bus); XID 79 on GPU \
+             0000:11:00.0"
+                .to_string(),
+        );
+        assert_eq!(
+            v,
+            [
+                None,
+                xid_reason,
+                both_reason.clone(),
+                both_reason.clone(),
+                both_reason,
+                None
+            ]
+        );
     }
 
     /// Counts already there at the first read are the baseline: no failure, whatever they are.

@@ -10,7 +10,10 @@
 //! thread or process per device.
 
 pub mod decide;
+#[cfg(feature = "plugin")]
+pub mod nvml;
 pub mod signals;
+pub mod wing;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -76,14 +79,89 @@ struct Kept {
 pub struct Monitor {
     settings: Settings,
     devices: Mutex<HashMap<String, Kept>>,
+    /// The profiles' vendor libraries (NVML), by profile name, where [`Monitor::with_nvml`]
+    /// asked for them.
+    #[cfg(feature = "plugin")]
+    nvml: Option<Mutex<HashMap<String, NvmlState>>>,
 }
+
+/// A profile's NVML for the engine: started, or why not and when it was last tried.
+#[cfg(feature = "plugin")]
+#[derive(Debug)]
+enum NvmlState {
+    Off,
+    On(std::sync::Arc<nvml::Watch>),
+    Failed(Instant, String),
+}
+
+/// How long after NVML failed to load it is tried again.
+#[cfg(feature = "plugin")]
+const NVML_RETRY: Duration = Duration::from_secs(60);
 
 impl Monitor {
     pub fn new(settings: Settings) -> Monitor {
         Monitor {
             settings,
             devices: Mutex::new(HashMap::new()),
+            #[cfg(feature = "plugin")]
+            nvml: None,
         }
+    }
+
+    /// This engine reads the NVML signals of the profiles whose `[health.nvml]` asks for them
+    /// (the daemons'; `accel-ctk list`, run once, does not): the library loaded at the first
+    /// check of the profile, with one event thread.
+    #[cfg(feature = "plugin")]
+    pub fn with_nvml(mut self) -> Monitor {
+        self.nvml = Some(Mutex::new(HashMap::new()));
+        self
+    }
+
+    /// `profile`'s NVML, started at its first call; `None` where it has none or it failed
+    /// (said once, tried again after [`NVML_RETRY`]).
+    #[cfg(feature = "plugin")]
+    fn nvml(&self, profile: &Profile) -> Option<std::sync::Arc<nvml::Watch>> {
+        let mut all = self
+            .nvml
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let state = all.get(&profile.name);
+        match state {
+            Some(NvmlState::On(w)) => return Some(w.clone()),
+            Some(NvmlState::Off) => return None,
+            Some(NvmlState::Failed(at, _)) if at.elapsed() < NVML_RETRY => return None,
+            _ => {}
+        }
+        let cfg = match wing::HealthWing::of(profile) {
+            Ok((w, _)) => w.nvml,
+            Err(_) => None,
+        };
+        let Some(cfg) = cfg else {
+            all.insert(profile.name.clone(), NvmlState::Off);
+            return None;
+        };
+        let new = match nvml::Watch::start(profile, &cfg) {
+            Ok(w) => NvmlState::On(std::sync::Arc::new(w)),
+            Err(e) => {
+                let said = matches!(state, Some(NvmlState::Failed(_, m)) if *m == e);
+                if !said {
+                    log::warn!(
+                        "{}: NVML not read ({e}); tried again every {}s, each GPU judged by \
+                         its other signals",
+                        profile.name,
+                        NVML_RETRY.as_secs()
+                    );
+                }
+                NvmlState::Failed(Instant::now(), e)
+            }
+        };
+        let w = match &new {
+            NvmlState::On(w) => Some(w.clone()),
+            _ => None,
+        };
+        all.insert(profile.name.clone(), new);
+        w
     }
 
     pub fn settings(&self) -> Settings {
@@ -96,6 +174,8 @@ impl Monitor {
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut root: Option<Option<Root>> = None;
+        #[cfg(feature = "plugin")]
+        let nvml = self.nvml(profile);
         let mut kept = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         subjects
             .iter()
@@ -129,11 +209,19 @@ impl Monitor {
                     };
                     k.read_at = Some(now);
                 }
+                #[cfg(feature = "plugin")]
+                let vendor = match (&nvml, k.bdf.as_deref()) {
+                    (Some(w), Some(b)) => w.read(b, due),
+                    _ => None,
+                };
+                #[cfg(not(feature = "plugin"))]
+                let vendor = None;
                 let reading = Reading {
                     nodes,
                     bdf: k.bdf.clone(),
                     pci: k.pci.0,
                     counters: k.pci.1.clone(),
+                    nvml: vendor,
                 };
                 let prev = (!first).then_some(&k.tracked);
                 let (tracked, notes) =

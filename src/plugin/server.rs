@@ -45,6 +45,9 @@ pub enum PluginError {
     Watch(#[from] WatchError),
     #[error(transparent)]
     SocketDir(#[from] crate::kubelet::socket::DirTooLong),
+    /// The profile's `[health]` does not read.
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
 }
 
 #[derive(Debug, Clone)]
@@ -344,6 +347,10 @@ pub async fn run(
     let mut plugins = Vec::new();
     for profile in profiles.into_iter().filter(|p| p.resource_name.is_some()) {
         let profile = opts.host_root.rebase(profile);
+        let (_, warnings) = crate::health::wing::HealthWing::of(&profile)?;
+        for w in warnings {
+            log::warn!("{w}");
+        }
         let found = crate::kubelet::ids::discover(&profile)?;
         if found.is_empty() {
             log::info!(
@@ -356,7 +363,7 @@ pub async fn run(
         // One plugin per offer: a shared resource is a resource of its own to kubelet, with
         // its own socket and registration, over devices the whole resource does not list.
         // One health engine for them all: a device's baselines and transitions are its own.
-        let monitor = Arc::new(crate::health::Monitor::new(opts.health));
+        let monitor = Arc::new(crate::health::Monitor::new(opts.health).with_nvml());
         for offer in devices::offers(&profile) {
             let table = offer.select(&profile, found.clone())?;
             let (mut plugin, rx) = Plugin::with_table(

@@ -61,6 +61,7 @@ pub mod drm;
 pub mod grpc;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
+pub mod nvml;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;

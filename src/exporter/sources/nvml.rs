@@ -16,16 +16,13 @@
 //! Ref: NVML API Reference Guide, Device Queries (units: %, bytes, °C, mW, mJ, MHz).
 
 use std::ffi::OsStr;
-use std::os::fd::AsRawFd as _;
 
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
-use rustix::fs::{FileType, Mode, OFlags};
 
 use super::profile::{MetricKind, MetricNvml};
 use crate::exporter::snapshot::{Failure, Reading};
-use crate::libraries::{libraries, Resolver};
 use crate::profile::Profile;
 
 use super::DeviceRef;
@@ -94,68 +91,33 @@ fn reason(e: &NvmlError) -> Option<&'static str> {
     })
 }
 
-/// The names of the [`REQUIRED`] functions `lib` lacks.
-fn lacking(lib: &libloading::Library) -> Vec<String> {
-    REQUIRED
-        .iter()
-        .filter(|name| {
-            // SAFETY: only the address is looked up, never called, and it does not outlive
-            // `lib`.
-            unsafe { lib.get::<unsafe extern "C" fn()>(name) }.is_err()
-        })
-        .map(|name| String::from_utf8_lossy(&name[..name.len() - 1]).into_owned())
-        .collect()
-}
-
-/// Loads `cfg.library` from `profile`'s driver root.
+/// Loads `cfg.library` from `profile`'s driver root, as the health engine does
+/// ([`crate::health::nvml::open`]).
 fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Loaded, (&'static str, String)> {
-    let stem = cfg.library.split(".so").next().unwrap_or(&cfg.library);
-    let cache = crate::ldcache::load(&profile.driver_root).unwrap_or_default();
-    let mut resolver = Resolver::new(&profile.driver_root);
-    let found = libraries(profile, &[stem], &cache, &mut resolver)
-        .into_iter()
-        .find(|f| f.name == cfg.library)
-        .ok_or_else(|| {
-            (
-                "not-found",
-                format!(
-                    "{} is neither in {}/etc/ld.so.cache nor in library-search-dirs",
-                    cfg.library,
-                    profile.driver_root.display()
-                ),
-            )
-        })?;
-    let shown = found.host.display().to_string();
-    let fd = rustix::fs::open(
-        &found.host,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| ("unreadable", format!("{shown}: {e}")))?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| ("unreadable", format!("{shown}: {e}")))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(("not-a-file", format!("{shown}: not a regular file")));
-    }
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    // SAFETY: loading runs the library's initialisers, as nvml-wrapper's own load of this
-    // same file does next; held open until then so they run once.
-    let lib = unsafe { libloading::Library::new(OsStr::new(&path)) }
-        .map_err(|e| ("nvml-error", format!("{shown}: {e}")))?;
-    let missing = lacking(&lib);
+    let opened = crate::health::nvml::open(profile, &cfg.library)?;
+    let missing = crate::health::nvml::lacking(&opened.lib, &REQUIRED);
     if !missing.is_empty() {
         return Err((
             "not-in-library",
             format!(
-                "{shown} lacks {}: refused, never initialised (not an NVML the exporter can use)",
+                "{} lacks {}: refused, never initialised (not an NVML the exporter can use)",
+                opened.shown,
                 missing.join(", ")
             ),
         ));
     }
+    // Loaded again by nvml-wrapper through the same open file, held open until then so the
+    // library's initialisers run once.
     let nvml = Nvml::builder()
-        .lib_path(OsStr::new(&path))
+        .lib_path(OsStr::new(&opened.path))
         .init()
-        .map_err(|e| (reason(&e).unwrap_or("nvml-error"), format!("{shown}: {e}")))?;
-    drop(lib);
+        .map_err(|e| {
+            (
+                reason(&e).unwrap_or("nvml-error"),
+                format!("{}: {e}", opened.shown),
+            )
+        })?;
+    drop(opened);
     Ok(Loaded(Some(nvml)))
 }
 
