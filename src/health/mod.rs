@@ -11,6 +11,7 @@
 
 pub mod decide;
 pub mod signals;
+pub mod tools;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -76,6 +77,9 @@ struct Kept {
 pub struct Monitor {
     settings: Settings,
     devices: Mutex<HashMap<String, Kept>>,
+    /// The profile's vendor tool ([`tools`]), run once per interval for all devices; `None`
+    /// in a one-shot check, which would leave the tool running behind it.
+    tools: Option<tools::Poller>,
 }
 
 impl Monitor {
@@ -83,7 +87,15 @@ impl Monitor {
         Monitor {
             settings,
             devices: Mutex::new(HashMap::new()),
+            tools: Some(tools::Poller::default()),
         }
+    }
+
+    /// This engine without the vendor tools, for a check made once (`accel-ctk list`): a tool
+    /// is run on a thread of its own, and the process would end before its answer.
+    pub fn without_tools(mut self) -> Monitor {
+        self.tools = None;
+        self
     }
 
     pub fn settings(&self) -> Settings {
@@ -96,6 +108,11 @@ impl Monitor {
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut root: Option<Option<Root>> = None;
+        let reported = self
+            .tools
+            .as_ref()
+            .map(|t| t.unhealthy(profile, self.settings.interval))
+            .unwrap_or_default();
         let mut kept = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         subjects
             .iter()
@@ -129,6 +146,13 @@ impl Monitor {
                     };
                     k.read_at = Some(now);
                 }
+                // A tool's report is read as the nodes' signal is: not held down, clear as
+                // soon as the tool says so.
+                let told = k.bdf.as_deref().and_then(|b| reported.get(b));
+                let nodes = match (nodes, told) {
+                    (Some(n), Some(t)) => Some(format!("{n}; {t}")),
+                    (n, t) => n.or_else(|| t.cloned()),
+                };
                 let reading = Reading {
                     nodes,
                     bdf: k.bdf.clone(),
