@@ -168,7 +168,7 @@ fn build(pool: &Pool, profile: &Profile) -> (Vec<table::DraDevice>, slices::Cont
     let t = table::discover(profile).unwrap();
     let taints: Vec<Option<DeviceTaint>> = t
         .iter()
-        .map(|d| (!inventory::healthy(profile, &d.dev)).then(|| taint()))
+        .map(|d| (!inventory::healthy(profile, &d.dev)).then(taint))
         .collect();
     let sharing = Sharing::of(profile).unwrap().0;
     let contents = slices::contents(pool, sharing.as_ref(), &t, &taints);

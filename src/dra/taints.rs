@@ -240,18 +240,15 @@ mod tests {
     /// made by the engine's own decision, so a reworded reason fails here, not in a cluster.
     #[test]
     fn each_reason_has_its_severity_and_a_short_name() {
-        let read = |pci: Pci, fatal: u64, ras: u64| {
-            let r = Reading {
-                nodes: None,
-                bdf: Some("0000:11:00.0".into()),
-                pci,
-                counters: Counters {
-                    aer_fatal: Some(fatal),
-                    aer_nonfatal: Some(0),
-                    ras_ue: [("umc".to_string(), ras)].into(),
-                },
-            };
-            r
+        let read = |pci: Pci, fatal: u64, ras: u64| Reading {
+            nodes: None,
+            bdf: Some("0000:11:00.0".into()),
+            pci,
+            counters: Counters {
+                aer_fatal: Some(fatal),
+                aer_nonfatal: Some(0),
+                ras_ue: [("umc".to_string(), ras)].into(),
+            },
         };
         let (t0, _) = step(
             None,
