@@ -2,7 +2,8 @@
 //! up to 16, greedy beyond), Allocate's answer, both as pure functions and as the gRPC round
 //! trip kubelet makes over the unix socket (through the shipped server, and without its
 //! `:authority` rewrite for comparison); then the resident memory of the real plugin binary
-//! serving 64 simulated devices to a stand-in kubelet.
+//! serving 64 simulated devices to a stand-in kubelet. First, the health engine's CPU per
+//! device per minute at 8 and 64 devices (issue 41).
 //!
 //! `cargo bench --features plugin --bench device_plugin`. Results: benches/BENCHMARKS.md.
 
@@ -382,8 +383,116 @@ fn rss_with_64_devices() {
     assert!(left.is_empty(), "socket left behind: {left:?}");
 }
 
+/// This thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec given.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) },
+        0
+    );
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Issue 41: what the health engine costs, 8 and 64 devices in a simulated sysfs (each a PCI
+/// function with AER counters, config space and two RAS blocks; its node `/dev/null`): one
+/// check reading sysfs, one between sysfs reads (nodes only), and from them the CPU per
+/// device per minute at each daemon's default intervals. Vendor tools are left out (one
+/// process per profile per interval, whatever the device count).
+fn health_cost(c: &mut Criterion) {
+    use accel_container_runtime::health::{Monitor, Settings, Subject};
+    for n in [8usize, 64] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut profile = enflame();
+        profile.driver_root = dir.path().to_path_buf();
+        profile.version_file = None;
+        let bdfs: Vec<String> = (0..n)
+            .map(|i| format!("0000:{:02x}:00.0", 0x10 + i))
+            .collect();
+        for b in &bdfs {
+            let d = dir.path().join("sys/bus/pci/devices").join(b);
+            std::fs::create_dir_all(d.join("ras")).unwrap();
+            std::fs::write(
+                d.join("aer_dev_fatal"),
+                "DLP 0\nSDES 0\nTOTAL_ERR_FATAL 0\n",
+            )
+            .unwrap();
+            std::fs::write(
+                d.join("aer_dev_nonfatal"),
+                "Undefined 0\nTOTAL_ERR_NONFATAL 0\n",
+            )
+            .unwrap();
+            std::fs::write(d.join("config"), [0x1e; 256]).unwrap();
+            for block in ["umc", "gfx"] {
+                std::fs::write(d.join(format!("ras/{block}_err_count")), "ue: 0\nce: 0\n").unwrap();
+            }
+        }
+        let nodes = [Node {
+            path: PathBuf::from("/dev/null"),
+            major: Some(1),
+            minor: Some(3),
+        }];
+        let host = [PathBuf::from("/dev/null")];
+        let names: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        let subjects: Vec<Subject> = (0..n)
+            .map(|i| Subject {
+                name: &names[i],
+                pci_bus_id: Some(&bdfs[i]),
+                nodes: &nodes,
+                host_nodes: &host,
+            })
+            .collect();
+        let full = Monitor::new(Settings {
+            interval: Duration::ZERO,
+            hold_down: Settings::DEFAULT_HOLD_DOWN,
+        })
+        .without_tools();
+        let light = Monitor::new(Settings {
+            interval: Duration::from_secs(3600),
+            hold_down: Settings::DEFAULT_HOLD_DOWN,
+        })
+        .without_tools();
+        assert!(light
+            .check(&profile, &subjects)
+            .iter()
+            .all(|h| h.is_healthy()));
+        c.bench_function(&format!("health/{n} devices, sysfs read"), |b| {
+            b.iter(|| full.check(&profile, black_box(&subjects)))
+        });
+        c.bench_function(&format!("health/{n} devices, nodes only"), |b| {
+            b.iter(|| light.check(&profile, black_box(&subjects)))
+        });
+        let cpu = |m: &Monitor| {
+            let rounds = 200u32;
+            let t = thread_cpu();
+            for _ in 0..rounds {
+                black_box(m.check(&profile, &subjects));
+            }
+            (thread_cpu() - t) / rounds
+        };
+        let (f, l) = (cpu(&full), cpu(&light));
+        // Checks a minute and, of them, sysfs reads (every 5 s).
+        for (daemon, checks) in [
+            ("device plugin", 60u32),
+            ("DRA driver", 30),
+            ("exporter", 12),
+        ] {
+            let per_minute = f * 12 + l * (checks - 12);
+            println!(
+                "health cost, {n} devices, {daemon} defaults ({checks} checks/min, 12 sysfs reads): \
+                 {:.1} µs CPU per device per minute",
+                per_minute.as_secs_f64() * 1e6 / n as f64
+            );
+        }
+    }
+}
+
 fn main() {
     let mut c = quick();
+    health_cost(&mut c);
     pure(&mut c);
     replicas(&mut c);
     grpc_round_trip(&mut c);

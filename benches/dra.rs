@@ -34,7 +34,7 @@ use accel_container_runtime::profile::Profile;
 use apiserver::ApiServer;
 use criterion::Criterion;
 use grpc::{connect, PREPARE_V1};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};
 
 const DRIVER: &str = "gcu.enflame.com";
 const NODE: &str = "bench-node";
@@ -152,16 +152,26 @@ fn claim_of_8() -> ResourceClaim {
     .unwrap()
 }
 
+/// The taint of a device whose nodes are gone.
+fn taint() -> DeviceTaint {
+    DeviceTaint {
+        key: format!("{DRIVER}/gone"),
+        value: Some("device-node-gone".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
 /// What a look at the node costs the driver: discovery, health, the pool's contents and its
 /// slices serialized.
 fn build(pool: &Pool, profile: &Profile) -> (Vec<table::DraDevice>, slices::Contents, Vec<u8>) {
     let t = table::discover(profile).unwrap();
-    let healthy: Vec<bool> = t
+    let taints: Vec<Option<DeviceTaint>> = t
         .iter()
-        .map(|d| inventory::healthy(profile, &d.dev))
+        .map(|d| (!inventory::healthy(profile, &d.dev)).then(taint))
         .collect();
     let sharing = Sharing::of(profile).unwrap().0;
-    let contents = slices::contents(pool, sharing.as_ref(), &t, &healthy);
+    let contents = slices::contents(pool, sharing.as_ref(), &t, &taints);
     let s = slices::slices(pool, &contents, 1);
     (t, contents, serde_json::to_vec(&s).unwrap())
 }
@@ -203,7 +213,8 @@ fn timings(c: &mut Criterion, r: &Path, profile: &Profile) {
                 // A change at every iteration: device 0 tainted, then not (a write of the
                 // whole pool at a new generation, as any change makes).
                 turn = !turn;
-                contents.devices[0] = slices::device(&pool, &t[0], turn);
+                let tainted = turn.then(taint);
+                contents.devices[0] = slices::device(&pool, &t[0], tainted.as_ref());
                 assert!(rt.block_on(publisher.publish(&pool, &contents)).unwrap());
             })
         },

@@ -8,7 +8,8 @@
 //! text in messages), `trust` (files only root can write) →
 //! `ldcache`, `rootfs` (the image's files, through `inroot`), `constraints` (an image's
 //! `NVIDIA_REQUIRE_*` on the driver, pure) → `profile` → `config` → `discovery`, `libraries`,
-//! `request` (the devices a container asks for) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
+//! `request` (the devices a container asks for), `vendortool` (a vendor CLI run in driver-root
+//! with a time limit) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
 //! sits: nodes, PCI, NUMA) → `plan` (pure: decides from facts), `checkpoint` (kubelet's
 //! device checkpoint), `health` (each device's health from its nodes and sysfs signals, one
 //! engine for the daemons and `accel-ctk`) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
@@ -61,3 +62,4 @@ pub mod rootfs;
 pub mod spec;
 pub mod topology;
 pub mod trust;
+pub mod vendortool;

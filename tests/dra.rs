@@ -109,11 +109,12 @@ fn the_8_gcu_topology_is_published_with_its_attributes_and_health() {
         let s = wait_slices(&api, "tainted", |s| {
             devices(s)
                 .iter()
-                .all(|d| d["taints"][0]["key"] == format!("{DRIVER}/unhealthy"))
+                .all(|d| d["taints"][0]["key"] == format!("{DRIVER}/gone"))
         })
         .await;
         assert_eq!(s[0]["spec"]["pool"]["generation"], 2);
         assert_eq!(devices(&s)[0]["taints"][0]["effect"], "NoSchedule");
+        assert_eq!(devices(&s)[0]["taints"][0]["value"], "driver-not-loaded");
         std::fs::rename(version.with_extension("away"), &version).unwrap();
         let s = wait_slices(&api, "healthy again", |s| {
             devices(s).iter().all(|d| d.get("taints").is_none())
@@ -1448,7 +1449,7 @@ mod selectors {
                 name: "gpu-0000-c3-00-0".into(),
                 dev,
             },
-            true,
+            None,
         );
         cel_device(driver, &serde_json::to_value(d).unwrap())
     }
@@ -2010,6 +2011,192 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
         assert_eq!(r.claims[UID_A].error, "");
         drop(ch);
+        drv.stop().await;
+    });
+}
+
+/// A simulated host of `n` Enflame GCUs, each its own PCI function 0000:1n:00.0 behind its
+/// own root port (numa 0), with the driver library; `[sharing]` makes 8 offers of each.
+fn enflame_host_of(n: usize) -> common::SimRoot {
+    use std::os::unix::fs::symlink;
+    let sim = common::SimRoot::builder()
+        .enflame(n)
+        .library(common::LIB_DIR, "libefml.so.1.2.3", "libefml.so.1")
+        .build();
+    let major = sim.enflame_major().unwrap();
+    let root = sim.path();
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
+    for i in 0..n {
+        let bdf = format!("0000:{:02x}:00.0", 0x10 + i);
+        let rel = PathBuf::from(format!("pci0000:00/0000:00:{:02x}.0/{bdf}", i + 1));
+        let real = root.join("sys/devices").join(&rel);
+        std::fs::create_dir_all(real.join(format!("enflame/gcu{i}"))).unwrap();
+        std::fs::write(real.join("numa_node"), "0\n").unwrap();
+        std::fs::write(real.join("config"), [0x1e, 0x1e, 0x01, 0x00]).unwrap();
+        symlink(
+            PathBuf::from("../../../devices").join(&rel),
+            root.join("sys/bus/pci/devices").join(&bdf),
+        )
+        .unwrap();
+        symlink(
+            PathBuf::from("../../devices")
+                .join(&rel)
+                .join(format!("enflame/gcu{i}")),
+            root.join(format!("sys/dev/char/{major}:{i}")),
+        )
+        .unwrap();
+    }
+    sim
+}
+
+/// Issue 41: with sharing on, 16 GCUs are 128 offers; once GCU 5 falls off the bus (its
+/// config space reads all ones) its 8 offers carry the taint `gone=fallen-off-the-bus`
+/// (`NoSchedule`), no other does, and the pool is split into slices of at most 64 devices
+/// (the stand-in refuses more, as the API server does), all of one generation with the right
+/// count; `timeAdded` stays while the reason does. With `--taint-no-execute gone` the effect
+/// is `NoExecute`.
+#[test]
+fn sixteen_shared_gcus_one_fallen_off_the_bus_are_tainted_in_slices_of_64() {
+    let sim = enflame_host_of(16);
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &sim,
+        scratch.path(),
+        "[profiles.enflame.sharing]\nmemory = \"32Gi\"\n",
+    );
+    let api = ApiServer::start();
+    let config5 = sim.path().join("sys/bus/pci/devices/0000:15:00.0/config");
+    let parent = |d: &Value| -> String {
+        d["attributes"]["parent"]["string"]
+            .as_str()
+            .or(d["name"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let check = |s: &[Value], effect: &str| {
+        let count = s.len() as i64;
+        let generation = &s[0]["spec"]["pool"]["generation"];
+        for x in s {
+            assert_eq!(x["spec"]["pool"]["resourceSliceCount"], count, "{x:#}");
+            assert_eq!(&x["spec"]["pool"]["generation"], generation);
+            let n = x["spec"]["devices"].as_array().map_or(0, Vec::len);
+            assert!(n <= 64, "{n} devices in {}", x["metadata"]["name"]);
+        }
+        let d = devices(s);
+        assert_eq!(d.len(), 128);
+        let mut tainted = 0;
+        for dev in &d {
+            let gcu5 = dev["name"] == "gcu-5" || parent(dev) == "gcu-5";
+            match dev.get("taints") {
+                Some(t) => {
+                    assert!(gcu5, "{dev:#}");
+                    assert_eq!(t.as_array().unwrap().len(), 1, "{dev:#}");
+                    assert_eq!(t[0]["key"], format!("{DRIVER}/gone"));
+                    assert_eq!(t[0]["value"], "fallen-off-the-bus");
+                    assert_eq!(t[0]["effect"], effect);
+                    assert!(t[0]["timeAdded"].is_string(), "{dev:#}");
+                    tainted += 1;
+                }
+                None => assert!(!gcu5, "{dev:#}"),
+            }
+        }
+        assert_eq!(tainted, 8, "every offer of gcu-5");
+    };
+    // A pool being written holds slices of two generations, or not all of its slices, for a
+    // moment: looked at once it is whole.
+    let any_tainted = |s: &[Value]| {
+        devices(s).iter().any(|d| d.get("taints").is_some())
+            && s.iter().all(|x| {
+                x["spec"]["pool"]["generation"] == s[0]["spec"]["pool"]["generation"]
+                    && x["spec"]["pool"]["resourceSliceCount"] == s.len()
+            })
+    };
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
+        opts.health = accel_container_runtime::health::Settings {
+            interval: Duration::from_millis(100),
+            hold_down: Duration::ZERO,
+        };
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let s = wait_slices(&api, "128 offers", |s| devices(s).len() == 128).await;
+        assert!(!any_tainted(&s));
+        std::fs::write(&config5, [0xff; 4]).unwrap();
+        let s = wait_slices(&api, "gcu-5 tainted", any_tainted).await;
+        check(&s, "NoSchedule");
+        // Counter sets (16, 8 a slice) and devices (128, 64 a slice) apart.
+        assert_eq!(
+            s.len(),
+            4,
+            "{:?}",
+            s.iter().map(|x| &x["metadata"]["name"]).collect::<Vec<_>>()
+        );
+        let added = devices(&s)
+            .iter()
+            .find_map(|d| d.get("taints").map(|t| t[0]["timeAdded"].clone()))
+            .unwrap();
+        let generation = s[0]["spec"]["pool"]["generation"].clone();
+        // Steady: nothing rewritten, the taint's time kept.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let s = api.slices_of(DRIVER);
+        assert_eq!(s[0]["spec"]["pool"]["generation"], generation);
+        assert!(devices(&s)
+            .iter()
+            .filter_map(|d| d.get("taints"))
+            .all(|t| t[0]["timeAdded"] == added));
+        std::fs::write(&config5, [0x1e, 0x1e, 0x01, 0x00]).unwrap();
+        wait_slices(&api, "gcu-5 back", |s| {
+            devices(s).len() == 128 && !any_tainted(s)
+        })
+        .await;
+        drv.stop().await;
+
+        // The operator asked for NoExecute where a device is gone.
+        api.wipe();
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
+        opts.taint_effects = accel_container_runtime::dra::taints::Effects::parse("gone").unwrap();
+        std::fs::write(&config5, [0xff; 4]).unwrap();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let s = wait_slices(&api, "gcu-5 tainted NoExecute", any_tainted).await;
+        check(&s, "NoExecute");
+        drv.stop().await;
+    });
+}
+
+/// Issue 41: a publish the API server refuses is tried again after a backoff, not at the
+/// next change or poll (here a minute away): the first write refused (500), the pool is
+/// published within seconds.
+#[test]
+fn a_publish_refused_once_is_retried_with_backoff() {
+    let (sim, _major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), "");
+    let api = ApiServer::start();
+    api.refuse_slice_writes(1);
+    rt().block_on(async {
+        let drv = Driver::start(
+            &cfg,
+            &api,
+            tempfile::tempdir().unwrap(),
+            Duration::from_secs(60),
+        );
+        let t = std::time::Instant::now();
+        let s = wait_slices(&api, "published after a refusal", |s| !s.is_empty()).await;
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_eq!(devices(&s).len(), 8);
+        let writes: Vec<String> = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" || r.method == "PUT")
+            .filter(|r| {
+                r.path
+                    .starts_with("/apis/resource.k8s.io/v1/resourceslices")
+            })
+            .map(|r| r.method.clone())
+            .collect();
+        assert!(writes.len() >= 2, "{writes:?}");
         drv.stop().await;
     });
 }

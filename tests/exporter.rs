@@ -1851,3 +1851,74 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
         assert_eq!(engine.len(), 1, "{lacking:?}: said once\n{log}");
     }
 }
+
+/// Issue 41: a vendor tool's health through the exporter binary. A stand-in `efsmi` in the
+/// simulated driver root (run chrooted there, busybox its shell) prints each GCU's bus id and
+/// health from a file the test writes: GCU 1 reported `Fault` is 0 with the tool's words, and
+/// 1 again once the tool says `OK`; a tool that hangs is killed at its limit, judges nothing
+/// (GCU 1, reported before, is 1 again) and is said once in the log however often it hangs.
+#[test]
+fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    common::kubelet::enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
+    let root = sim.path();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    for applet in ["sh", "sleep", "cat"] {
+        std::fs::copy("/bin/busybox", root.join("bin").join(applet)).unwrap();
+    }
+    let efsmi = root.join("usr/bin/efsmi");
+    write(
+        &efsmi,
+        "#!/bin/sh\n[ \"$1\" = --query-gcu=bus_id,health ] || exit 0\n\
+         [ -e /efsmi-hangs ] && exec sleep 60\ncat /efsmi-health.csv\n",
+    );
+    std::fs::set_permissions(&efsmi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let health = |one: &str| {
+        write(
+            &root.join("efsmi-health.csv"),
+            &format!("0000:10:00.0, OK\n0000:11:00.0, {one}\n"),
+        )
+    };
+    health("Fault");
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(scratch.path(), &[("enflame", root)], "");
+    let ex = Exporter::start(
+        &cfg,
+        &[
+            "--no-pod-resources",
+            "--poll-seconds=0.2",
+            "--health-interval-seconds=0.2",
+            "--health-hold-down-seconds=1",
+        ],
+    );
+    let healthy =
+        |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
+    let page = ex.until("GCU 1 reported", |p| healthy(p, "1") == Some(0.0));
+    assert!(
+        value(
+            &page,
+            "accel_device_healthy",
+            &["device=\"1\"", "reason=\"efsmi reports \\\"Fault\\\"\""]
+        )
+        .is_some(),
+        "{page}"
+    );
+    assert_eq!(healthy(&page, "0"), Some(1.0), "{page}");
+    health("OK");
+    ex.until("GCU 1 healthy", |p| healthy(p, "1") == Some(1.0));
+
+    health("Fault");
+    ex.until("GCU 1 reported again", |p| healthy(p, "1") == Some(0.0));
+    write(&root.join("efsmi-hangs"), "");
+    let t = Instant::now();
+    ex.until("the hanging efsmi judges nothing", |p| {
+        healthy(p, "1") == Some(1.0)
+    });
+    assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
+    // Hung again at least once more: still said once.
+    std::thread::sleep(Duration::from_secs(6));
+    let log = std::fs::read_to_string(&ex.log).unwrap();
+    assert_eq!(log.matches("health from efsmi").count(), 1, "{log}");
+    assert!(log.contains("still running after 5s; killed"), "{log}");
+}

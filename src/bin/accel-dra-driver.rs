@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use accel_container_runtime::config::Config;
 use accel_container_runtime::dra::server::{run, Options};
+use accel_container_runtime::dra::taints::Effects;
 use accel_container_runtime::kubelet::daemon;
 use accel_container_runtime::kubelet::proto::registration::{PLUGINS_DIR, PLUGINS_REGISTRY};
 use anyhow::Context;
@@ -53,6 +54,11 @@ struct Args {
     poll_seconds: f64,
     #[command(flatten)]
     health: daemon::HealthArgs,
+    /// Severities (comma-separated: gone, error, reported) whose taint is `NoExecute`, so
+    /// pods holding such a device are evicted unless they tolerate it. Default: none, every
+    /// taint is `NoSchedule` (docs/dra.md, "Health and taints").
+    #[arg(long, default_value = "", value_parser = taint_effects)]
+    taint_no_execute: Effects,
     /// Serve the driver's own metrics (registrations, prepare/unprepare counts and latency,
     /// failures, slice publishes) at http://<address>/metrics (docs/exporter.md). Off by
     /// default.
@@ -64,6 +70,10 @@ struct Args {
     /// whose pod's token kubelet renews.
     #[arg(long)]
     token_file: Option<PathBuf>,
+}
+
+fn taint_effects(s: &str) -> Result<Effects, String> {
+    Effects::parse(s)
 }
 
 fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
@@ -97,6 +107,7 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
     opts.health = args.health.settings()?;
+    opts.taint_effects = args.taint_no_execute;
     opts.instance = daemon::instance(args.instance)?;
     opts.driver_names = args.driver_names.into_iter().collect::<BTreeMap<_, _>>();
     let metrics_address = args.metrics_address;

@@ -124,7 +124,9 @@ pub fn collect(config: &Config) -> Listing {
                 host_nodes: host,
             })
             .collect();
-        let health = Monitor::new(Settings::default()).check(profile, &subjects);
+        let health = Monitor::new(Settings::default())
+            .without_tools()
+            .check(profile, &subjects);
         drop(subjects);
         for (d, health) in found.into_iter().zip(health) {
             let shared = profile.shares(d.device.index);

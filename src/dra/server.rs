@@ -98,6 +98,8 @@ pub struct Options {
     pub poll: Duration,
     /// How often the health engine reads each device's sysfs signals, and its hold-down.
     pub health: crate::health::Settings,
+    /// The effect of an unhealthy device's taint, by severity (`--taint-no-execute`).
+    pub taint_effects: super::taints::Effects,
     /// Driver names by profile name, where not derived from the profile.
     pub driver_names: BTreeMap<String, String>,
     /// Where this boot's id is read ([`super::claims::BOOT_ID`]): records say which boot
@@ -143,6 +145,7 @@ impl Options {
             host_root: HostRoot::default(),
             poll: Duration::from_secs(2),
             health: crate::health::Settings::default(),
+            taint_effects: super::taints::Effects::default(),
             driver_names: BTreeMap::new(),
             boot_id_file: super::claims::BOOT_ID.into(),
             instance: None,
@@ -578,10 +581,20 @@ struct Running {
     /// version.
     contents: slices::Contents,
     driver_version: Option<String>,
+    /// When each unhealthy device's taint was added.
+    stamps: super::taints::Stamps,
+    /// After a failed publish: when to try again, and the wait after that one.
+    retry: Option<(tokio::time::Instant, Duration)>,
 }
 
+/// The first wait before a failed publish is tried again; each failure doubles it, up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 impl Running {
-    /// Makes the API server's copy of the pool what the last look found.
+    /// Makes the API server's copy of the pool what the last look found. A write that fails
+    /// is tried again after a backoff ([`Running::retry`]), not only at the next change.
     async fn publish(&mut self, node: &str) {
         let pool = Pool {
             driver: &self.driver.name,
@@ -590,18 +603,29 @@ impl Running {
             driver_version: self.driver_version.as_deref(),
         };
         match self.publisher.publish(&pool, &self.contents).await {
-            Ok(true) => log::info!(
-                "{}: published {} device(s), pool generation {}",
-                self.driver.name,
-                self.contents.devices.len(),
-                self.publisher.generation()
-            ),
+            Ok(true) => {
+                log::info!(
+                    "{}: published {} device(s), pool generation {}",
+                    self.driver.name,
+                    self.contents.devices.len(),
+                    self.publisher.generation()
+                );
+                self.retry = None;
+            }
+            Ok(false) => self.retry = None,
             // The watch says why it has not listed yet; its first list wakes the loop.
-            Ok(false) | Err(super::publish::PublishError::NotWatching) => {}
-            Err(e) => log::warn!(
-                "{}: cannot publish the ResourceSlices: {e}",
-                self.driver.name
-            ),
+            Err(super::publish::PublishError::NotWatching) => {}
+            Err(e) => {
+                let wait = self
+                    .retry
+                    .map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MAX));
+                log::warn!(
+                    "{}: cannot publish the ResourceSlices (trying again in {:.1} s): {e}",
+                    self.driver.name,
+                    wait.as_secs_f64()
+                );
+                self.retry = Some((tokio::time::Instant::now() + wait, wait));
+            }
         }
     }
 }
@@ -674,7 +698,15 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
     let subjects: Vec<_> = table.iter().map(|d| d.dev.subject()).collect();
     let health = run.driver.monitor.check_all(p, &subjects);
     drop(subjects);
-    let healthy: Vec<bool> = health.iter().map(Health::is_healthy).collect();
+    let named: Vec<(&str, Option<&str>)> = table
+        .iter()
+        .zip(&health)
+        .map(|(d, h)| (d.name.as_str(), h.reason()))
+        .collect();
+    let taints = run
+        .stamps
+        .taints(&run.driver.name, &opts.taint_effects, &named);
+    drop(named);
     run.driver.claims.set_health(
         table
             .iter()
@@ -688,7 +720,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
             })
             .collect(),
     );
-    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &healthy);
+    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &taints);
     run.driver.report_health(&opts.node, &table, &health);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;
@@ -732,6 +764,8 @@ pub async fn run(
                         publisher,
                         contents: slices::Contents::default(),
                         driver_version: None,
+                        stamps: Default::default(),
+                        retry: None,
                     },
                 );
             }
@@ -742,12 +776,19 @@ pub async fn run(
         }
         // Until the next look, a watch event (a slice written, deleted or changed by anyone)
         // only has the pools compared again with what the last look found.
+        // A publish that failed is tried again at its backoff's end, if that comes first.
         let next = tokio::time::sleep(opts.poll);
         tokio::pin!(next);
         let stopping = loop {
+            let retry = running
+                .values()
+                .filter_map(|r| r.retry.map(|(at, _)| at))
+                .min();
             let woken = tokio::select! {
                 _ = &mut next => false,
                 _ = changed.notified() => true,
+                _ = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)),
+                    if retry.is_some() => true,
                 _ = stop.wait_for(|s| *s) => break true,
             };
             if !woken {

@@ -1,6 +1,7 @@
 //! The ResourceSlices (`resource.k8s.io/v1`) a profile's devices are published as: one pool
-//! per node (named after the node), its devices in slices of at most 64 (the API's limit once
-//! a device has taints), every slice of the pool carrying the pool's generation and count.
+//! per node (named after the node), its devices in slices of at most 128, or 64 once a device
+//! has taints or consumes counters (the API's limits), every slice of the pool carrying the
+//! pool's generation and count.
 //!
 //! Attributes (unprefixed ones are in the driver's own domain): `vendor`, `index`, `uuid`
 //! where the vendor has one (unique on the node), `driverVersion` as a `version` (semver:
@@ -9,8 +10,9 @@
 //! of `driverVersion`, said once, never a refused slice), `model` where known, `numaNode`,
 //! `pcieSwitch` (so a claim can `matchAttribute` on it: no standard name exists), and the
 //! standard `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` and
-//! `resource.kubernetes.io/numaNode`. Capacity: `memory`, where discovery can read it. An unhealthy device keeps its place and gets the taint
-//! `<driver>/unhealthy` with effect `NoSchedule`, so claims already holding it stay
+//! `resource.kubernetes.io/numaNode`. Capacity: `memory`, where discovery can read it. An unhealthy device keeps its place and gets its taint
+//! ([`super::taints`]: `<driver>/<severity>=<reason>`, `NoSchedule` unless the operator asked
+//! for `NoExecute`), its shares and parts the same one, so claims already holding it stay
 //! explainable and new ones avoid it (where the cluster has `DRADeviceTaints`).
 //!
 //! Ref: k8s.io/api/resource/v1 types.go (limits), k8s.io/dynamic-resource-allocation
@@ -30,8 +32,11 @@ use super::offers::{self, Kind, Offer};
 use super::table::DraDevice;
 use crate::kubelet::sharing::Sharing;
 
-/// Devices per slice: the API's limit for slices whose devices have taints.
-pub const DEVICES_PER_SLICE: usize = 64;
+/// Devices per slice: the API's limit.
+pub const DEVICES_PER_SLICE: usize = 128;
+
+/// Devices per slice once one of them has taints or consumes counters: the API's limit.
+pub const DEVICES_PER_SLICE_LIMITED: usize = 64;
 
 /// The longest string attribute value the API accepts.
 const MAX_STRING: usize = 64;
@@ -111,8 +116,8 @@ fn int(i: i64) -> DeviceAttribute {
     }
 }
 
-/// The slice entry of one device.
-pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
+/// The slice entry of one device, with its taint where it is unhealthy.
+pub fn device(pool: &Pool, d: &DraDevice, taint: Option<&DeviceTaint>) -> Device {
     let mut a: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
     let mut put = |k: &str, v: Option<DeviceAttribute>| {
         if let Some(v) = v {
@@ -161,14 +166,7 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
         name: d.name.clone(),
         attributes: Some(a),
         capacity,
-        taints: (!healthy).then(|| {
-            vec![DeviceTaint {
-                key: format!("{}/unhealthy", pool.driver),
-                value: None,
-                effect: "NoSchedule".into(),
-                time_added: None,
-            }]
-        }),
+        taints: taint.map(|t| vec![t.clone()]),
         ..Device::default()
     }
 }
@@ -178,8 +176,8 @@ pub fn device(pool: &Pool, d: &DraDevice, healthy: bool) -> Device {
 /// `partition`; for a part its `partition`, its first slice as `placement` and its `parent`;
 /// for a share or part whether its limits are `enforced` or `advisory`), the counters it
 /// consumes, and for the shareable one `allowMultipleAllocations` and its capacities.
-pub fn offered(pool: &Pool, o: &Offer, healthy: bool) -> Device {
-    let mut d = device(pool, o.parent, healthy);
+pub fn offered(pool: &Pool, o: &Offer, taint: Option<&DeviceTaint>) -> Device {
+    let mut d = device(pool, o.parent, taint);
     let consumes = o.consumes();
     let (Some(sharing), Some(_)) = (o.sharing, &consumes) else {
         // Offered whole only: published as before sharing was declared.
@@ -226,19 +224,20 @@ pub struct Contents {
     pub devices: Vec<Device>,
 }
 
-/// The pool's contents for `table` (`healthy` per device): every offer of every device under
-/// the profile's `sharing`.
+/// The pool's contents for `table` (`taints` per device: `None` for a healthy one): every
+/// offer of every device under the profile's `sharing`, each with its device's taint.
 pub fn contents(
     pool: &Pool,
     sharing: Option<&Sharing>,
     table: &[DraDevice],
-    healthy: &[bool],
+    taints: &[Option<DeviceTaint>],
 ) -> Contents {
-    let ok = |o: &Offer| {
+    let taint = |o: &Offer| {
         table
             .iter()
             .position(|d| d.name == o.parent.name)
-            .is_none_or(|i| healthy.get(i).copied().unwrap_or(true))
+            .and_then(|i| taints.get(i))
+            .and_then(Option::as_ref)
     };
     Contents {
         counters: table
@@ -247,7 +246,7 @@ pub fn contents(
             .collect(),
         devices: offers::offers(sharing, table)
             .iter()
-            .map(|o| offered(pool, o, ok(o)))
+            .map(|o| offered(pool, o, taint(o)))
             .collect(),
     }
 }
@@ -279,15 +278,31 @@ pub fn slice_name(pool: &Pool, i: usize) -> String {
     format!("{head}{tail}")
 }
 
+/// How many devices each slice of `devices` may hold: 64 once any has taints or consumes
+/// counters (the API refuses more then), else 128. One size for the whole pool, so a device
+/// turning unhealthy splits the pool rather than leaving one slice over the limit.
+pub fn per_slice(devices: &[Device]) -> usize {
+    let limited = devices.iter().any(|d| {
+        d.taints.as_ref().is_some_and(|t| !t.is_empty())
+            || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+    });
+    if limited {
+        DEVICES_PER_SLICE_LIMITED
+    } else {
+        DEVICES_PER_SLICE
+    }
+}
+
 /// The pool's slices at `generation`: none when there are no devices (the profile has
 /// nothing on this node). Counter sets come first, in slices of their own (from 1.35 a
-/// slice holds counter sets or devices, never both), then the devices.
+/// slice holds counter sets or devices, never both), then the devices, [`per_slice`] in
+/// each.
 pub fn slices(pool: &Pool, c: &Contents, generation: i64) -> Vec<ResourceSlice> {
     if c.devices.is_empty() {
         return Vec::new();
     }
     let counters = c.counters.chunks(COUNTER_SETS_PER_SLICE);
-    let devices = c.devices.chunks(DEVICES_PER_SLICE);
+    let devices = c.devices.chunks(per_slice(&c.devices));
     let count = (counters.len() + devices.len()) as i64;
     let make = |i: usize, sets: Option<&[CounterSet]>, devs: Option<&[Device]>| ResourceSlice {
         metadata: ObjectMeta {
@@ -431,6 +446,52 @@ mod tests {
         assert_eq!(at("n1"), "n1-gcu.enflame.com-0");
     }
 
+    fn taint(driver: &str) -> DeviceTaint {
+        let mut s = super::super::taints::Stamps::default();
+        s.taints(
+            driver,
+            &Default::default(),
+            &[("x", Some("1 fatal PCIe (AER) error(s) on x"))],
+        )[0]
+        .clone()
+        .unwrap()
+    }
+
+    /// 128 devices to a slice while none has a taint, 64 once one has (the API's limits):
+    /// one device turning unhealthy splits the pool.
+    #[test]
+    fn slices_hold_128_devices_untainted_64_once_one_is_tainted() {
+        let pool = Pool {
+            driver: "gcu.enflame.com",
+            node: "n1",
+            vendor: "enflame",
+            driver_version: None,
+        };
+        let t = taint(pool.driver);
+        let sizes = |n: u32, tainted: Option<u32>| -> Vec<(usize, i64)> {
+            let devices = (0..n)
+                .map(|i| device(&pool, &dev(i), (Some(i) == tainted).then_some(&t)))
+                .collect();
+            let c = Contents {
+                counters: Vec::new(),
+                devices,
+            };
+            slices(&pool, &c, 1)
+                .iter()
+                .map(|s| {
+                    (
+                        s.spec.devices.as_ref().map_or(0, Vec::len),
+                        s.spec.pool.resource_slice_count,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(sizes(128, None), [(128, 1)]);
+        assert_eq!(sizes(129, None), [(128, 2), (1, 2)]);
+        assert_eq!(sizes(128, Some(100)), [(64, 2), (64, 2)]);
+        assert_eq!(sizes(65, Some(0)), [(64, 2), (1, 2)]);
+    }
+
     #[test]
     fn a_pool_of_65_devices_is_two_slices_of_one_generation() {
         let pool = Pool {
@@ -439,7 +500,10 @@ mod tests {
             vendor: "enflame",
             driver_version: Some("1.2.3.4"),
         };
-        let devices: Vec<Device> = (0..65).map(|i| device(&pool, &dev(i), i != 3)).collect();
+        let t = taint(pool.driver);
+        let devices: Vec<Device> = (0..65)
+            .map(|i| device(&pool, &dev(i), (i == 3).then_some(&t)))
+            .collect();
         let c = Contents {
             counters: Vec::new(),
             devices,
@@ -474,8 +538,9 @@ mod tests {
             .is_none());
         assert_eq!(
             v["spec"]["devices"][3]["taints"][0]["key"],
-            "gcu.enflame.com/unhealthy"
+            "gcu.enflame.com/error"
         );
+        assert_eq!(v["spec"]["devices"][3]["taints"][0]["value"], "aer-fatal");
         assert!(d0.get("taints").is_none());
         assert!(slices(&pool, &Contents::default(), 1).is_empty());
     }

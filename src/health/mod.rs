@@ -13,6 +13,7 @@ pub mod decide;
 #[cfg(feature = "plugin")]
 pub mod nvml;
 pub mod signals;
+pub mod tools;
 pub mod wing;
 
 use std::collections::HashMap;
@@ -83,6 +84,9 @@ pub struct Monitor {
     /// asked for them.
     #[cfg(feature = "plugin")]
     nvml: Option<Mutex<HashMap<String, NvmlState>>>,
+    /// The profile's vendor tool ([`tools`]), run once per interval for all devices; `None`
+    /// in a one-shot check, which would leave the tool running behind it.
+    tools: Option<tools::Poller>,
 }
 
 /// A profile's NVML for the engine: started, or why not and when it was last tried.
@@ -105,6 +109,7 @@ impl Monitor {
             devices: Mutex::new(HashMap::new()),
             #[cfg(feature = "plugin")]
             nvml: None,
+            tools: Some(tools::Poller::default()),
         }
     }
 
@@ -164,6 +169,13 @@ impl Monitor {
         w
     }
 
+    /// This engine without the vendor tools, for a check made once (`accel-ctk list`): a tool
+    /// is run on a thread of its own, and the process would end before its answer.
+    pub fn without_tools(mut self) -> Monitor {
+        self.tools = None;
+        self
+    }
+
     pub fn settings(&self) -> Settings {
         self.settings
     }
@@ -176,6 +188,11 @@ impl Monitor {
         let mut root: Option<Option<Root>> = None;
         #[cfg(feature = "plugin")]
         let nvml = self.nvml(profile);
+        let reported = self
+            .tools
+            .as_ref()
+            .map(|t| t.unhealthy(profile, self.settings.interval))
+            .unwrap_or_default();
         let mut kept = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         subjects
             .iter()
@@ -216,6 +233,13 @@ impl Monitor {
                 };
                 #[cfg(not(feature = "plugin"))]
                 let vendor = None;
+                // A tool's report is read as the nodes' signal is: not held down, clear as
+                // soon as the tool says so.
+                let told = k.bdf.as_deref().and_then(|b| reported.get(b));
+                let nodes = match (nodes, told) {
+                    (Some(n), Some(t)) => Some(format!("{n}; {t}")),
+                    (n, t) => n.or_else(|| t.cloned()),
+                };
                 let reading = Reading {
                     nodes,
                     bdf: k.bdf.clone(),

@@ -3,7 +3,9 @@
 //! list with field selectors, create, update with resourceVersion checks, delete; ResourceClaim
 //! get, and a watch of slices: chunked JSON events from a resourceVersion on, as the real one
 //! streams them) and checking slices the way the real one does for the rules the driver must
-//! keep (driver and device names, devices per slice, attribute names, pool fields). Every
+//! keep (driver and device names, devices per slice: 128, 64 once one has taints or consumes
+//! counters; taints: at most 16 per device, keys qualified names, values label values;
+//! attribute names, pool fields), and refusing slice writes where a test asks. Every
 //! request is recorded, so a test asserts what the driver published and in which order, and
 //! how many requests it made.
 
@@ -100,6 +102,9 @@ struct State {
     /// Refuse a claim status write whose bearer token is bound to no node, as Kubernetes 1.36
     /// does where the driver is granted only `associated-node:patch`.
     node_bound_status: bool,
+    /// Slice writes (create, update) still to refuse with a 500, as a server restarting or
+    /// overloaded answers.
+    refuse_writes: usize,
 }
 
 impl State {
@@ -169,6 +174,11 @@ impl ApiServer {
     /// From now on, a claim's status is written only with a token bound to a node (1.36).
     pub fn require_node_bound_status(&self) {
         self.state.lock().unwrap().node_bound_status = true;
+    }
+
+    /// The next `n` slice writes (create or update) are refused (500, InternalError).
+    pub fn refuse_slice_writes(&self, n: usize) {
+        self.state.lock().unwrap().refuse_writes = n;
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -324,6 +334,29 @@ fn label_ok(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
+}
+
+/// A label value (apimachinery's IsValidLabelValue): at most 63 characters, letters, digits,
+/// `-`, `_`, `.`, beginning and ending with a letter or digit; empty is one.
+fn label_value_ok(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric())
+}
+
+/// A qualified name (IsQualifiedName): `[prefix/]name`, the prefix a DNS subdomain, the name
+/// a non-empty label value.
+fn qualified_name_ok(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    !name.is_empty()
+        && label_value_ok(name)
+        && prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(label_ok))
 }
 
 /// semver.org 2.0.0 without pre-release or build parts (what the driver may publish):
@@ -510,8 +543,15 @@ fn invalid(slice: &Value) -> Option<String> {
                 return Some(format!("{name}: capacity {k}: {c}"));
             }
         }
-        for t in d["taints"].as_array().cloned().unwrap_or_default() {
-            if !["NoSchedule", "NoExecute", "None"].contains(&t["effect"].as_str().unwrap_or("")) {
+        let taints = d["taints"].as_array().cloned().unwrap_or_default();
+        if taints.len() > 16 {
+            return Some(format!("{name}: {} taints", taints.len()));
+        }
+        for t in taints {
+            if !["NoSchedule", "NoExecute", "None"].contains(&t["effect"].as_str().unwrap_or(""))
+                || !qualified_name_ok(t["key"].as_str().unwrap_or(""))
+                || !label_value_ok(t["value"].as_str().unwrap_or(""))
+            {
                 return Some(format!("{name}: taint {t}"));
             }
         }
@@ -659,6 +699,10 @@ fn handle(
                 json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
                        "metadata": {"resourceVersion": st.version.to_string()}, "items": items}),
             )
+        }
+        ("POST" | "PUT", Some(_)) if st.refuse_writes > 0 => {
+            st.refuse_writes -= 1;
+            status(500, "InternalError", "refused as the test asked")
         }
         ("POST", Some("")) => {
             let mut s = body.unwrap();
