@@ -1177,3 +1177,66 @@ fn checkpoint_fix_never_overwrites_a_write_made_while_repairing() {
     assert!(backups(&cp).is_empty());
     assert!(!temp(&dir));
 }
+
+/// Issue 41 and 42 item 5: what only the daemons read is judged by `accel-ctk doctor` too. A
+/// profile's `[sharing]` that does not read fails, naming its key, with the daemons refusing
+/// to start on it; an unknown `[health]` key warns; a GPU whose config space reads all ones
+/// fails the health check naming it, which passes again once it answers.
+#[test]
+fn doctor_judges_the_daemons_tables_and_each_devices_health() {
+    let n = Node::standard([UUID1, UUID2]);
+    let root = n.root();
+    let config = "/etc/accel-container-runtime/config.toml";
+    put(root, config, "", 0o644);
+    let (_, v, _) = doctor_json(&n);
+    assert_eq!(finding(&v, "health")["status"], "ok", "{v:#?}");
+    assert_eq!(
+        finding(&v, "profile nvidia [sharing]")["status"],
+        "ok",
+        "{v:#?}"
+    );
+
+    put(
+        root,
+        config,
+        "[profiles.nvidia.sharing]\nlimits = \"maybe\"\n[profiles.nvidia.health.nvml]\nxid-ingore = [13]\n",
+        0o644,
+    );
+    std::fs::write(
+        root.join("sys/bus/pci/devices/0000:04:00.0/config"),
+        [0xff; 64],
+    )
+    .unwrap();
+    let (code, v, _) = doctor_json(&n);
+    assert_eq!(code, Some(1), "{v:#?}");
+    let sharing = finding(&v, "profile nvidia [sharing]");
+    assert_eq!(sharing["status"], "fail", "{v:#?}");
+    let said = sharing["message"].as_str().unwrap();
+    assert!(
+        said.contains("limits") && said.contains("refuse to start"),
+        "{said}"
+    );
+    let health = finding(&v, "profile nvidia [health]");
+    assert_eq!(health["status"], "warn", "{v:#?}");
+    assert!(
+        health["message"].as_str().unwrap().contains("xid-ignore"),
+        "{v:#?}"
+    );
+    let sick = finding(&v, "health");
+    assert_eq!(sick["status"], "fail", "{v:#?}");
+    assert!(
+        sick["message"]
+            .as_str()
+            .unwrap()
+            .contains("PCI function 0000:04:00.0 reads all ones"),
+        "{v:#?}"
+    );
+
+    std::fs::write(
+        root.join("sys/bus/pci/devices/0000:04:00.0/config"),
+        [0xde, 0x10, 0x00, 0x00],
+    )
+    .unwrap();
+    let (_, v, _) = doctor_json(&n);
+    assert_eq!(finding(&v, "health")["status"], "ok", "{v:#?}");
+}

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::doctor::{run_all, Ctx, Status};
+use crate::doctor::{run_all, Ctx, Finding, Status};
+use crate::profile::{Profile, ProfileError};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -34,7 +35,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut ctx = Ctx::host(args.root);
     ctx.runc = args.runc;
-    let findings = run_all(&ctx);
+    let mut findings = run_all(&ctx);
+    findings.extend(daemons(&ctx));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&findings)?);
     } else {
@@ -64,4 +66,95 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What the node checks (`crate::doctor`, a floor below the daemons) cannot judge: each
+/// profile's tables only the daemons read (`[sharing]`, `[health]`, and `[metrics]` where this
+/// accel-ctk has the exporter's code), which a create never parses and a daemon refuses to
+/// start on, and each device's health by the engine's one-shot signals (`accel-ctk list`'s).
+fn daemons(ctx: &Ctx) -> Vec<Finding> {
+    let (loaded, _) = crate::doctor::load_config(ctx);
+    let Ok(config) = loaded else {
+        // The config check has said why; nothing more to judge.
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for p in &config.profiles {
+        out.extend(tables(p));
+    }
+    for row in crate::ctk::list::collect(&config).devices {
+        if let Some(why) = &row.health_reason {
+            out.push(Finding {
+                check: "health".into(),
+                status: Status::Fail,
+                message: format!(
+                    "{} device {} ({}): unhealthy: {}",
+                    row.vendor,
+                    row.index,
+                    row.name,
+                    crate::quote::line(why)
+                ),
+                fix: Some(
+                    "see docs/health.md: a device comes back once its signal clears (a reset, a driver reload)"
+                        .into(),
+                ),
+            });
+        }
+    }
+    if !out.iter().any(|f| f.check == "health") {
+        out.push(Finding {
+            check: "health".into(),
+            status: Status::Ok,
+            message: "no device unhealthy by its nodes or its PCI function (the daemons also \
+                      read counters, NVML and vendor tools)"
+                .into(),
+            fix: None,
+        });
+    }
+    out
+}
+
+/// One finding per daemons' table of `p` that does not read, one per key none knows.
+fn tables(p: &Profile) -> Vec<Finding> {
+    type Read = fn(&Profile) -> Result<Vec<String>, ProfileError>;
+    let wings: &[(&str, Read)] = &[
+        ("sharing", |p| {
+            crate::kubelet::sharing::Sharing::of(p).map(|(_, w)| w)
+        }),
+        ("health", |p| {
+            crate::health::wing::HealthWing::of(p).map(|(_, w)| w)
+        }),
+        #[cfg(feature = "exporter")]
+        ("metrics", |p| {
+            crate::exporter::sources::profile::Metrics::of(p).map(|(_, w)| w)
+        }),
+    ];
+    let mut out = Vec::new();
+    for &(name, read) in wings {
+        if !p.wings.names().any(|n| n == name) {
+            continue;
+        }
+        let check = format!("profile {} [{name}]", p.name);
+        match read(p) {
+            Ok(warnings) if warnings.is_empty() => out.push(Finding {
+                check,
+                status: Status::Ok,
+                message: "reads".into(),
+                fix: None,
+            }),
+            Ok(warnings) => out.extend(warnings.into_iter().map(|w| Finding {
+                check: check.clone(),
+                status: Status::Warn,
+                message: w,
+                fix: None,
+            })),
+            Err(e) => out.push(Finding {
+                check,
+                status: Status::Fail,
+                message: format!("{e}; the daemons that read it refuse to start"),
+                fix: Some(format!("correct [{name}] of profile {}", p.name)),
+            }),
+        }
+    }
+    out
 }
