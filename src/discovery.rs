@@ -400,6 +400,15 @@ fn dir_names_in(root: &Root, rel: &Path) -> Result<Vec<String>, DiscoveryError> 
     }
 }
 
+/// The names in directory `rel` under `root`, sorted; none when it cannot be read: for readers
+/// that judge nothing by an unreadable directory (the exporter's hwmon look-up, the health
+/// engine's RAS blocks).
+pub fn sorted_names_in(root: &Root, rel: &Path) -> Vec<String> {
+    let mut names = dir_names_in(root, rel).unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// `dir` opened (`O_DIRECTORY`) to list it; `None` when it does not exist.
 fn open_dir(dir: &Path) -> Result<Option<OwnedFd>, DiscoveryError> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;

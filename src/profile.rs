@@ -754,6 +754,23 @@ impl Lengths {
     }
 }
 
+/// Every profile file under `config/profiles/`, read with all its tables, for the tests of
+/// the wings that read them.
+#[cfg(test)]
+pub(crate) fn shipped() -> Vec<Profile> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            Profile::from_text(&text, &path.display().to_string())
+                .unwrap()
+                .0
+        })
+        .collect()
+}
+
 /// A name that is one path component: not empty, no `/`, not `.` or `..`.
 pub fn plain_name(n: &str) -> bool {
     !n.is_empty() && !n.contains('/') && n != "." && n != ".."

@@ -67,25 +67,6 @@ fn kind_name(kind: FileType) -> &'static str {
     }
 }
 
-/// The names in directory `rel` under `root` (resolved in it); none when it cannot be read.
-pub fn dir_names(root: &Root, rel: &Path) -> Vec<String> {
-    let Ok(fd) = root.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot) else {
-        return Vec::new();
-    };
-    let mut buf = Vec::with_capacity(4096);
-    let mut names = Vec::new();
-    let mut entries = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
-    while let Some(Ok(e)) = entries.next() {
-        if let Ok(n) = e.file_name().to_str() {
-            if n != "." && n != ".." {
-                names.push(n.to_string());
-            }
-        }
-    }
-    names.sort();
-    names
-}
-
 /// A file's text as one number: its first whitespace-separated token (sysfs attributes end
 /// in a newline; amdgpu's are bare integers, i915's too).
 pub fn number(data: &[u8]) -> Option<f64> {

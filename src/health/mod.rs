@@ -285,18 +285,24 @@ impl Monitor {
 mod tests {
     use super::*;
 
+    /// The built-in Enflame profile with its driver root at `root`, its driver taken as loaded.
+    fn enflame_under(root: &std::path::Path) -> Profile {
+        let mut p = crate::config::Config::builtin()
+            .profile("enflame")
+            .unwrap()
+            .clone();
+        p.driver_root = root.to_path_buf();
+        p.version_file = None;
+        p
+    }
+
     /// The engine over a simulated root: a device's fatal count bumped is unhealthy at the
     /// next sysfs read (not before the interval), the other stays healthy; a function removed
     /// and brought back with its counts at zero is healthy after the hold-down.
     #[test]
     fn monitor_reads_at_its_interval_and_keeps_the_bus_id() {
         let t = tempfile::tempdir().unwrap();
-        let mut profile = crate::config::Config::builtin()
-            .profile("enflame")
-            .unwrap()
-            .clone();
-        profile.driver_root = t.path().to_path_buf();
-        profile.version_file = None;
+        let profile = enflame_under(t.path());
         let devs = ["0000:11:00.0", "0000:12:00.0"];
         for b in devs {
             let d = t.path().join("sys/bus/pci/devices").join(b);
@@ -365,12 +371,7 @@ mod tests {
     #[test]
     fn a_device_that_left_the_table_comes_back_afresh() {
         let t = tempfile::tempdir().unwrap();
-        let mut profile = crate::config::Config::builtin()
-            .profile("enflame")
-            .unwrap()
-            .clone();
-        profile.driver_root = t.path().to_path_buf();
-        profile.version_file = None;
+        let profile = enflame_under(t.path());
         let dir = t.path().join("sys/bus/pci/devices/0000:11:00.0");
         std::fs::create_dir_all(&dir).unwrap();
         let one = [Subject {

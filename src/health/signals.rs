@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 
-use crate::discovery::{is_bdf, open_in_root, read_in_root};
+use crate::discovery::{is_bdf, open_in_root, read_in_root, sorted_names_in};
 use crate::inroot::{Root, Scope};
 use crate::profile::Profile;
 use crate::topology::{normalize_bdf, Node};
@@ -136,7 +136,7 @@ fn total(root: &Root, rel: &Path, key: &str) -> Option<u64> {
 /// Each `<block>_err_count` of the function's `ras` directory, by block.
 fn ras(root: &Root, rel: &Path) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
-    for name in dir_names(root, rel).into_iter().take(MAX_RAS_BLOCKS) {
+    for name in sorted_names_in(root, rel).into_iter().take(MAX_RAS_BLOCKS) {
         let Some(block) = name.strip_suffix("_err_count").filter(|b| !b.is_empty()) else {
             continue;
         };
@@ -148,25 +148,6 @@ fn ras(root: &Root, rel: &Path) -> std::collections::BTreeMap<String, u64> {
         }
     }
     out
-}
-
-/// The names in directory `rel` under `root`, in sorted order; none when it cannot be read.
-fn dir_names(root: &Root, rel: &Path) -> Vec<String> {
-    let Ok(fd) = root.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Scope::InRoot) else {
-        return Vec::new();
-    };
-    let mut buf = Vec::with_capacity(4096);
-    let mut names = Vec::new();
-    let mut entries = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
-    while let Some(Ok(e)) = entries.next() {
-        if let Ok(n) = e.file_name().to_str() {
-            if n != "." && n != ".." {
-                names.push(n.to_string());
-            }
-        }
-    }
-    names.sort();
-    names
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn hwmon(root: &Root, dir: &Path, chip: &str, cache: &mut HwmonCache) -> Option<
         .0
         .entry((dir.to_path_buf(), chip.to_string()))
         .or_insert_with(|| {
-            read::dir_names(root, dir)
+            crate::discovery::sorted_names_in(root, dir)
                 .into_iter()
                 .filter(|n| {
                     n.strip_prefix("hwmon")
