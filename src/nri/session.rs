@@ -390,6 +390,14 @@ fn create(
         return Ok(CreateContainerResponse::default());
     };
     let (adjust, added) = adjust::adjustment(&out, &container)?;
+    // As the shim's create: the host's /dev/char links systemd's DeviceAllow= needs.
+    crate::devchar::ensure_logged(
+        &cfg.host_dev_dir,
+        out.plan
+            .nodes
+            .iter()
+            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+    );
     log::info!(
         "nri: {}: {} nodes, {} mounts for {}",
         who(req),
