@@ -309,12 +309,12 @@ fn device_paths(a: &ContainerAdjustment) -> BTreeSet<String> {
         .collect()
 }
 
+/// Mounts as compared: destination, source, options.
+type Mounts = BTreeSet<(String, String, Vec<String>)>;
+
 /// What the shim writes for `env` into a busybox bundle: device paths, and the mounts it
 /// added (destination, source, options).
-fn shim_edits(
-    runc: &Runc,
-    env: &str,
-) -> (BTreeSet<String>, BTreeSet<(String, String, Vec<String>)>) {
+fn shim_edits(runc: &Runc, env: &str) -> (BTreeSet<String>, Mounts) {
     let mut bundle = Bundle::busybox();
     let before: BTreeSet<String> = dests(&bundle.read_spec());
     bundle.env(env);
@@ -385,7 +385,7 @@ fn stand_in_runtime_gets_the_shims_edits_through_nri() {
     // The same edits as the shim's create of a bundle asking the same.
     let (shim_devices, shim_mounts) = shim_edits(&runc, "NVIDIA_VISIBLE_DEVICES=1");
     assert_eq!(device_paths(&adj), shim_devices);
-    let mounts: BTreeSet<(String, String, Vec<String>)> = adj
+    let mounts: Mounts = adj
         .mounts
         .iter()
         .map(|m| (m.destination.clone(), m.source.clone(), m.options.clone()))
