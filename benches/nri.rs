@@ -17,7 +17,6 @@
 //! benches/BENCHMARKS.md.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod common;
 
 use std::os::unix::net::UnixListener;
