@@ -150,7 +150,10 @@ impl Quick {
         let profiles = read_profile_files(&profiles_dir, &mut listing, &mut checked)?;
         let low_level_runtime = check_runtime(&low_level_runtime, &shown)?;
         let (cgroup_root, dmem_grants_dir) = dmem;
-        for (key, p) in [("cgroup-root", &cgroup_root), ("dmem-grants-dir", &dmem_grants_dir)] {
+        for (key, p) in [
+            ("cgroup-root", &cgroup_root),
+            ("dmem-grants-dir", &dmem_grants_dir),
+        ] {
             check_host_dir(key, p, &shown)?;
         }
         Ok(Quick {

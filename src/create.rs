@@ -129,9 +129,11 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
     let bundle = Bundle::read(bundle_dir);
     // A share's kernel limit: looked for before the screen, as its container may ask for
     // nothing else (src/limits.rs).
-    let limits = bundle.data.as_ref().ok().and_then(|d| {
-        crate::limits::screen(&quick.dmem_grants_dir, &quick.cgroup_root, d)
-    });
+    let limits = bundle
+        .data
+        .as_ref()
+        .ok()
+        .and_then(|d| crate::limits::screen(&quick.dmem_grants_dir, &quick.cgroup_root, d));
     let nothing = match &bundle.data {
         Ok(data) if !quick.accept_container_devices_as_mounts => {
             spec::screen::screen(data, quick.texts()) == spec::screen::Screen::Nothing

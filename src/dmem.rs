@@ -36,7 +36,8 @@ pub const DEFAULT_GRANTS_DIR: &str = "/var/lib/accel-dra-driver/pods";
 /// CRI plugin (from the sandbox's metadata) and CRI-O (from kubelet's container labels).
 /// A pod's own annotations reach a container's spec only where the operator lists them for
 /// passing through, and the engine writes its own keys after those.
-pub const POD_UID_ANNOTATIONS: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+pub const POD_UID_ANNOTATIONS: &[&str] =
+    &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
 
 /// `dmem.capacity` is a line per region: a few hundred bytes per device.
 const MAX_CAPACITY: u64 = 64 << 10;
@@ -163,13 +164,15 @@ pub fn valid_uid(uid: &str) -> bool {
 /// The pod UID the engine gave the container, from its annotations: the first of
 /// [`POD_UID_ANNOTATIONS`] present; `None` where it is absent or not a UID.
 pub fn pod_uid(annotations: &[(String, String)]) -> Option<&str> {
-    POD_UID_ANNOTATIONS.iter().find_map(|key| {
-        annotations
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    })
-    .filter(|v| valid_uid(v))
+    POD_UID_ANNOTATIONS
+        .iter()
+        .find_map(|key| {
+            annotations
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        })
+        .filter(|v| valid_uid(v))
 }
 
 /// The pods with grants in `dir` now (its subdirectories named as UIDs): one directory
@@ -209,9 +212,7 @@ pub fn read_grants(dir: &Path, pod: &str) -> (Vec<PodGrants>, Vec<String>) {
                 crate::trust::OpenError::Io(e) => e.to_string(),
                 crate::trust::OpenError::Untrusted(why) => why,
             })
-            .and_then(|(f, _)| {
-                crate::bounded::read(f, MAX_GRANT_FILE).map_err(|e| e.to_string())
-            })
+            .and_then(|(f, _)| crate::bounded::read(f, MAX_GRANT_FILE).map_err(|e| e.to_string()))
             .and_then(|b| serde_json::from_slice::<PodGrants>(&b).map_err(|e| e.to_string()));
         match read {
             Ok(g) => out.push(g),
@@ -270,7 +271,10 @@ mod tests {
         assert!(enforceable(CAPACITY, "0000:83:00.0"));
         assert!(!enforceable(CAPACITY, "0000:04:00.0"));
         // A device with only system memory registered has nothing of its own to cap.
-        assert!(!enforceable("drm/0000:05:00.0/system 100\n", "0000:05:00.0"));
+        assert!(!enforceable(
+            "drm/0000:05:00.0/system 100\n",
+            "0000:05:00.0"
+        ));
     }
 
     #[test]
@@ -338,13 +342,13 @@ mod tests {
     fn a_forged_variable_is_ignored() {
         let annotations = vec![
             ("io.kubernetes.cri.sandbox-uid".to_string(), POD.to_string()),
-            ("ENFLAME_CONTAINER_USABLE_GLOBAL_MEM".to_string(), "32".to_string()),
+            (
+                "ENFLAME_CONTAINER_USABLE_GLOBAL_MEM".to_string(),
+                "32".to_string(),
+            ),
         ];
         assert_eq!(pod_uid(&annotations), Some(POD));
-        let env_only = vec![(
-            "IO_KUBERNETES_POD_UID".to_string(),
-            OTHER.to_string(),
-        )];
+        let env_only = vec![("IO_KUBERNETES_POD_UID".to_string(), OTHER.to_string())];
         assert_eq!(pod_uid(&env_only), None);
         let r = [record(POD, vec![grant("0000:03:00.0", "226:0", 4 << 30)])];
         assert_eq!(

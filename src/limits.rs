@@ -41,7 +41,8 @@ impl Pending {
     pub fn write(&self, path: &Path) -> Result<(Option<String>, Vec<String>), SpecError> {
         let data = spec::read_bytes(path)?;
         let (mut doc, view) = spec::parse_file(path, &data)?;
-        let Some(pod) = dmem::pod_uid(&view.annotations).filter(|p| self.pods.iter().any(|x| x == p))
+        let Some(pod) =
+            dmem::pod_uid(&view.annotations).filter(|p| self.pods.iter().any(|x| x == p))
         else {
             return Ok((None, Vec::new()));
         };

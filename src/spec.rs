@@ -996,18 +996,33 @@ mod tests {
     #[test]
     fn unified_entries_are_set_in_place() {
         let mut doc = json!({"ociVersion": "1.2.0", "x-unknown": 1, "linux": {"resources": {"unified": {"memory.high": "max", "dmem.max": "old"}, "pids": {"limit": 5}}}});
-        let e = vec![("dmem.max".to_string(), "drm/0000:03:00.0/vram0 1".to_string())];
+        let e = vec![(
+            "dmem.max".to_string(),
+            "drm/0000:03:00.0/vram0 1".to_string(),
+        )];
         assert!(set_unified(&mut doc, &e).unwrap());
         assert!(!set_unified(&mut doc, &e).unwrap());
-        let keys: Vec<&String> = doc["linux"]["resources"]["unified"].as_object().unwrap().keys().collect();
+        let keys: Vec<&String> = doc["linux"]["resources"]["unified"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
         assert_eq!(keys, ["memory.high", "dmem.max"]);
-        assert_eq!(doc["linux"]["resources"]["unified"]["dmem.max"], "drm/0000:03:00.0/vram0 1");
+        assert_eq!(
+            doc["linux"]["resources"]["unified"]["dmem.max"],
+            "drm/0000:03:00.0/vram0 1"
+        );
         assert_eq!(doc["linux"]["resources"]["pids"]["limit"], 5);
         let mut bare = json!({"process": {}});
         assert!(set_unified(&mut bare, &e).unwrap());
-        assert_eq!(bare["linux"], json!({"resources": {"unified": {"dmem.max": "drm/0000:03:00.0/vram0 1"}}}));
+        assert_eq!(
+            bare["linux"],
+            json!({"resources": {"unified": {"dmem.max": "drm/0000:03:00.0/vram0 1"}}})
+        );
         let mut bad = json!({"linux": {"resources": {"unified": []}}});
-        assert!(set_unified(&mut bad, &e).unwrap_err().contains("linux.resources.unified"));
+        assert!(set_unified(&mut bad, &e)
+            .unwrap_err()
+            .contains("linux.resources.unified"));
         let devs = json!({"linux": {"devices": [{"path": "/dev/a", "type": "c", "major": 226, "minor": 0}, {"path": "/dev/b", "type": "b", "major": 8, "minor": 0}, {"path": "/dev/c", "type": "c"}]}});
         assert_eq!(char_device_numbers(&devs), ["226:0"]);
     }

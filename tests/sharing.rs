@@ -253,8 +253,20 @@ fn a_share_on_a_device_with_a_dmem_region_is_kernel_enforced_and_gets_dmem_max()
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path(), SHARING);
     let api = ApiServer::start();
-    api.put_claim_results("ns", "s0", &uid(0), DRIVER, vec![share("gcu-3-shared", 0, "8Gi")]);
-    api.put_claim_results("ns", "s1", &uid(1), DRIVER, vec![share("gcu-2-shared", 1, "8Gi")]);
+    api.put_claim_results(
+        "ns",
+        "s0",
+        &uid(0),
+        DRIVER,
+        vec![share("gcu-3-shared", 0, "8Gi")],
+    );
+    api.put_claim_results(
+        "ns",
+        "s1",
+        &uid(1),
+        DRIVER,
+        vec![share("gcu-2-shared", 1, "8Gi")],
+    );
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("cgroup")).unwrap();
     std::fs::write(
@@ -344,7 +356,14 @@ fn a_share_on_a_device_with_a_dmem_region_is_kernel_enforced_and_gets_dmem_max()
         let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
         assert_eq!(
             keys,
-            ["ociVersion", "zz-unknown", "process", "root", "annotations", "linux"]
+            [
+                "ociVersion",
+                "zz-unknown",
+                "process",
+                "root",
+                "annotations",
+                "linux"
+            ]
         );
         let unified: Vec<&String> = doc["linux"]["resources"]["unified"]
             .as_object()

@@ -734,13 +734,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
         Some(_) => crate::dmem::read_capacity(&opts.cgroup_root),
         None => String::new(),
     };
-    run.contents = slices::contents(
-        &pool,
-        run.driver.sharing.as_ref(),
-        &table,
-        &taints,
-        &dmem,
-    );
+    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &taints, &dmem);
     run.driver.report_health(&opts.node, &table, &health);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;

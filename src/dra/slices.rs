@@ -178,12 +178,7 @@ pub fn device(pool: &Pool, d: &DraDevice, taint: Option<&DeviceTaint>) -> Device
 /// `advisory`), the counters it consumes, and for the shareable one
 /// `allowMultipleAllocations` and its capacities. `dmem_capacity`: the node's
 /// `dmem.capacity` text, where a share or part reaches `kernel` ([`Offer::enforcement`]).
-pub fn offered(
-    pool: &Pool,
-    o: &Offer,
-    taint: Option<&DeviceTaint>,
-    dmem_capacity: &str,
-) -> Device {
+pub fn offered(pool: &Pool, o: &Offer, taint: Option<&DeviceTaint>, dmem_capacity: &str) -> Device {
     let mut d = device(pool, o.parent, taint);
     let consumes = o.consumes();
     let (Some(sharing), Some(_)) = (o.sharing, &consumes) else {

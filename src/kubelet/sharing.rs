@@ -355,7 +355,9 @@ mod tests {
     /// lowered from `hardware`; nothing stated is advisory.
     #[test]
     fn enforcement_is_stated_per_mode_and_raised_to_kernel_where_verified() {
-        let (s, w) = sharing("enforcement = { capacity = \"runtime\", partitions = \"hardware\" }\n").unwrap();
+        let (s, w) =
+            sharing("enforcement = { capacity = \"runtime\", partitions = \"hardware\" }\n")
+                .unwrap();
         let s = s.unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.enforcement_of(false, false), Rung::Runtime);
@@ -376,17 +378,30 @@ mod tests {
         let (s, w) = sharing("limits = \"enforced\"\n").unwrap();
         assert_eq!(s.unwrap().stated(true), Rung::Runtime);
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("sharing.limits is read as sharing.enforcement"), "{w:?}");
-        let (s, _) = sharing("limits = \"enforced\"\nenforcement = { capacity = \"advisory\" }\n").unwrap();
+        assert!(
+            w[0].contains("sharing.limits is read as sharing.enforcement"),
+            "{w:?}"
+        );
+        let (s, _) =
+            sharing("limits = \"enforced\"\nenforcement = { capacity = \"advisory\" }\n").unwrap();
         assert_eq!(s.unwrap().stated(false), Rung::Advisory);
     }
 
     #[test]
     fn kernel_and_a_hardware_share_are_refused_as_statements() {
         for (t, says) in [
-            ("enforcement = { capacity = \"kernel\" }\n", "not a profile's to state"),
-            ("enforcement = { partitions = \"kernel\" }\n", "sharing.enforcement.partitions"),
-            ("enforcement = { capacity = \"hardware\" }\n", "never a hardware partition"),
+            (
+                "enforcement = { capacity = \"kernel\" }\n",
+                "not a profile's to state",
+            ),
+            (
+                "enforcement = { partitions = \"kernel\" }\n",
+                "sharing.enforcement.partitions",
+            ),
+            (
+                "enforcement = { capacity = \"hardware\" }\n",
+                "never a hardware partition",
+            ),
             ("enforcement = { capacity = \"strict\" }\n", "strict"),
         ] {
             let e = sharing(t).map(|_| ()).unwrap_err().to_string();
