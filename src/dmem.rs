@@ -32,10 +32,11 @@ pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// its claim records, in the directory its DaemonSet mounts from the host.
 pub const DEFAULT_GRANTS_DIR: &str = "/var/lib/accel-dra-driver/pods";
 
-/// The annotations an engine gives every container of a pod with the pod's UID: containerd's
-/// CRI plugin (from the sandbox's metadata) and CRI-O (from kubelet's container labels).
-/// A pod's own annotations reach a container's spec only where the operator lists them for
-/// passing through, and the engine writes its own keys after those.
+/// The annotations an engine gives every container of a pod with the pod's UID. containerd's
+/// CRI plugin writes `io.kubernetes.cri.sandbox-uid` from the sandbox's metadata after the
+/// pod annotations the operator lets through (its `DefaultCRIAnnotations` come last), so a
+/// pod cannot set it. `io.kubernetes.pod.uid` is kubelet's container label, as CRI-O carries
+/// it; not checked against CRI-O's source here (docs/security.md).
 pub const POD_UID_ANNOTATIONS: &[&str] =
     &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
 
