@@ -157,6 +157,26 @@ pub fn unified(
     (!lines.is_empty()).then(|| vec![(MAX_KEY.to_string(), lines.join("\n"))])
 }
 
+/// [`unified`] with its inputs read from the node: pod `pod_uid`'s grants under
+/// `grants_dir` ([`read_grants`]) and `cgroup_root`'s `dmem.capacity`. The one call for a
+/// caller that has the pod's UID from the engine and the container's device numbers: the
+/// shim's create (src/limits.rs) and the NRI plugin (the sandbox's `uid`, the container's
+/// `linux.devices`; the result goes into `LinuxResources.unified`). Also returns what was
+/// not believed, for the caller's log.
+pub fn unified_on_node(
+    grants_dir: &Path,
+    cgroup_root: &Path,
+    pod_uid: &str,
+    rdevs: &[String],
+) -> (Option<Vec<(String, String)>>, Vec<String>) {
+    let (records, said) = read_grants(grants_dir, pod_uid);
+    if records.is_empty() {
+        return (None, said);
+    }
+    let capacity = read_capacity(cgroup_root);
+    (unified(&records, &capacity, pod_uid, rdevs), said)
+}
+
 /// A Kubernetes UID as a directory name: hex digits and dashes (no `/`, no `..`).
 pub fn valid_uid(uid: &str) -> bool {
     (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')

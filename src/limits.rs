@@ -46,11 +46,13 @@ impl Pending {
         else {
             return Ok((None, Vec::new()));
         };
-        let (records, said) = dmem::read_grants(&self.grants_dir, pod);
-        let capacity = dmem::read_capacity(&self.cgroup_root);
-        let Some(entries) =
-            dmem::unified(&records, &capacity, pod, &spec::char_device_numbers(&doc))
-        else {
+        let (entries, said) = dmem::unified_on_node(
+            &self.grants_dir,
+            &self.cgroup_root,
+            pod,
+            &spec::char_device_numbers(&doc),
+        );
+        let Some(entries) = entries else {
             return Ok((None, said));
         };
         let edit = |msg| SpecError::Shape {
