@@ -171,7 +171,7 @@ fn build(pool: &Pool, profile: &Profile) -> (Vec<table::DraDevice>, slices::Cont
         .map(|d| (!inventory::healthy(profile, &d.dev)).then(taint))
         .collect();
     let sharing = Sharing::of(profile).unwrap().0;
-    let contents = slices::contents(pool, sharing.as_ref(), &t, &taints);
+    let contents = slices::contents(pool, sharing.as_ref(), &t, &taints, "");
     let s = slices::slices(pool, &contents, 1);
     (t, contents, serde_json::to_vec(&s).unwrap())
 }

@@ -58,6 +58,10 @@ struct File {
     accept_container_devices_as_mounts: bool,
     #[serde(default = "d_host_dev_dir")]
     host_dev_dir: PathBuf,
+    #[serde(default = "d_cgroup_root")]
+    cgroup_root: PathBuf,
+    #[serde(default = "d_dmem_grants_dir")]
+    dmem_grants_dir: PathBuf,
     #[serde(default)]
     profiles: toml::Table,
 }
@@ -80,6 +84,10 @@ struct QuickFile {
     profiles_dir: PathBuf,
     #[serde(default)]
     accept_container_devices_as_mounts: bool,
+    #[serde(default = "d_cgroup_root")]
+    cgroup_root: PathBuf,
+    #[serde(default = "d_dmem_grants_dir")]
+    dmem_grants_dir: PathBuf,
 }
 
 /// The config loader's first half: config.toml read and parsed, the `profiles-dir/*.toml`
@@ -90,6 +98,11 @@ struct QuickFile {
 pub struct Quick {
     pub low_level_runtime: String,
     pub accept_container_devices_as_mounts: bool,
+    /// The host's cgroup v2 root and the DRA driver's grants by pod: what a create reads for
+    /// a share's `dmem.max` (src/dmem.rs), before the screen, since a share's container may
+    /// ask for nothing else.
+    pub cgroup_root: PathBuf,
+    pub dmem_grants_dir: PathBuf,
     /// config.toml (`None`: no file, the defaults).
     path: Option<PathBuf>,
     text: String,
@@ -109,11 +122,13 @@ impl Quick {
             None => (None, String::new()),
         };
         let shown = shown(path.as_deref());
-        let (low_level_runtime, accept, profiles_dir, file) = match parse_file(&text, &shown) {
+        let (low_level_runtime, accept, profiles_dir, dmem, file) = match parse_file(&text, &shown)
+        {
             Ok((file, warnings)) => (
                 file.low_level_runtime.clone(),
                 file.accept_container_devices_as_mounts,
                 file.profiles_dir.clone(),
+                (file.cgroup_root.clone(), file.dmem_grants_dir.clone()),
                 Some((file, warnings)),
             ),
             // Only the screen's keys need to deserialize here.
@@ -126,6 +141,7 @@ impl Quick {
                     q.low_level_runtime,
                     q.accept_container_devices_as_mounts,
                     q.profiles_dir,
+                    (q.cgroup_root, q.dmem_grants_dir),
                     None,
                 )
             }
@@ -133,9 +149,18 @@ impl Quick {
         let mut listing = Vec::new();
         let profiles = read_profile_files(&profiles_dir, &mut listing, &mut checked)?;
         let low_level_runtime = check_runtime(&low_level_runtime, &shown)?;
+        let (cgroup_root, dmem_grants_dir) = dmem;
+        for (key, p) in [
+            ("cgroup-root", &cgroup_root),
+            ("dmem-grants-dir", &dmem_grants_dir),
+        ] {
+            check_host_dir(key, p, &shown)?;
+        }
         Ok(Quick {
             low_level_runtime,
             accept_container_devices_as_mounts: accept,
+            cgroup_root,
+            dmem_grants_dir,
             path,
             text,
             file: file.map(|(f, mut warnings)| {
@@ -230,6 +255,23 @@ fn d_lib_dir() -> String {
 fn d_host_dev_dir() -> PathBuf {
     PathBuf::from("/dev")
 }
+fn d_cgroup_root() -> PathBuf {
+    PathBuf::from(crate::dmem::DEFAULT_CGROUP_ROOT)
+}
+fn d_dmem_grants_dir() -> PathBuf {
+    PathBuf::from(crate::dmem::DEFAULT_GRANTS_DIR)
+}
+
+/// A host directory key's value: an absolute path without `..`.
+fn check_host_dir(key: &str, p: &Path, shown: &Path) -> Result<(), ConfigError> {
+    if p.is_absolute() && !profile::has_dotdot(p) {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        path: shown.to_path_buf(),
+        msg: format!("{key} {p:?} must be an absolute path without '..'"),
+    })
+}
 fn d_true() -> bool {
     true
 }
@@ -250,6 +292,11 @@ pub struct Config {
     /// The host's /dev, under which every injected node gets its `char/MAJOR:MINOR` link
     /// (src/devchar.rs).
     pub host_dev_dir: PathBuf,
+    /// The host's cgroup v2 root, whose `dmem.capacity` lists the device-memory regions the
+    /// kernel can limit (src/dmem.rs).
+    pub cgroup_root: PathBuf,
+    /// Where the DRA driver keeps each share's memory by pod, for `dmem.max`.
+    pub dmem_grants_dir: PathBuf,
     pub profiles: Vec<Profile>,
     /// Unknown keys and other things worth a log line.
     pub warnings: Vec<String>,
@@ -357,6 +404,8 @@ impl Config {
                 file.host_dev_dir
             )));
         }
+        check_host_dir("cgroup-root", &file.cgroup_root, &shown)?;
+        check_host_dir("dmem-grants-dir", &file.dmem_grants_dir, &shown)?;
 
         let files = match files {
             Some(files) => files,
@@ -378,6 +427,8 @@ impl Config {
             accept_envvar_unprivileged: file.accept_envvar_unprivileged,
             accept_container_devices_as_mounts: file.accept_container_devices_as_mounts,
             host_dev_dir: file.host_dev_dir,
+            cgroup_root: file.cgroup_root,
+            dmem_grants_dir: file.dmem_grants_dir,
             profiles,
             warnings,
         })
@@ -799,6 +850,8 @@ mod tests {
             defaults.accept_container_devices_as_mounts
         );
         assert_eq!(shipped.host_dev_dir, defaults.host_dev_dir);
+        assert_eq!(shipped.cgroup_root, defaults.cgroup_root);
+        assert_eq!(shipped.dmem_grants_dir, defaults.dmem_grants_dir);
         assert_eq!(shipped.profiles, defaults.profiles);
     }
 

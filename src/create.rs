@@ -128,6 +128,13 @@ pub struct Done {
 pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
     let quick = crate::config::Quick::read(&crate::config::path())?;
     let bundle = Bundle::read(bundle_dir);
+    // A share's kernel limit: looked for before the screen, as its container may ask for
+    // nothing else (src/limits.rs).
+    let limits = bundle
+        .data
+        .as_ref()
+        .ok()
+        .and_then(|d| crate::limits::screen(&quick.dmem_grants_dir, &quick.cgroup_root, d));
     let nothing = match &bundle.data {
         Ok(data) if !quick.accept_container_devices_as_mounts => {
             spec::screen::screen(data, quick.texts()) == spec::screen::Screen::Nothing
@@ -135,6 +142,9 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
         _ => false,
     };
     if nothing {
+        if let Some(l) = &limits {
+            l.write(&bundle.config_json)?;
+        }
         return Ok(Done {
             low_level_runtime: quick.low_level_runtime,
             kept: None,
@@ -179,6 +189,11 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
             },
         ),
         None => log::debug!("create {id}: no device requested"),
+    }
+    if let Some(l) = &limits {
+        let (set, said) = l.write(&parsed.path)?;
+        said.iter().for_each(|w| log::warn!("create {id}: {w}"));
+        set.iter().for_each(|s| log::info!("create {id}: {s}"));
     }
     Ok(Done {
         low_level_runtime: cfg.low_level_runtime.clone(),

@@ -6,7 +6,8 @@
 //! (whole-file reads with a limit), `inroot` (paths that stay inside a root: openat2, or
 //! its rules walked where the kernel lacks it), `keys` (known config keys), `quantity` (Kubernetes quantities as whole numbers), `quote` (container
 //! text in messages), `trust` (files only root can write) →
-//! `ldcache`, `rootfs` (the image's files, through `inroot`), `constraints` (an image's
+//! `dmem` (the kernel's device-memory limit of a share: pure, and the DRA driver's grants
+//! read as trusted files), `ldcache`, `rootfs` (the image's files, through `inroot`), `constraints` (an image's
 //! `NVIDIA_REQUIRE_*` on the driver, pure) → `profile` → `config` → `discovery`, `libraries`,
 //! `request` (the devices a container asks for), `vendortool` (a vendor CLI run in driver-root
 //! with a time limit) → `facts` (what a plan needs of the host, gathered first), `topology` (where a device
@@ -15,7 +16,8 @@
 //! engine for the daemons and `accel-ctk`) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! compat libraries, requirements), `pipeline` (one vendor's gather-then-plan, the same steps
 //! for a create and a CDI spec) → `spec`, `engine` (engine config files) →
-//! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply) → `create` (the
+//! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply), `limits` (a
+//! share's `dmem.max` written into its container's spec on create) → `create` (the
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
 //! device table and the IDs and names kubelet knows devices by, kubelet's protocols compiled
 //! from `.proto` files, sockets; its gRPC half only with the `plugin` feature) → `ctk`
@@ -35,6 +37,7 @@ pub mod create;
 pub mod ctk;
 pub mod devchar;
 pub mod discovery;
+pub mod dmem;
 pub mod doctor;
 #[cfg(feature = "dra")]
 pub mod dra;
@@ -50,6 +53,7 @@ pub mod keys;
 pub mod kubelet;
 pub mod ldcache;
 pub mod libraries;
+pub mod limits;
 pub mod loader;
 pub mod logging;
 #[cfg(feature = "plugin")]

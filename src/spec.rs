@@ -564,6 +564,47 @@ pub fn go_gid(v: &Value) -> Option<u32> {
     }
 }
 
+/// Sets each `(key, value)` in `linux.resources.unified` (the cgroup v2 keys runc and crun
+/// write into the container's cgroup), creating the sections; every other key stays where
+/// it was, and a key already there keeps its place. True when the document changed.
+pub fn set_unified(doc: &mut Value, entries: &[(String, String)]) -> Result<bool, String> {
+    if entries.is_empty() {
+        return Ok(false);
+    }
+    let mut cur = doc;
+    let path = ["linux", "resources", "unified"];
+    for (i, key) in path.iter().enumerate() {
+        let obj = cur.as_object_mut().ok_or_else(|| shape_error(&path[..i]))?;
+        cur = section(obj, key, || Value::Object(Map::new()));
+    }
+    let unified = cur.as_object_mut().ok_or_else(|| shape_error(&path))?;
+    let mut changed = false;
+    for (k, v) in entries {
+        if unified.get(k).and_then(Value::as_str) != Some(v) {
+            unified.insert(k.clone(), Value::from(v.as_str()));
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// `major:minor` of each character device in `linux.devices`: the nodes the container gets.
+pub fn char_device_numbers(doc: &Value) -> Vec<String> {
+    doc.pointer("/linux/devices")
+        .and_then(Value::as_array)
+        .map(|devices| {
+            devices
+                .iter()
+                .filter(|d| d.get("type").and_then(Value::as_str) == Some("c"))
+                .filter_map(|d| {
+                    let n = |k: &str| d.get(k).and_then(Value::as_u64);
+                    Some(format!("{}:{}", n("major")?, n("minor")?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The bytes written for a document (compact JSON, as engines write it).
 pub fn to_bytes(doc: &Value) -> Vec<u8> {
     // A Value with string keys always serializes.
@@ -948,5 +989,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("FIFO"), "{e}");
+    }
+
+    /// `dmem.max` goes into `linux.resources.unified`, made where missing; every other key
+    /// keeps its place and value; the same entries again change nothing.
+    #[test]
+    fn unified_entries_are_set_in_place() {
+        let mut doc = json!({"ociVersion": "1.2.0", "x-unknown": 1, "linux": {"resources": {"unified": {"memory.high": "max", "dmem.max": "old"}, "pids": {"limit": 5}}}});
+        let e = vec![(
+            "dmem.max".to_string(),
+            "drm/0000:03:00.0/vram0 1".to_string(),
+        )];
+        assert!(set_unified(&mut doc, &e).unwrap());
+        assert!(!set_unified(&mut doc, &e).unwrap());
+        let keys: Vec<&String> = doc["linux"]["resources"]["unified"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(keys, ["memory.high", "dmem.max"]);
+        assert_eq!(
+            doc["linux"]["resources"]["unified"]["dmem.max"],
+            "drm/0000:03:00.0/vram0 1"
+        );
+        assert_eq!(doc["linux"]["resources"]["pids"]["limit"], 5);
+        let mut bare = json!({"process": {}});
+        assert!(set_unified(&mut bare, &e).unwrap());
+        assert_eq!(
+            bare["linux"],
+            json!({"resources": {"unified": {"dmem.max": "drm/0000:03:00.0/vram0 1"}}})
+        );
+        let mut bad = json!({"linux": {"resources": {"unified": []}}});
+        assert!(set_unified(&mut bad, &e)
+            .unwrap_err()
+            .contains("linux.resources.unified"));
+        let devs = json!({"linux": {"devices": [{"path": "/dev/a", "type": "c", "major": 226, "minor": 0}, {"path": "/dev/b", "type": "b", "major": 8, "minor": 0}, {"path": "/dev/c", "type": "c"}]}});
+        assert_eq!(char_device_numbers(&devs), ["226:0"]);
     }
 }

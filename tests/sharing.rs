@@ -198,6 +198,196 @@ fn without_the_memory_known_devices_stay_whole() {
     });
 }
 
+/// The pod the stand-in API server reserves every claim for.
+const POD: &str = "0b4c7f3e-0000-4000-8000-000000000001";
+
+/// The runtime's `create` on a bundle whose config.json is `spec`, with a config.toml that
+/// reads the driver's grants under `dir` and execs `/bin/true` (this cgroup v1 machine's runc
+/// cannot apply a cgroup v2 key: config.json is what is asserted). Returns the file after.
+fn create_with_dmem(dir: &std::path::Path, spec: &Value) -> (Vec<u8>, Vec<u8>) {
+    let scratch = tempfile::tempdir().unwrap();
+    let config = scratch.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "low-level-runtime = \"/bin/true\"\nlog-file = {:?}\ncgroup-root = {:?}\ndmem-grants-dir = {:?}\n",
+            scratch.path().join("shim.log"),
+            dir.join("cgroup"),
+            dir.join("dmem"),
+        ),
+    )
+    .unwrap();
+    let bundle = scratch.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let before = serde_json::to_vec(spec).unwrap();
+    std::fs::write(bundle.join("config.json"), &before).unwrap();
+    let out = std::process::Command::new(&*common::SHIM)
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &config)
+        .arg("--root")
+        .arg(scratch.path().join("state"))
+        .arg("create")
+        .arg("--bundle")
+        .arg(&bundle)
+        .arg("dmem-test")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (before, std::fs::read(bundle.join("config.json")).unwrap())
+}
+
+/// Issue 43: where the GCU's driver registered its memory with the dmem cgroup controller
+/// (the simulated host's `dmem.capacity` lists `vram0` of gcu-3's PCI function), gcu-3's
+/// share and parts are published `enforcement: kernel` (a DeviceAttribute string, selectable
+/// with CEL), the others `advisory`; prepare records the share's memory by the pod the claim
+/// is reserved for, and the real runtime's `create` writes it as `dmem.max` into the
+/// container's config.json when the engine's pod UID annotation and the device's node are
+/// there, keeping every other key in its place. Another pod's container, and the pod's
+/// container without the device, are left byte for byte; after unprepare nothing is written.
+#[test]
+fn a_share_on_a_device_with_a_dmem_region_is_kernel_enforced_and_gets_dmem_max() {
+    let (sim, major) = enflame_host();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, scratch.path(), SHARING);
+    let api = ApiServer::start();
+    api.put_claim_results(
+        "ns",
+        "s0",
+        &uid(0),
+        DRIVER,
+        vec![share("gcu-3-shared", 0, "8Gi")],
+    );
+    api.put_claim_results(
+        "ns",
+        "s1",
+        &uid(1),
+        DRIVER,
+        vec![share("gcu-2-shared", 1, "8Gi")],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cgroup")).unwrap();
+    std::fs::write(
+        dir.path().join("cgroup/dmem.capacity"),
+        "drm/0000:13:00.0/system 68719476736\ndrm/0000:13:00.0/vram0 34359738368\n",
+    )
+    .unwrap();
+    let root = dir.path().to_path_buf();
+    rt().block_on(async {
+        let drv = Driver::start(&cfg, &api, dir, Duration::from_millis(50));
+        let s = wait_slices(&api, "publish", |s| s.len() == 2).await;
+        let d = devices(&s);
+        let by: BTreeMap<&str, &Value> =
+            d.iter().map(|x| (x["name"].as_str().unwrap(), x)).collect();
+        assert_eq!(
+            by["gcu-3-shared"]["attributes"]["enforcement"],
+            json!({"string": "kernel"})
+        );
+        assert_eq!(attr(by["gcu-3-half-1"], "enforcement"), "kernel");
+        assert_eq!(attr(by["gcu-3-shared"], "limits"), "enforced");
+        assert_eq!(attr(by["gcu-2-shared"], "enforcement"), "advisory");
+        assert_eq!(attr(by["gcu-2-quarter-0"], "enforcement"), "advisory");
+        assert_eq!(attr(by["gcu-2-shared"], "limits"), "advisory");
+        // A whole device is no one else's: it carries none.
+        assert!(by["gcu-3"]["attributes"].get("enforcement").is_none());
+        // A claim asking for the kernel's enforcement or better, within the shared class.
+        let kernel_or_better =
+            r#"device.attributes["gcu.enflame.com"].enforcement in ["hardware", "kernel"]"#;
+        let picked: Vec<&str> = d
+            .iter()
+            .filter(|x| selectors::class_selects("gcu-shared.enflame.com", x))
+            .filter(|x| selectors::selects(kernel_or_better, x))
+            .map(|x| x["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(picked, ["gcu-3-shared"]);
+
+        let (_, ch) = register(&drv.reg_socket()).await;
+        let r = prepare(
+            &ch,
+            PREPARE_V1,
+            vec![claim("ns", "s0", &uid(0)), claim("ns", "s1", &uid(1))],
+        )
+        .await;
+        assert_eq!(r.claims[&uid(0)].error, "");
+        assert_eq!(r.claims[&uid(1)].error, "");
+        let grants: Value = serde_json::from_slice(
+            &std::fs::read(root.join(format!("dmem/{POD}/{}.json", uid(0)))).unwrap(),
+        )
+        .unwrap();
+        let node = std::fs::metadata(sim.path().join("dev/gcu3")).unwrap();
+        let rdev = format!(
+            "{}:{}",
+            nix::sys::stat::major(std::os::unix::fs::MetadataExt::rdev(&node)),
+            nix::sys::stat::minor(std::os::unix::fs::MetadataExt::rdev(&node))
+        );
+        assert_eq!(grants["pod"], POD);
+        assert_eq!(grants["grants"][0]["bus"], "0000:13:00.0");
+        assert_eq!(grants["grants"][0]["memory"], 8u64 << 30);
+        assert_eq!(grants["grants"][0]["rdevs"], json!([rdev]));
+        // gcu-2 has no region: nothing recorded for its share.
+        assert!(!root.join(format!("dmem/{POD}/{}.json", uid(1))).exists());
+
+        let (dev_major, dev_minor) = rdev.split_once(':').unwrap();
+        assert_eq!(dev_major, major.to_string());
+        let spec = |pod: &str, with_node: bool| {
+            let devices = if with_node {
+                json!([{"path": "/dev/gcu3", "type": "c", "major": major,
+                        "minor": dev_minor.parse::<u64>().unwrap()}])
+            } else {
+                json!([])
+            };
+            json!({"ociVersion": "1.2.0", "zz-unknown": {"kept": [1, 2]},
+                   "process": {"args": ["sh"], "cwd": "/",
+                               "env": ["PATH=/bin", "ENFLAME_CONTAINER_USABLE_GLOBAL_MEM=32",
+                                       "DMEM_MAX=drm/0000:13:00.0/vram0 max"]},
+                   "root": {"path": "rootfs"},
+                   "annotations": {"io.kubernetes.cri.sandbox-uid": pod},
+                   "linux": {"devices": devices,
+                             "resources": {"unified": {"memory.high": "max"}, "zz": 1}}})
+        };
+        let (_, after) = create_with_dmem(&root, &spec(POD, true));
+        let doc: Value = serde_json::from_slice(&after).unwrap();
+        assert_eq!(
+            doc["linux"]["resources"]["unified"],
+            json!({"memory.high": "max", "dmem.max": "drm/0000:13:00.0/vram0 8589934592"})
+        );
+        let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "ociVersion",
+                "zz-unknown",
+                "process",
+                "root",
+                "annotations",
+                "linux"
+            ]
+        );
+        let unified: Vec<&String> = doc["linux"]["resources"]["unified"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(unified, ["memory.high", "dmem.max"]);
+        assert_eq!(doc["zz-unknown"], json!({"kept": [1, 2]}));
+        // Another pod's container, and this pod's without the device: untouched.
+        let other = "0b4c7f3e-0000-4000-8000-000000000002";
+        for (pod, with_node) in [(other, true), (POD, false)] {
+            let (before, after) = create_with_dmem(&root, &spec(pod, with_node));
+            assert_eq!(before, after, "{pod} {with_node}");
+        }
+
+        let u = unprepare(&ch, vec![claim("ns", "s0", &uid(0))]).await;
+        assert_eq!(u.claims[&uid(0)].error, "");
+        assert!(!root.join(format!("dmem/{POD}")).exists());
+        let (before, after) = create_with_dmem(&root, &spec(POD, true));
+        assert_eq!(before, after);
+        drv.stop().await;
+    });
+}
+
 /// Four claims of 8 GiB on one 32 GiB GCU are prepared, each container told its own 8 GiB; a
 /// fifth (a wrong allocation: the scheduler would not make it) is refused by the driver's own
 /// check, after a restart too; once one share is unprepared the fifth fits. Nothing whole or
@@ -583,6 +773,11 @@ mod selectors {
         let expr = classes()
             .remove(class)
             .unwrap_or_else(|| panic!("no DeviceClass {class}"));
+        selects(&expr, device)
+    }
+
+    /// Whether the CEL selector `expr` (a DeviceClass's or a claim's) selects `device`.
+    pub fn selects(expr: &str, device: &Value) -> bool {
         let mut attrs: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
         for (k, v) in device["attributes"].as_object().unwrap() {
             let (domain, name) = k.rsplit_once('/').unwrap_or((super::DRIVER, k));
@@ -596,9 +791,9 @@ mod selectors {
         let mut ctx = cel::Context::default();
         let device = serde_json::json!({"driver": super::DRIVER, "attributes": attrs});
         ctx.add_variable_from_value("device", super::to_cel(&device));
-        match cel::Program::compile(&expr).unwrap().execute(&ctx) {
+        match cel::Program::compile(expr).unwrap().execute(&ctx) {
             Ok(cel::Value::Bool(b)) => b,
-            other => panic!("{class}: {expr}: {other:?}"),
+            other => panic!("{expr}: {other:?}"),
         }
     }
 }

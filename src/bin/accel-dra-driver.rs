@@ -104,6 +104,15 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
     opts.plugins_dir = args.plugins_dir;
     opts.cdi_dir = args.cdi_dir;
     opts.state_dir = args.state_dir;
+    // Under the host's root: in the pod's own cgroup namespace, /sys/fs/cgroup is the pod's
+    // cgroup, which has no dmem.capacity.
+    opts.cgroup_root = host_root.path().join(
+        config
+            .cgroup_root
+            .strip_prefix("/")
+            .unwrap_or(&config.cgroup_root),
+    );
+    opts.dmem_grants_dir = config.dmem_grants_dir.clone();
     opts.host_root = host_root;
     opts.poll = seconds("poll-seconds", args.poll_seconds)?;
     opts.health = args.health.settings()?;

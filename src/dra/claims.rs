@@ -80,6 +80,10 @@ pub struct Claims {
     /// Each device's health at the driver's last check, by its name in the slice: what the
     /// decision is told. A device not in it is healthy to the decision.
     health: std::sync::RwLock<BTreeMap<String, Health>>,
+    /// Where a share's or part's memory is kept by pod for the shim and the NRI plugin
+    /// (`<dir>/<pod uid>/<claim uid>.json`, src/dmem.rs), and the cgroup v2 root whose
+    /// `dmem.capacity` says which devices the kernel can hold to it. `None`: not kept.
+    dmem: Option<(PathBuf, PathBuf)>,
 }
 
 /// The state directory's lock, held for one prepare or unprepare (`flock`, released when
@@ -111,7 +115,15 @@ impl Claims {
             host_root,
             boot_id,
             health: std::sync::RwLock::default(),
+            dmem: None,
         })
+    }
+
+    /// Keeps each prepared share's and part's memory by pod under `grants_dir`, for the
+    /// devices `cgroup_root`'s `dmem.capacity` lists a memory region of (src/dmem.rs).
+    pub fn with_dmem(mut self, grants_dir: PathBuf, cgroup_root: PathBuf) -> Claims {
+        self.dmem = Some((grants_dir, cgroup_root));
+        self
     }
 
     /// Takes each device's health (by its name in the slice) from the driver's last check.
@@ -275,7 +287,15 @@ impl Claims {
         )
         .map_err(|refusal| self.refused(&refusal, &spec_path))?;
         if plan.write {
-            self.write(profile, r, &plan)?;
+            // The grants first: a prepare that fails leaves nothing, and one that succeeds
+            // never leaves a share's container without its limit.
+            let written = self
+                .write_grants(r, &pods_of(claim), &plan.spec)
+                .and_then(|()| self.write(profile, r, &plan));
+            if let Err(e) = written {
+                let _ = self.remove_grants(&r.uid);
+                return Err(e);
+            }
         }
         Ok(plan.devices)
     }
@@ -383,6 +403,7 @@ impl Claims {
             name: cdi_name,
             device: d,
             env,
+            ..
         } in chosen
         {
             // By the name that stays the device's: the table may be a poll older than the
@@ -423,6 +444,81 @@ impl Claims {
         Ok(spec)
     }
 
+    /// Writes, for each pod the claim is reserved for, what its shares and parts on devices
+    /// the kernel can hold to their memory were granted (`<grants dir>/<pod>/<claim>.json`,
+    /// root's alone): what the shim and the NRI plugin read for `dmem.max`. Nothing where no
+    /// device has a region: a create then finds no directory and reads nothing more.
+    fn write_grants(
+        &self,
+        r: &ClaimRef,
+        pods: &[String],
+        chosen: &[SpecDevice],
+    ) -> Result<(), String> {
+        let Some((dir, cgroup_root)) = &self.dmem else {
+            return Ok(());
+        };
+        self.remove_grants(&r.uid)?;
+        if chosen.iter().all(|d| d.memory.is_none()) {
+            return Ok(());
+        }
+        let capacity = crate::dmem::read_capacity(cgroup_root);
+        let grants: Vec<crate::dmem::Grant> = chosen
+            .iter()
+            .filter_map(|d| {
+                let bus = d.device.dev.pci_bus_id.clone()?;
+                let memory = d.memory?;
+                (crate::dmem::enforceable(&capacity, &bus) && !d.rdevs.is_empty()).then(|| {
+                    crate::dmem::Grant {
+                        device: d.name.clone(),
+                        bus,
+                        rdevs: d.rdevs.clone(),
+                        memory,
+                    }
+                })
+            })
+            .collect();
+        if grants.is_empty() {
+            return Ok(());
+        }
+        for pod in pods {
+            let record = crate::dmem::PodGrants {
+                pod: pod.clone(),
+                claim: r.uid.clone(),
+                grants: grants.clone(),
+            };
+            let path = dir.join(pod).join(format!("{}.json", r.uid));
+            let text = serde_json::to_vec(&record).map_err(|e| format!("{r}: {e}"))?;
+            crate::atomic::make_dirs(&dir.join(pod))
+                .and_then(|()| crate::atomic::replace(&path, &text, 0o644))
+                .map_err(|e| {
+                    format!(
+                        "{r}: cannot write the memory grant {} its container's dmem.max is read from: {e}",
+                        path.display()
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Removes claim `uid`'s grants of every pod, and each pod's directory left empty.
+    fn remove_grants(&self, uid: &str) -> Result<(), String> {
+        let Some((dir, _)) = &self.dmem else {
+            return Ok(());
+        };
+        for pod in crate::dmem::pods_with_grants(dir) {
+            let pod_dir = dir.join(&pod);
+            let path = pod_dir.join(format!("{uid}.json"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+            }
+            // Fails while another claim's grant is there, as it should.
+            let _ = std::fs::remove_dir(&pod_dir);
+        }
+        Ok(())
+    }
+
     /// Unprepares claim `uid`: its spec and record removed. Unknown claims are success.
     pub fn unprepare(&self, uid: &str) -> Result<(), String> {
         if !names::valid_uid(uid) {
@@ -434,6 +530,7 @@ impl Claims {
                 self.state_dir.display()
             )
         })?;
+        self.remove_grants(uid)?;
         for path in [self.spec_path(uid), self.record_path(uid)] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
@@ -493,6 +590,25 @@ fn allocation<'c>(
         allocation.results.as_deref().unwrap_or_default(),
         allocation.config.as_deref().unwrap_or_default(),
     ))
+}
+
+/// The UIDs of the pods `claim` is reserved for (`status.reservedFor`, core `pods` only):
+/// the pods whose containers get its shares' `dmem.max`. Set by the scheduler before kubelet
+/// prepares the claim; a pod reserved later (a claim shared by pods started apart) is not in
+/// it: docs/sharing.md says so.
+fn pods_of(claim: &ResourceClaim) -> Vec<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .map(|r| {
+            r.iter()
+                .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+                .map(|c| c.uid.clone())
+                .filter(|u| crate::dmem::valid_uid(u))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `major:minor` of a device number.

@@ -271,6 +271,11 @@ pub struct SpecDevice<'t> {
     pub device: &'t DraDevice,
     /// The variables its containers get beside them (a share's or a part's limits).
     pub env: Vec<String>,
+    /// A share's or a part's memory (bytes), after the claim's narrower limit: its
+    /// `dmem.max` where the kernel enforces it (src/dmem.rs). `None` for a whole device.
+    pub memory: Option<u64>,
+    /// `major:minor` of the device's nodes, as prepared: how a container is known to hold it.
+    pub rdevs: Vec<String>,
 }
 
 /// What to do for a claim that may be prepared.
@@ -502,6 +507,7 @@ pub fn decide<'t>(
             })?,
             None => granted,
         };
+        let memory = granted.as_ref().and_then(|g| g.memory);
         let env = granted
             .zip(offer.sharing)
             .map(|(g, s)| offers::env(s, &g))
@@ -545,6 +551,7 @@ pub fn decide<'t>(
                     Some(share) => format!("{}-{share}", res.device),
                     None => res.device.clone(),
                 };
+                let rdevs = identity.rdevs.clone();
                 devices.push(Prepared {
                     request_names: vec![request],
                     pool: res.pool.clone(),
@@ -559,6 +566,8 @@ pub fn decide<'t>(
                     name: names::claim_device_name(&r.uid, &cdi_name),
                     device: dev,
                     env,
+                    memory,
+                    rdevs,
                 });
             }
         }

@@ -21,7 +21,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::kubelet::sharing::Sharing;
+use crate::kubelet::sharing::{Rung, Sharing};
 
 use super::table::DraDevice;
 
@@ -262,6 +262,27 @@ impl Offer<'_> {
             .collect()
     }
 
+    /// The rung that holds this offer's containers to what they are granted (its
+    /// `enforcement` attribute): `None` for the whole device, which no one else holds; for a
+    /// share or a part what the profile states, raised to `kernel` where the node's
+    /// `dmem.capacity` (`dmem_capacity`, its text) lists a memory region of the device's PCI
+    /// function.
+    pub fn enforcement(&self, dmem_capacity: &str) -> Option<Rung> {
+        let s = self.sharing?;
+        let partition = match self.kind {
+            Kind::Whole => return None,
+            Kind::Shared => false,
+            Kind::Partition { .. } => true,
+        };
+        let kernel_here = self
+            .parent
+            .dev
+            .pci_bus_id
+            .as_deref()
+            .is_some_and(|bus| crate::dmem::enforceable(dmem_capacity, bus));
+        Some(s.enforcement_of(partition, kernel_here))
+    }
+
     /// What a partition is granted: its part of the memory and compute, one slot.
     pub fn partition_grant(&self) -> Grant {
         let Kind::Partition { count, .. } = &self.kind else {
@@ -340,7 +361,7 @@ mod tests {
             .collect()
     }
 
-    const ENFLAME_LIKE: &str = "[sharing]\nlimits = \"advisory\"\nmemory = \"32Gi\"\nenv = { MEM = \"{memory-gib}\", PCT = \"{cores}\", SUB = \"true\" }\n[sharing.capacity]\nmemory = { default = \"8Gi\", min = \"1Gi\", step = \"1Gi\" }\ncores = { default = \"25\", min = \"5\", step = \"5\" }\nslots = 16\n[[sharing.partitions]]\nname = \"half\"\ncount = 2\n[[sharing.partitions]]\nname = \"quarter\"\ncount = 4\n";
+    const ENFLAME_LIKE: &str = "[sharing]\nenforcement = { capacity = \"advisory\", partitions = \"advisory\" }\nmemory = \"32Gi\"\nenv = { MEM = \"{memory-gib}\", PCT = \"{cores}\", SUB = \"true\" }\n[sharing.capacity]\nmemory = { default = \"8Gi\", min = \"1Gi\", step = \"1Gi\" }\ncores = { default = \"25\", min = \"5\", step = \"5\" }\nslots = 16\n[[sharing.partitions]]\nname = \"half\"\ncount = 2\n[[sharing.partitions]]\nname = \"quarter\"\ncount = 4\n";
 
     #[test]
     fn a_device_is_offered_whole_shared_and_in_halves_and_quarters() {
@@ -403,6 +424,31 @@ mod tests {
             ..Grant::default()
         };
         assert_eq!(env(s, &g), ["MEM=6", "SUB=true"]);
+    }
+
+    /// A share or part reaches `kernel` only on a device whose PCI function has a `vram`
+    /// region in `dmem.capacity`; the whole device carries no rung.
+    #[test]
+    fn shares_and_parts_are_kernel_enforced_only_where_their_device_has_a_region() {
+        let p = profile(ENFLAME_LIKE);
+        let mut t = table(2, None);
+        t[0].dev.pci_bus_id = Some("0000:13:00.0".into());
+        t[1].dev.pci_bus_id = Some("0000:14:00.0".into());
+        let o = offers(p.as_ref(), &t);
+        let capacity = "drm/0000:13:00.0/vram0 34359738368\ndrm/0000:14:00.0/system 1\n";
+        let rung = |name: &str| {
+            o.iter()
+                .find(|x| x.name == name)
+                .unwrap()
+                .enforcement(capacity)
+                .map(Rung::as_str)
+        };
+        assert_eq!(rung("x-0"), None);
+        assert_eq!(rung("x-0-shared"), Some("kernel"));
+        assert_eq!(rung("x-0-quarter-3"), Some("kernel"));
+        assert_eq!(rung("x-1-shared"), Some("advisory"));
+        assert_eq!(rung("x-1-half-0"), Some("advisory"));
+        assert_eq!(o[1].enforcement("").map(Rung::as_str), Some("advisory"));
     }
 
     #[test]

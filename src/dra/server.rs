@@ -94,6 +94,12 @@ pub struct Options {
     pub state_dir: PathBuf,
     pub library_dir: PathBuf,
     pub host_root: HostRoot,
+    /// The host's cgroup v2 root as this process reaches it (under `host_root`): its
+    /// `dmem.capacity` says which devices' shares reach `kernel` (src/dmem.rs).
+    pub cgroup_root: PathBuf,
+    /// Where each share's memory is kept by pod for the shim and the NRI plugin
+    /// (config.toml's `dmem-grants-dir`).
+    pub dmem_grants_dir: PathBuf,
     /// Devices and health are looked at this often.
     pub poll: Duration,
     /// How often the health engine reads each device's sysfs signals, and its hold-down.
@@ -143,6 +149,8 @@ impl Options {
             state_dir: "/var/lib/accel-dra-driver".into(),
             library_dir: crate::spec::MULTIARCH_LIBRARY_DIR.into(),
             host_root: HostRoot::default(),
+            cgroup_root: crate::dmem::DEFAULT_CGROUP_ROOT.into(),
+            dmem_grants_dir: crate::dmem::DEFAULT_GRANTS_DIR.into(),
             poll: Duration::from_secs(2),
             health: crate::health::Settings::default(),
             taint_effects: super::taints::Effects::default(),
@@ -220,7 +228,8 @@ impl Driver {
         .map_err(|source| DraError::State {
             path: state,
             source,
-        })?;
+        })?
+        .with_dmem(opts.dmem_grants_dir.clone(), opts.cgroup_root.clone());
         let (sharing, mut warnings) = Sharing::of(&profile)?;
         warnings.extend(crate::health::wing::HealthWing::of(&profile)?.1);
         for w in warnings {
@@ -720,7 +729,12 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
             })
             .collect(),
     );
-    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &taints);
+    // Read each poll: a driver loaded after the daemon started registers its regions then.
+    let dmem = match run.driver.sharing {
+        Some(_) => crate::dmem::read_capacity(&opts.cgroup_root),
+        None => String::new(),
+    };
+    run.contents = slices::contents(&pool, run.driver.sharing.as_ref(), &table, &taints, &dmem);
     run.driver.report_health(&opts.node, &table, &health);
     *run.driver.table.write().unwrap_or_else(|e| e.into_inner()) = table;
     run.publish(&opts.node).await;

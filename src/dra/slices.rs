@@ -174,9 +174,11 @@ pub fn device(pool: &Pool, d: &DraDevice, taint: Option<&DeviceTaint>) -> Device
 /// The slice entry of one offer of a profile with `[sharing]`: the physical device's
 /// attributes and taint, and what it is of it (`sharing`: `whole`, `capacity` or
 /// `partition`; for a part its `partition`, its first slice as `placement` and its `parent`;
-/// for a share or part whether its limits are `enforced` or `advisory`), the counters it
-/// consumes, and for the shareable one `allowMultipleAllocations` and its capacities.
-pub fn offered(pool: &Pool, o: &Offer, taint: Option<&DeviceTaint>) -> Device {
+/// for a share or part its `enforcement`, and as before it `limits`, `enforced` or
+/// `advisory`), the counters it consumes, and for the shareable one
+/// `allowMultipleAllocations` and its capacities. `dmem_capacity`: the node's
+/// `dmem.capacity` text, where a share or part reaches `kernel` ([`Offer::enforcement`]).
+pub fn offered(pool: &Pool, o: &Offer, taint: Option<&DeviceTaint>, dmem_capacity: &str) -> Device {
     let mut d = device(pool, o.parent, taint);
     let consumes = o.consumes();
     let (Some(sharing), Some(_)) = (o.sharing, &consumes) else {
@@ -190,10 +192,10 @@ pub fn offered(pool: &Pool, o: &Offer, taint: Option<&DeviceTaint>) -> Device {
             "parent".into(),
             string(&o.parent.name).expect("a DNS label"),
         );
-        a.insert(
-            "limits".into(),
-            string(sharing.limits.as_str()).expect("short"),
-        );
+        if let Some(rung) = o.enforcement(dmem_capacity) {
+            a.insert("enforcement".into(), string(rung.as_str()).expect("short"));
+            a.insert("limits".into(), string(rung.limits()).expect("short"));
+        }
     }
     if let Kind::Partition { name, count, .. } = &o.kind {
         a.insert("partition".into(), string(name).expect("16 characters"));
@@ -225,12 +227,14 @@ pub struct Contents {
 }
 
 /// The pool's contents for `table` (`taints` per device: `None` for a healthy one): every
-/// offer of every device under the profile's `sharing`, each with its device's taint.
+/// offer of every device under the profile's `sharing`, each with its device's taint and,
+/// for shares and parts, the enforcement this node's `dmem_capacity` allows.
 pub fn contents(
     pool: &Pool,
     sharing: Option<&Sharing>,
     table: &[DraDevice],
     taints: &[Option<DeviceTaint>],
+    dmem_capacity: &str,
 ) -> Contents {
     let taint = |o: &Offer| {
         table
@@ -246,7 +250,7 @@ pub fn contents(
             .collect(),
         devices: offers::offers(sharing, table)
             .iter()
-            .map(|o| offered(pool, o, taint(o)))
+            .map(|o| offered(pool, o, taint(o), dmem_capacity))
             .collect(),
     }
 }

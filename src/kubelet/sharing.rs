@@ -18,10 +18,16 @@ use crate::profile::{placeholders, Profile, ProfileError};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Sharing {
-    /// Whether the vendor's stack holds a container to the limits `env` gives it
-    /// (`enforced`) or only reads them (`advisory`); published as each shared device's
-    /// `limits` attribute.
-    pub limits: Limits,
+    /// What holds a share's and a part's container to what it was granted, per mode:
+    /// published as each shared or partitioned device's `enforcement` attribute (raised to
+    /// `kernel` where the node's kernel enforces its memory, [`Sharing::enforcement_of`]).
+    /// Both `advisory` where absent.
+    #[serde(default)]
+    pub enforcement: Option<Enforcement>,
+    /// The key `enforcement` replaced (`enforced`: a vendor daemon's limits, `runtime`;
+    /// `advisory`): still read, with a warning.
+    #[serde(default)]
+    pub limits: Option<Limits>,
     /// Each device's memory where discovery reads none (`32Gi`): the operator's statement of
     /// the node's model. Without either, a device is offered whole only.
     #[serde(default)]
@@ -39,6 +45,7 @@ pub struct Sharing {
     pub env: BTreeMap<String, String>,
 }
 
+/// The old statement: `enforced` (by a vendor daemon) or `advisory`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Limits {
@@ -47,12 +54,64 @@ pub enum Limits {
 }
 
 impl Limits {
-    pub fn as_str(self) -> &'static str {
+    /// Its rung: what `enforced` meant was a vendor daemon's limits.
+    pub fn rung(self) -> Rung {
         match self {
-            Limits::Enforced => "enforced",
-            Limits::Advisory => "advisory",
+            Limits::Enforced => Rung::Runtime,
+            Limits::Advisory => Rung::Advisory,
         }
     }
+}
+
+/// A rung of the enforcement ladder, strongest first (docs/sharing.md): what holds a
+/// container to the share or part it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rung {
+    /// A real partition of the device (its own memory and compute, made by the device).
+    Hardware,
+    /// The kernel's limit: the dmem cgroup controller's `dmem.max` on the device's memory.
+    Kernel,
+    /// A vendor daemon's limits (MPS's control daemon), which a container cannot skip.
+    Runtime,
+    /// Variables only: a container that ignores them uses the whole device.
+    Advisory,
+}
+
+impl Rung {
+    /// The `enforcement` attribute's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rung::Hardware => "hardware",
+            Rung::Kernel => "kernel",
+            Rung::Runtime => "runtime",
+            Rung::Advisory => "advisory",
+        }
+    }
+
+    /// The old `limits` attribute's value, still published beside `enforcement` for the
+    /// selectors written against it: `advisory` for variables only, else `enforced`.
+    pub fn limits(self) -> &'static str {
+        match self {
+            Rung::Advisory => "advisory",
+            _ => "enforced",
+        }
+    }
+}
+
+/// What a profile's vendor stack reaches by itself, per mode: `capacity` for shares,
+/// `partitions` for parts. `kernel` is not the profile's to say: each node verifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Enforcement {
+    #[serde(default = "advisory")]
+    pub capacity: Rung,
+    #[serde(default = "advisory")]
+    pub partitions: Rung,
+}
+
+fn advisory() -> Rung {
+    Rung::Advisory
 }
 
 /// The capacities of a shareable device: memory (its whole memory), cores (100, percent of
@@ -126,14 +185,48 @@ impl Sharing {
             .chain(crate::keys::fields::<ShareCapacity>())
             .chain(crate::keys::fields::<Policy>())
             .chain(crate::keys::fields::<Partition>())
+            .chain(crate::keys::fields::<Enforcement>())
             .copied()
             .collect::<Vec<_>>();
-        let Some((s, warnings)) = profile.wings.read::<Sharing>("sharing", &known)? else {
+        let Some((s, mut warnings)) = profile.wings.read::<Sharing>("sharing", &known)? else {
             return Ok((None, Vec::new()));
         };
+        if let Some(l) = s.limits {
+            warnings.push(format!(
+                "profile {}: sharing.limits is read as sharing.enforcement = {{ capacity = \"{r}\", partitions = \"{r}\" }}{}; write that instead",
+                profile.name,
+                if s.enforcement.is_some() { " unless enforcement is given, as here" } else { "" },
+                r = l.rung().as_str(),
+            ));
+        }
         s.validate(&profile.visible_devices_env)
             .map_err(|msg| profile.wings.invalid(msg))?;
         Ok((Some(s), warnings))
+    }
+
+    /// What the profile states its vendor stack reaches for a share (`partition`: false) or
+    /// a part (true): `enforcement`, else the old `limits`, else advisory.
+    pub fn stated(&self, partition: bool) -> Rung {
+        match (self.enforcement, self.limits) {
+            (Some(e), _) if partition => e.partitions,
+            (Some(e), _) => e.capacity,
+            (None, Some(l)) => l.rung(),
+            (None, None) => Rung::Advisory,
+        }
+    }
+
+    /// The rung a share or part of a device reaches on this node: what the profile states,
+    /// raised to `kernel` where the device's driver registered its memory with the dmem
+    /// controller (`kernel_here`: [`crate::dmem::enforceable`] of the node's
+    /// `dmem.capacity`), since the shim and the NRI plugin then write its `dmem.max`.
+    /// Published as verified, not as claimed: a claim that selects `kernel` must get it.
+    pub fn enforcement_of(&self, partition: bool, kernel_here: bool) -> Rung {
+        let stated = self.stated(partition);
+        if kernel_here {
+            stated.min(Rung::Kernel)
+        } else {
+            stated
+        }
     }
 
     /// The number of slices a device is cut into: the least common multiple of the
@@ -152,6 +245,18 @@ impl Sharing {
     }
 
     fn validate(&self, visible: &[String]) -> Result<(), String> {
+        if let Some(e) = self.enforcement {
+            for (mode, r) in [("capacity", e.capacity), ("partitions", e.partitions)] {
+                if r == Rung::Kernel {
+                    return Err(format!(
+                        "sharing.enforcement.{mode}: \"kernel\" is not a profile's to state: each node publishes it where its kernel enforces the device's memory (dmem.capacity)"
+                    ));
+                }
+            }
+            if e.capacity == Rung::Hardware {
+                return Err("sharing.enforcement.capacity: a share by capacity is never a hardware partition (hardware, runtime, advisory are for partitions; runtime or advisory for shares)".into());
+            }
+        }
         if let Some(m) = &self.memory {
             crate::quantity::parse(m).map_err(|e| format!("sharing.memory: {e}"))?;
         }
@@ -241,9 +346,72 @@ mod tests {
         assert_eq!(sharing, ["enflame", "nvidia"]);
     }
 
+    fn sharing(table: &str) -> Result<(Option<Sharing>, Vec<String>), ProfileError> {
+        let text = format!("name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{{index}}\"]\n[sharing]\n{table}");
+        Sharing::of(&Profile::from_text(&text, "t").unwrap().0)
+    }
+
+    /// Each mode's statement, raised to `kernel` only where the node verified it, never
+    /// lowered from `hardware`; nothing stated is advisory.
+    #[test]
+    fn enforcement_is_stated_per_mode_and_raised_to_kernel_where_verified() {
+        let (s, w) =
+            sharing("enforcement = { capacity = \"runtime\", partitions = \"hardware\" }\n")
+                .unwrap();
+        let s = s.unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(s.enforcement_of(false, false), Rung::Runtime);
+        assert_eq!(s.enforcement_of(false, true), Rung::Kernel);
+        assert_eq!(s.enforcement_of(true, true), Rung::Hardware);
+        assert_eq!(s.enforcement_of(true, false).as_str(), "hardware");
+        let (s, _) = sharing("").unwrap();
+        let s = s.unwrap();
+        assert_eq!(s.enforcement_of(false, false), Rung::Advisory);
+        assert_eq!(s.enforcement_of(true, true), Rung::Kernel);
+        assert_eq!(Rung::Advisory.limits(), "advisory");
+        assert_eq!(Rung::Kernel.limits(), "enforced");
+    }
+
+    /// The old key is read as before, and said.
+    #[test]
+    fn the_old_limits_key_is_read_and_warned_of() {
+        let (s, w) = sharing("limits = \"enforced\"\n").unwrap();
+        assert_eq!(s.unwrap().stated(true), Rung::Runtime);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("sharing.limits is read as sharing.enforcement"),
+            "{w:?}"
+        );
+        let (s, _) =
+            sharing("limits = \"enforced\"\nenforcement = { capacity = \"advisory\" }\n").unwrap();
+        assert_eq!(s.unwrap().stated(false), Rung::Advisory);
+    }
+
+    #[test]
+    fn kernel_and_a_hardware_share_are_refused_as_statements() {
+        for (t, says) in [
+            (
+                "enforcement = { capacity = \"kernel\" }\n",
+                "not a profile's to state",
+            ),
+            (
+                "enforcement = { partitions = \"kernel\" }\n",
+                "sharing.enforcement.partitions",
+            ),
+            (
+                "enforcement = { capacity = \"hardware\" }\n",
+                "never a hardware partition",
+            ),
+            ("enforcement = { capacity = \"strict\" }\n", "strict"),
+        ] {
+            let e = sharing(t).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(says), "{t}: {e}");
+        }
+    }
+
     #[test]
     fn an_unknown_sharing_key_is_warned_of_with_the_nearest() {
-        let text = "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{index}\"]\n[sharing]\nlimits = \"advisory\"\nmemroy = \"8Gi\"\n";
+        let text = "name = \"x\"\nvisible-devices-env = [\"X\"]\n[discovery]\nmethod = \"device-nodes\"\nnode-templates = [\"/dev/x{index}\"]\n[sharing]\nmemroy = \"8Gi\"\n";
         let (p, unknown) = Profile::from_text(text, "t").unwrap();
         assert!(unknown.is_empty(), "{unknown:?}");
         let (s, warnings) = Sharing::of(&p).unwrap();

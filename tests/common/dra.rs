@@ -36,6 +36,9 @@ pub fn options(dir: &Path, poll: Duration) -> Options {
     o.plugins_dir = dir.join("plugins");
     o.cdi_dir = dir.join("cdi");
     o.state_dir = dir.join("state");
+    // Never the host's: a test puts a simulated dmem.capacity under `cgroup`.
+    o.cgroup_root = dir.join("cgroup");
+    o.dmem_grants_dir = dir.join("dmem");
     o.poll = poll;
     o
 }
