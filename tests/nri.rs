@@ -208,3 +208,113 @@ fn plugin_registers_again_after_the_runtime_restarts() {
         "SIGTERM while disconnected: exit 0"
     );
 }
+
+/// A share's container (the DRA driver recorded a grant for its pod; CDI put the device's
+/// node in it) gets the grant as `dmem.max` in the adjustment's unified resources, on a
+/// node whose cgroup root lists the device's memory region; the same container in another
+/// pod, or without the node, gets none.
+#[test]
+fn a_shares_container_gets_its_dmem_max_through_nri() {
+    const POD: &str = "5b1f0c2e-8d4a-4f7e-9a3b-2c1d0e9f8a7b";
+    const OTHER: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+    const BUS: &str = "0000:0a:00.0";
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = dir.path().join("cgroup");
+    let grants = dir.path().join("pods");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::create_dir_all(grants.join(POD)).unwrap();
+    std::fs::write(
+        cgroup.join("dmem.capacity"),
+        format!("drm/{BUS}/system 1048576\ndrm/{BUS}/vram0 34359738368\n"),
+    )
+    .unwrap();
+    let minor = sim.gpus()[1].minor;
+    std::fs::write(
+        grants.join(POD).join("claim-1.json"),
+        serde_json::json!({
+            "pod": POD,
+            "claim": "claim-1",
+            "grants": [{
+                "device": "gpu-1-shared",
+                "bus": BUS,
+                "rdevs": [format!("195:{minor}")],
+                "memory": 8u64 << 30,
+            }],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let config = runc.config_path();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "cgroup-root = {:?}\ndmem-grants-dir = {:?}\n{text}",
+            cgroup.display().to_string(),
+            grants.display().to_string()
+        ),
+    )
+    .unwrap();
+    let socket = dir.path().join("nri.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let plugin = Plugin::start(&socket, &config, dir.path());
+    let mut rt = Conn::accept(&listener);
+    rt.handshake();
+    plugin.wait_log("nri: registered as 10-accel", 1);
+
+    let with_node = |name: &str| {
+        let mut c = container(name, &["PATH=/bin"]);
+        c.linux = Some(LinuxContainer {
+            devices: vec![LinuxDevice {
+                path: format!("/dev/nvidia{minor}"),
+                r#type: "c".into(),
+                major: 195,
+                minor: i64::from(minor),
+                ..LinuxDevice::default()
+            }],
+        });
+        c
+    };
+    let unified = |a: &ContainerAdjustment| {
+        a.linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(|r| r.unified.clone())
+            .unwrap_or_default()
+    };
+    let want = format!("drm/{BUS}/vram0 {}", 8u64 << 30);
+
+    // By CDI's node alone: the limit is the whole adjustment.
+    let adj = rt.create_in(with_node("share"), POD).unwrap();
+    assert_eq!(
+        unified(&adj).get("dmem.max").map(String::as_str),
+        Some(want.as_str())
+    );
+    assert_eq!(unified(&adj).len(), 1);
+    assert!(device_paths(&adj).is_empty(), "no second copy of the node");
+    plugin.wait_log(&format!("nri: ns/pod/share: dmem.max={want}"), 1);
+
+    // Asked by variable, the node added by this adjustment: the limit beside the nodes.
+    let adj = rt
+        .create_in(container("asks", &["NVIDIA_VISIBLE_DEVICES=1"]), POD)
+        .unwrap();
+    assert!(device_paths(&adj).contains(&format!("/dev/nvidia{minor}")));
+    assert_eq!(
+        unified(&adj).get("dmem.max").map(String::as_str),
+        Some(want.as_str())
+    );
+
+    // Another pod with the same node, or the pod's container without it: no limit.
+    assert_eq!(
+        rt.create_in(with_node("other"), OTHER).unwrap(),
+        ContainerAdjustment::default()
+    );
+    assert_eq!(
+        rt.create_in(container("plain", &["PATH=/bin"]), POD)
+            .unwrap(),
+        ContainerAdjustment::default()
+    );
+    assert_eq!(plugin.terminate().code(), Some(0));
+}

@@ -21,7 +21,9 @@ use tokio::sync::watch;
 
 use super::adjust;
 use super::mux::{self, Demux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::proto::api::{self, CreateContainerRequest, CreateContainerResponse};
+use super::proto::api::{
+    self, ContainerAdjustment, CreateContainerRequest, CreateContainerResponse,
+};
 use super::proto::ttrpc::{self as envelope, Request, Response, Status};
 use super::ttrpc::{self, Reader, REQUEST, RESPONSE};
 
@@ -404,10 +406,21 @@ fn create(
     }
     let decision = crate::create::decide(&cfg, &view, None).map_err(|e| e.to_string())?;
     let Some(out) = decision.outcome(&cfg, false).map_err(|e| e.to_string())? else {
+        // A share's container asks by no variable: DRA's CDI devices brought its node, and
+        // its kernel limit is all there is to add.
+        let mut adjust = ContainerAdjustment::default();
+        if let Some(shown) = dmem_max(req, &cfg, &mut adjust) {
+            log::info!("nri: {}: {shown}", who(req));
+            return Ok(CreateContainerResponse {
+                adjust: Some(adjust),
+                update: Vec::new(),
+            });
+        }
         log::debug!("nri: {}: no device requested", who(req));
         return Ok(CreateContainerResponse::default());
     };
-    let (adjust, added) = adjust::adjustment(&out, &container)?;
+    let (mut adjust, added) = adjust::adjustment(&out, &container)?;
+    let limit = dmem_max(req, &cfg, &mut adjust);
     // As the shim's create: the host's /dev/char links systemd's DeviceAllow= needs.
     crate::devchar::ensure_logged(
         &cfg.host_dev_dir,
@@ -417,7 +430,7 @@ fn create(
             .chain(out.cdi.nodes.iter().map(|n| &n.node)),
     );
     log::info!(
-        "nri: {}: {} nodes, {} mounts for {}",
+        "nri: {}: {} nodes, {} mounts for {}{}",
         who(req),
         added.nodes,
         added.mounts,
@@ -429,7 +442,8 @@ fn create(
                 .map(|r| shown(r))
                 .collect::<Vec<_>>()
                 .join(" ")
-        }
+        },
+        limit.map(|l| format!("; {l}")).unwrap_or_default()
     );
     if !added.dropped_gids.is_empty() {
         log::debug!(
@@ -442,4 +456,46 @@ fn create(
         adjust: Some(adjust),
         update: Vec::new(),
     })
+}
+
+/// A share's kernel limit (src/dmem.rs) into `adjust`'s `unified` resources: the grants the
+/// DRA driver recorded for the pod (its UID as the runtime gave it, not an annotation the
+/// pod wrote) whose device the container holds, already or by this adjustment. Returns the
+/// entries as the log shows them.
+fn dmem_max(
+    req: &CreateContainerRequest,
+    cfg: &crate::config::Config,
+    adjust: &mut ContainerAdjustment,
+) -> Option<String> {
+    let uid = req.pod.as_ref().map(|p| p.uid.as_str())?;
+    let present = req
+        .container
+        .as_ref()
+        .and_then(|c| c.linux.as_ref())
+        .map_or(&[][..], |l| &l.devices[..]);
+    let added = adjust.linux.as_ref().map_or(&[][..], |l| &l.devices[..]);
+    let rdevs: Vec<String> = present
+        .iter()
+        .chain(added)
+        .filter(|d| d.r#type == "c")
+        .map(|d| format!("{}:{}", d.major, d.minor))
+        .collect();
+    if rdevs.is_empty() {
+        return None;
+    }
+    let (entries, said) =
+        crate::dmem::unified_on_node(&cfg.dmem_grants_dir, &cfg.cgroup_root, uid, &rdevs);
+    for s in said {
+        log::warn!("nri: {s}");
+    }
+    let entries = entries?;
+    let shown = entries
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.replace('\n', ", ")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let linux = adjust.linux.get_or_insert_with(Default::default);
+    let resources = linux.resources.get_or_insert_with(Default::default);
+    resources.unified.extend(entries);
+    Some(shown)
 }

@@ -261,13 +261,22 @@ impl Conn {
     }
 
     pub fn create(&mut self, container: Container) -> Result<ContainerAdjustment, String> {
+        self.create_in(container, "u1")
+    }
+
+    /// [`Conn::create`] in the pod of UID `uid`, as the runtime gives it.
+    pub fn create_in(
+        &mut self,
+        container: Container,
+        uid: &str,
+    ) -> Result<ContainerAdjustment, String> {
         let r = self.call(
             "CreateContainer",
             CreateContainerRequest {
                 pod: Some(PodSandbox {
                     name: "pod".into(),
                     namespace: "ns".into(),
-                    uid: "u1".into(),
+                    uid: uid.into(),
                     ..PodSandbox::default()
                 }),
                 container: Some(container),
