@@ -258,8 +258,8 @@ fn list_json_has_nodes_numa_and_shared_switch() {
 }
 
 /// Issue 41: each device's health from the health engine at this one look: a GPU whose PCI
-/// function's config space reads all ones (fallen off the bus) is unhealthy with why, in the
-/// JSON and the table; the others healthy.
+/// function's config space reads all ones (fallen off the bus) is unhealthy with why (the
+/// line, its severity and short name), in the JSON and the table; the others healthy.
 #[test]
 fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
     let n = Node::standard([UUID1, UUID2]);
@@ -284,6 +284,9 @@ fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
     assert_eq!(devs[1]["name"], "gpu-1");
     assert_eq!(devs[1]["healthy"], false, "{v:#}");
     assert_eq!(devs[1]["health_reason"], why);
+    assert_eq!(devs[1]["health_severity"], "gone", "{v:#}");
+    assert_eq!(devs[1]["health_label"], "fallen-off-the-bus", "{v:#}");
+    assert!(devs[0]["health_label"].is_null(), "{v:#}");
     assert!(
         devs[0]["healthy"] == true && devs[2]["healthy"] == true,
         "{v:#}"

@@ -5,9 +5,11 @@
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
 //! pci_root, switch, driver_version, resource, replicas, model, duplicate_uuid, name,
-//! stable_id, healthy, health_reason}], "errors":[{vendor, error}]}`; absent values are
-//! `null`, fields are only ever added. `healthy` and `health_reason` are the health engine's
-//! verdict ([`crate::health`]) at this one look: its nodes and whether its PCI function reads
+//! stable_id, healthy, health_reason, health_severity, health_label}], "errors":[{vendor,
+//! error}]}`; absent values are `null`, fields are only ever added. `healthy`,
+//! `health_reason` (the whole line), `health_severity` (`gone`, `error`, `reported`) and
+//! `health_label` (the short name a DRA taint's value and the exporter's `reason` label
+//! carry) are the health engine's verdict ([`crate::health`]) at this one look: its nodes and whether its PCI function reads
 //! all ones; counts need a baseline from an earlier look, which a one-shot command has not. `name` is the device's stable name (`gpu-0` by NVIDIA's minor, `gcu-3`,
 //! `gpu-0000-c3-00-0` by PCI function: the DRA driver's device name), `stable_id` what the
 //! device plugin's answers and CDI specs name it by (its UUID, node number or PCI bus id);
@@ -65,6 +67,9 @@ pub struct Row {
     /// The health engine's verdict now, and why not.
     pub healthy: bool,
     pub health_reason: Option<String>,
+    /// The reason's severity and short name ([`crate::health::Reason`]).
+    pub health_severity: Option<&'static str>,
+    pub health_label: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -155,7 +160,9 @@ pub fn collect(config: &Config) -> Listing {
                 resource,
                 replicas: if shared { profile.replicas } else { 1 },
                 healthy: health.is_healthy(),
-                health_reason: health.reason().map(str::to_string),
+                health_reason: health.reason_text().map(str::to_string),
+                health_severity: health.reason().map(|r| r.severity().as_str()),
+                health_label: health.reason().map(|r| r.label()),
             });
         }
     }
@@ -322,6 +329,8 @@ mod tests {
             stable_id: index.to_string(),
             healthy: true,
             health_reason: None,
+            health_severity: None,
+            health_label: None,
         }
     }
 

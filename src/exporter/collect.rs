@@ -378,8 +378,10 @@ impl Collector for Exposition {
             .iter()
             .map(|(_, d, _, full)| {
                 let mut l = full.clone();
+                // The short name, as the DRA taint's value: a label whose values are few (the
+                // whole line, with its counts, would make a series per count).
                 if let Some(why) = &d.problem {
-                    l.push(("reason", why.chars().take(200).collect()));
+                    l.push(("reason", why.label()));
                 }
                 (l, if d.healthy { 1.0 } else { 0.0 })
             })

@@ -119,7 +119,7 @@ impl Poller {
             .zip(health)
             .map(|((plugin_id, d), health)| {
                 let healthy = health.is_healthy();
-                let problem = health.reason().map(str::to_string);
+                let problem = health.reason().cloned();
                 let dra_name = dra_device_name(p, &d);
                 Device {
                     dra_offers: crate::kubelet::names::offer_names(

@@ -32,7 +32,7 @@ pub struct Device {
     pub dra_offers: Vec<String>,
     /// By the daemons' health engine ([`crate::health`]), with why not.
     pub healthy: bool,
-    pub problem: Option<String>,
+    pub problem: Option<crate::health::Reason>,
     pub readings: Vec<Reading>,
 }
 

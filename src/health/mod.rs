@@ -12,6 +12,7 @@
 pub mod decide;
 #[cfg(feature = "plugin")]
 pub mod nvml;
+pub mod reason;
 pub mod signals;
 pub mod tools;
 pub mod wing;
@@ -27,6 +28,7 @@ use crate::topology::Node;
 
 pub use decide::Health;
 use decide::{Counters, Pci, Reading, Tracked};
+pub use reason::{Kind, Problem, Reason, Severity};
 
 /// How often sysfs is read and how long a device is held down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,17 +231,14 @@ impl Monitor {
                 #[cfg(feature = "plugin")]
                 let vendor = match (&nvml, k.bdf.as_deref()) {
                     (Some(w), Some(b)) => w.read(b, due),
-                    _ => None,
+                    _ => Vec::new(),
                 };
                 #[cfg(not(feature = "plugin"))]
-                let vendor = None;
+                let vendor = Vec::new();
                 // A tool's report is read as the nodes' signal is: not held down, clear as
                 // soon as the tool says so.
                 let told = k.bdf.as_deref().and_then(|b| reported.get(b));
-                let nodes = match (nodes, told) {
-                    (Some(n), Some(t)) => Some(format!("{n}; {t}")),
-                    (n, t) => n.or_else(|| t.cloned()),
-                };
+                let nodes: Vec<Problem> = nodes.into_iter().chain(told.cloned()).collect();
                 let reading = Reading {
                     nodes,
                     bdf: k.bdf.clone(),
@@ -336,14 +335,18 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         let h = m.check(&profile, &subjects(true));
         assert_eq!(healthy(&h), [false, true]);
-        assert!(h[0].reason().unwrap().contains("1 fatal PCIe (AER) error"));
+        assert!(h[0]
+            .reason_text()
+            .unwrap()
+            .contains("1 fatal PCIe (AER) error"));
+        assert_eq!(h[0].reason().unwrap().label(), "aer-fatal");
 
         // Gone, and no longer found by its bus id (a fresh discovery has none for it).
         std::fs::remove_dir_all(&one).unwrap();
         std::thread::sleep(Duration::from_millis(250));
         let h = m.check(&profile, &subjects(false));
         assert_eq!(
-            h[0].reason(),
+            h[0].reason_text(),
             Some("PCI function 0000:11:00.0 is gone from sysfs")
         );
         std::fs::create_dir_all(&one).unwrap();
@@ -394,7 +397,7 @@ mod tests {
             "new to the node"
         );
         assert_eq!(
-            kept.check(&profile, &one)[0].reason(),
+            kept.check(&profile, &one)[0].reason_text(),
             Some("PCI function 0000:11:00.0 is gone from sysfs")
         );
         std::fs::create_dir_all(&dir).unwrap();

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{FileType, Mode, OFlags};
 
+use super::reason::{Kind, Problem};
 use super::wing::NvmlHealth;
 use crate::libraries::{libraries, Resolver};
 use crate::profile::Profile;
@@ -193,10 +194,10 @@ struct Gpu {
     /// A call on it answered "GPU is lost" and no look-up has reached it since.
     lost: bool,
     /// The XID or double-bit ECC event that holds it, and when it came.
-    event: Option<(String, Instant)>,
+    event: Option<(Problem, Instant)>,
     ecc_base: Option<u64>,
     /// What the last poll found wrong (ECC, remapped rows).
-    polled: Vec<String>,
+    polled: Vec<Problem>,
     /// What of it was said once (a signal it cannot give).
     said: HashSet<&'static str>,
 }
@@ -327,10 +328,10 @@ impl Watch {
         Ok(Watch { shared, thread })
     }
 
-    /// GPU `bdf`'s NVML problems now, one line, `None` when clear. `poll`: read its ECC count
-    /// and remapped rows (the engine's interval has passed); else only what the events said
-    /// and what the last poll found lost.
-    pub fn read(&self, bdf: &str, poll: bool) -> Option<String> {
+    /// GPU `bdf`'s NVML problems now, empty when clear. `poll`: read its ECC count and
+    /// remapped rows (the engine's interval has passed); else only what the events said and
+    /// what the last poll found lost.
+    pub fn read(&self, bdf: &str, poll: bool) -> Vec<Problem> {
         self.shared.read(bdf, poll)
     }
 }
@@ -351,7 +352,7 @@ impl Shared {
         self.gpus.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn read(&self, bdf: &str, poll: bool) -> Option<String> {
+    fn read(&self, bdf: &str, poll: bool) -> Vec<Problem> {
         let api = &self.api;
         if poll && self.reinit.swap(false, Ordering::SeqCst) {
             // SAFETY: nvmlInit_v2 takes nothing; NVML counts its initialisations.
@@ -369,10 +370,10 @@ impl Shared {
         }
         let mut gpus = self.lock();
         let g = gpus.entry(bdf.to_string()).or_default();
-        let mut problems: Vec<String> = Vec::new();
+        let mut problems: Vec<Problem> = Vec::new();
         if poll && g.handle.is_none() {
             let Ok(c) = CString::new(bdf) else {
-                return None;
+                return problems;
             };
             let mut d: Device = std::ptr::null_mut();
             // SAFETY: a NUL-terminated bus id and a place for the handle.
@@ -409,22 +410,26 @@ impl Shared {
         if g.lost {
             problems.insert(
                 0,
-                format!("GPU {bdf} is lost to NVML (NVML_ERROR_GPU_IS_LOST)"),
+                Problem::new(
+                    Kind::GpuLost,
+                    format!("GPU {bdf} is lost to NVML (NVML_ERROR_GPU_IS_LOST)"),
+                ),
             );
         }
         if let Some((reason, at)) = &g.event {
             let after = self.cfg.xid_clear_seconds.map(Duration::from_secs);
             if after.is_some_and(|a| at.elapsed() >= a) {
                 log::info!(
-                    "{}: GPU {bdf}: {reason} cleared after xid-clear-seconds",
-                    self.profile
+                    "{}: GPU {bdf}: {} cleared after xid-clear-seconds",
+                    self.profile,
+                    reason.text
                 );
                 g.event = None;
             } else {
                 problems.insert(0, reason.clone());
             }
         }
-        (!problems.is_empty()).then(|| problems.join("; "))
+        problems
     }
 
     /// An NVML answer that is no signal, said once per GPU and call.
@@ -450,17 +455,20 @@ impl Shared {
         g.registered = false;
     }
 
-    fn poll(&self, g: &mut Gpu, bdf: &str, h: usize, problems: &mut Vec<String>) {
+    fn poll(&self, g: &mut Gpu, bdf: &str, h: usize, problems: &mut Vec<Problem>) {
         let api = &self.api;
         if let (true, Some(ecc)) = (self.cfg.ecc, api.ecc) {
             let mut n = 0u64;
             // SAFETY: a handle NVML gave and a place for the count.
             match unsafe { ecc(device(h), UNCORRECTED, VOLATILE, &mut n) } {
                 SUCCESS => match g.ecc_base {
-                    Some(b) if n > b => problems.push(format!(
-                        "{} uncorrected ECC error(s) on GPU {bdf} since it was first read \
-                         (volatile count {n})",
-                        n - b
+                    Some(b) if n > b => problems.push(Problem::new(
+                        Kind::Ecc,
+                        format!(
+                            "{} uncorrected ECC error(s) on GPU {bdf} since it was first read \
+                             (volatile count {n})",
+                            n - b
+                        ),
                     )),
                     _ => g.ecc_base = Some(n),
                 },
@@ -475,10 +483,14 @@ impl Shared {
             match unsafe { remapped(device(h), &mut corr, &mut unc, &mut pending, &mut failure) } {
                 SUCCESS => {
                     if failure != 0 {
-                        problems.push(format!("row remapping failed on GPU {bdf}"));
+                        problems.push(Problem::new(
+                            Kind::RowRemap,
+                            format!("row remapping failed on GPU {bdf}"),
+                        ));
                     } else if pending != 0 {
-                        problems.push(format!(
-                            "row remapping pending on GPU {bdf} (it needs a reset)"
+                        problems.push(Problem::new(
+                            Kind::RowRemap,
+                            format!("row remapping pending on GPU {bdf} (it needs a reset)"),
                         ));
                     }
                 }
@@ -620,13 +632,13 @@ impl Shared {
                 );
                 return;
             }
-            format!("XID {xid} on GPU {bdf}")
+            Problem::new(Kind::Xid(xid), format!("XID {xid} on GPU {bdf}"))
         } else if data.event_type & EVENT_DOUBLE_BIT_ECC != 0 {
-            format!("double-bit ECC error on GPU {bdf}")
+            Problem::new(Kind::Ecc, format!("double-bit ECC error on GPU {bdf}"))
         } else {
             return;
         };
-        log::warn!("{}: {reason}", self.profile);
+        log::warn!("{}: {}", self.profile, reason.text);
         g.event = Some((reason, Instant::now()));
     }
 }

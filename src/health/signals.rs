@@ -25,6 +25,7 @@ use crate::profile::Profile;
 use crate::topology::{normalize_bdf, Node};
 
 use super::decide::{Counters, Pci};
+use super::reason::{Kind, Problem};
 
 const PCI_DEVICES: &str = "sys/bus/pci/devices";
 
@@ -40,30 +41,34 @@ const MAX_RAS_BLOCKS: usize = 64;
 ///
 /// The node's host path is a lexical join under dev-root looked at with `lstat`, never
 /// opened: a link there is not a character device, so nothing outside the root is reached.
-pub fn nodes_problem(profile: &Profile, nodes: &[Node], host_nodes: &[PathBuf]) -> Option<String> {
+pub fn nodes_problem(profile: &Profile, nodes: &[Node], host_nodes: &[PathBuf]) -> Option<Problem> {
     if let Some(v) = profile.version_file.as_deref() {
         let path = Profile::under(&profile.driver_root, v);
         if !path.exists() {
-            return Some(format!(
-                "the driver is not loaded (its version file {} is gone)",
-                path.display()
+            return Some(Problem::new(
+                Kind::DriverNotLoaded,
+                format!(
+                    "the driver is not loaded (its version file {} is gone)",
+                    path.display()
+                ),
             ));
         }
     }
+    let node = |text: String| Some(Problem::new(Kind::DeviceNode, text));
     for (n, host) in nodes.iter().zip(host_nodes) {
         let m = match std::fs::symlink_metadata(host) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Some(format!("{}: does not exist", host.display()))
+                return node(format!("{}: does not exist", host.display()))
             }
-            Err(e) => return Some(format!("{}: cannot be read: {e}", host.display())),
+            Err(e) => return node(format!("{}: cannot be read: {e}", host.display())),
         };
         if !m.file_type().is_char_device() {
-            return Some(format!("{}: is not a character device", host.display()));
+            return node(format!("{}: is not a character device", host.display()));
         }
         let major = nix::sys::stat::major(m.rdev());
         if let Some(want) = n.major.filter(|w| *w != major) {
-            return Some(format!(
+            return node(format!(
                 "{}: has major {major}, the driver's is {want}",
                 host.display()
             ));
@@ -281,9 +286,13 @@ mod tests {
         let mut p = profile.clone();
         p.version_file = None;
         let why = nodes_problem(&p, &nodes, &hosts).unwrap();
-        assert_eq!(why, format!("{}: does not exist", host.display()));
+        assert_eq!(why.text, format!("{}: does not exist", host.display()));
+        assert_eq!(why.kind, Kind::DeviceNode);
         std::fs::write(&host, "").unwrap();
-        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap().text;
         assert!(why.ends_with("is not a character device"), "{why}");
+        p.version_file = Some("/proc/driver/nowhere/version".into());
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        assert_eq!(why.kind, Kind::DriverNotLoaded, "{why:?}");
     }
 }

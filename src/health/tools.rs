@@ -26,6 +26,7 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::reason::{Kind, Problem};
 use crate::profile::Profile;
 use crate::topology::normalize_bdf;
 
@@ -152,14 +153,17 @@ pub fn run_once(profile: &Profile, tool: Tool) -> Result<BTreeMap<String, String
 }
 
 /// Why each device the tool reports unhealthy is: `<tool> reports "<words>"`.
-pub fn reasons(tool: Tool, found: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub fn reasons(tool: Tool, found: &BTreeMap<String, String>) -> BTreeMap<String, Problem> {
     found
         .iter()
         .filter(|(_, w)| !healthy_word(w))
         .map(|(bus, w)| {
             (
                 bus.clone(),
-                format!("{} reports {:?}", tool.binary, shown(w)),
+                Problem::new(
+                    Kind::Tool(tool.binary.to_string()),
+                    format!("{} reports {:?}", tool.binary, shown(w)),
+                ),
             )
         })
         .collect()
@@ -171,7 +175,7 @@ struct State {
     running: Option<mpsc::Receiver<Result<BTreeMap<String, String>, String>>>,
     started: Option<Instant>,
     /// The last answer's unhealthy devices, by bus id, with why.
-    unhealthy: BTreeMap<String, String>,
+    unhealthy: BTreeMap<String, Problem>,
     /// The failure said last, until the tool answers again.
     said: Option<String>,
 }
@@ -186,7 +190,7 @@ impl Poller {
     /// The devices the tool said unhealthy at its last answer (bus id → reason), a new run
     /// started where `interval` has passed since the last one began and none is under way.
     /// Empty for a profile without a tool.
-    pub fn unhealthy(&self, profile: &Profile, interval: Duration) -> BTreeMap<String, String> {
+    pub fn unhealthy(&self, profile: &Profile, interval: Duration) -> BTreeMap<String, Problem> {
         let Some(tool) = of(profile) else {
             return BTreeMap::new();
         };
@@ -271,13 +275,10 @@ mod tests {
             args: &[],
             format: Format::NpuSmiInfo,
         };
-        assert_eq!(
-            reasons(tool, &found),
-            BTreeMap::from([(
-                "0000:c2:00.0".to_string(),
-                "npu-smi reports \"Alarm\"".to_string()
-            )])
-        );
+        let r = reasons(tool, &found);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["0000:c2:00.0"]);
+        assert_eq!(r["0000:c2:00.0"].text, "npu-smi reports \"Alarm\"");
+        assert_eq!(r["0000:c2:00.0"].kind, Kind::Tool("npu-smi".into()));
         let csv = "0000:10:00.0, OK\n0000:11:00.0, Fault\x1b[0m\nnot a row\n, OK\n";
         assert_eq!(
             parse(Format::BusHealthCsv, csv),
@@ -292,7 +293,7 @@ mod tests {
             format: Format::BusHealthCsv,
         };
         assert_eq!(
-            reasons(efsmi, &parse(Format::BusHealthCsv, csv))["0000:11:00.0"],
+            reasons(efsmi, &parse(Format::BusHealthCsv, csv))["0000:11:00.0"].text,
             "efsmi reports \"Fault[0m\""
         );
         assert!(parse(Format::BusHealthCsv, "efsmi: unknown option\n").is_empty());
@@ -329,13 +330,9 @@ mod tests {
         );
         let tool = of(&p).unwrap();
         let found = run_once(&p, tool).unwrap();
-        assert_eq!(
-            reasons(tool, &found),
-            BTreeMap::from([(
-                "0000:11:00.0".to_string(),
-                "efsmi reports \"Fault\"".to_string()
-            )])
-        );
+        let r = reasons(tool, &found);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["0000:11:00.0"]);
+        assert_eq!(r["0000:11:00.0"].text, "efsmi reports \"Fault\"");
         // Through the poller: the first call starts the run, a later one has its answer.
         let poller = Poller::default();
         let t = Instant::now();
@@ -347,7 +344,7 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "no answer");
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert_eq!(unhealthy["0000:11:00.0"], "efsmi reports \"Fault\"");
+        assert_eq!(unhealthy["0000:11:00.0"].text, "efsmi reports \"Fault\"");
 
         let (_t, p) = root_with_efsmi("echo '0000:11:00.0, Fault'\nexec sleep 60\n");
         let t = Instant::now();
