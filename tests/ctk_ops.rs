@@ -287,13 +287,23 @@ fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
     assert_eq!(devs[1]["health_severity"], "gone", "{v:#}");
     assert_eq!(devs[1]["health_label"], "fallen-off-the-bus", "{v:#}");
     assert!(devs[0]["health_label"].is_null(), "{v:#}");
+    let since = devs[1]["unhealthy_since"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(since <= now && since + 60 > now, "{since} {now}");
+    assert!(devs[0]["unhealthy_since"].is_null(), "{v:#}");
     assert!(
         devs[0]["healthy"] == true && devs[2]["healthy"] == true,
         "{v:#}"
     );
     let out = n.ctk(&["list"]);
     let t = String::from_utf8(out.stdout).unwrap();
-    assert!(t.contains(&format!("unhealthy: {why}")), "{t}");
+    assert!(
+        t.contains("unhealthy since 20") && t.contains(&format!("Z: {why}")),
+        "{t}"
+    );
     assert_eq!(t.matches("  healthy\n").count(), 2, "{t}");
 }
 
@@ -1227,11 +1237,10 @@ fn doctor_judges_the_daemons_tables_and_each_devices_health() {
     );
     let sick = finding(&v, "health");
     assert_eq!(sick["status"], "fail", "{v:#?}");
+    let said = sick["message"].as_str().unwrap();
     assert!(
-        sick["message"]
-            .as_str()
-            .unwrap()
-            .contains("PCI function 0000:04:00.0 reads all ones"),
+        said.contains("unhealthy since 20")
+            && said.contains("Z: PCI function 0000:04:00.0 reads all ones"),
         "{v:#?}"
     );
 

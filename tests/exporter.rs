@@ -1555,9 +1555,10 @@ fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale()
 
 /// Issue 41: `accel_device_healthy` and its `reason` come from the daemons' health engine.
 /// Two GCUs with known PCI functions, old counts (no failure); GCU 1's AER fatal count rises:
-/// 0 with the reason's short name (the DRA taint's value; the whole line in the log), GCU 0
-/// stays 1; then GCU 0's RAS `umc` uncorrectable count rises: 0 naming the block; GCU 1's
-/// count back at its baseline (a reset): 1 again after the hold-down.
+/// 0 with the reason's short name (the DRA taint's value; the whole line in the log) and
+/// `accel_device_unhealthy_since_seconds` the time it turned, GCU 0 stays 1 without one; then
+/// GCU 0's RAS `umc` uncorrectable count rises: 0 naming the block, GCU 1's time unchanged;
+/// GCU 1's count back at its baseline (a reset): 1 again after the hold-down, its time gone.
 #[test]
 fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     require_root();
@@ -1600,8 +1601,38 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     );
     assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
 
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as f64
+    };
+    let since = |p: &str, dev: &str| {
+        value(
+            p,
+            "accel_device_unhealthy_since_seconds",
+            &[&format!("device=\"{dev}\"")],
+        )
+    };
+    assert_eq!(since(&page, "1"), None, "only while unhealthy\n{page}");
+    let before = unix().floor();
     fatal(&one, 2);
     let page = ex.until("GCU 1 unhealthy", |p| healthy(p, "1") == Some(0.0));
+    let at = since(&page, "1").expect("since exported while unhealthy");
+    assert!(
+        at >= before && at <= unix(),
+        "{at} not in [{before}, now]\n{page}"
+    );
+    assert!(
+        value(
+            &page,
+            "accel_device_unhealthy_since_seconds",
+            &["device=\"1\"", "reason=\"aer-fatal\""]
+        )
+        .is_some(),
+        "{page}"
+    );
+    assert_eq!(since(&page, "0"), None, "{page}");
     assert!(
         value(
             &page,
@@ -1623,6 +1654,7 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
 
     write(&zero.join("ras/umc_err_count"), "ue: 3\nce: 40\n");
     let page = ex.until("GCU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
+    assert_eq!(since(&page, "1"), Some(at), "kept while unhealthy\n{page}");
     assert!(
         value(
             &page,
@@ -1636,7 +1668,8 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     // A count back at its baseline: clear, and 1 only once clear for the hold-down.
     fatal(&one, 1);
     let t = Instant::now();
-    ex.until("GCU 1 healthy again", |p| healthy(p, "1") == Some(1.0));
+    let page = ex.until("GCU 1 healthy again", |p| healthy(p, "1") == Some(1.0));
+    assert_eq!(since(&page, "1"), None, "gone once healthy\n{page}");
     assert!(
         t.elapsed() >= Duration::from_millis(900),
         "{:?}",

@@ -120,6 +120,7 @@ impl Poller {
             .map(|((plugin_id, d), health)| {
                 let healthy = health.is_healthy();
                 let problem = health.reason().cloned();
+                let since = health.since();
                 let dra_name = dra_device_name(p, &d);
                 Device {
                     dra_offers: crate::kubelet::names::offer_names(
@@ -136,6 +137,7 @@ impl Poller {
                     plugin_id,
                     healthy,
                     problem,
+                    since,
                     readings: Vec::new(),
                 }
             })
