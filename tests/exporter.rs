@@ -1884,9 +1884,11 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
 
 /// Issue 41: a vendor tool's health through the exporter binary. A stand-in `efsmi` in the
 /// simulated driver root (run chrooted there, busybox its shell) prints each GCU's bus id and
-/// health from a file the test writes: GCU 1 reported `Fault` is 0 with the tool's words, and
-/// 1 again once the tool says `OK`; a tool that hangs is killed at its limit, judges nothing
-/// (GCU 1, reported before, is 1 again) and is said once in the log however often it hangs.
+/// health from a file the test writes: GCU 1 reported `Fault` is 0 with `reason="efsmi"`,
+/// and 1 again once the tool says `OK`; a tool that hangs is killed at the limit config.toml
+/// set for it (`[profiles.enflame.health.tool] timeout-seconds = 1`, not the profile's 5),
+/// judges nothing (GCU 1, reported before, is 1 again) and is said once in the log however
+/// often it hangs.
 #[test]
 fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     require_root();
@@ -1912,7 +1914,12 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     };
     health("Fault");
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(scratch.path(), &[("enflame", root)], "");
+    // The tool's limit set short in config.toml, over the profile's 5 s.
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", root)],
+        "[profiles.enflame.health.tool]\ntimeout-seconds = 1\n",
+    );
     let ex = Exporter::start(
         &cfg,
         &[
@@ -1945,10 +1952,59 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     ex.until("the hanging efsmi judges nothing", |p| {
         healthy(p, "1") == Some(1.0)
     });
-    assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
+    // Killed at the 1 s limit config.toml set, not the profile's 5 s.
+    assert!(
+        t.elapsed() >= Duration::from_millis(900) && t.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
     // Hung again at least once more: still said once.
-    std::thread::sleep(Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(3));
     let log = std::fs::read_to_string(&ex.log).unwrap();
     assert_eq!(log.matches("health from efsmi").count(), 1, "{log}");
-    assert!(log.contains("still running after 5s; killed"), "{log}");
+    assert!(log.contains("still running after 1s; killed"), "{log}");
+}
+
+/// Issue 41: `[health.tool]` read as the daemon starts: a bad value in config.toml's override
+/// stops the exporter with one line naming the key; an unknown key is warned of with the
+/// nearest, and the exporter runs.
+#[test]
+fn a_bad_health_tool_key_stops_the_exporter_naming_it() {
+    let sim = SimRoot::builder().enflame(1).build();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", sim.path())],
+        "[profiles.enflame.health.tool]\ntimeout-seconds = 0\n",
+    );
+    let out = Command::new(&*EXPORTER)
+        .arg(format!("--listen={}", free_addr()))
+        .arg("--no-pod-resources")
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("health.tool.timeout-seconds"))
+        .collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("must be between 0.01 and 120"), "{err}");
+
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", sim.path())],
+        "[profiles.enflame.health.tool]\ntimeout-secnds = 1\n",
+    );
+    let mut ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.2"]);
+    ex.until("a page", |p| p.contains("accel_device_info"));
+    let (status, log) = ex.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        log.contains(
+            "unknown key `health.tool.timeout-secnds` ignored (did you mean `timeout-seconds`?)"
+        ),
+        "{log}"
+    );
 }
