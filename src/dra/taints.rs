@@ -131,6 +131,7 @@ mod tests {
                 ras_ue: [("umc".to_string(), ras)].into(),
             },
             nvml: Vec::new(),
+            drm: Vec::new(),
         };
         let (t0, _) = step(
             None,

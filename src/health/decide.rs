@@ -7,6 +7,8 @@
 //!   node comes back is healthy at once, as before: the driver made it again, nothing flaps;
 //! - its PCI function gone from sysfs once it has been seen there, or its config space reading
 //!   all ones (a device that fell off the bus answers every read with ones);
+//! - what its kernel driver says of the function ([`Reading::drm`]: bound to another driver,
+//!   xe's survivability mode), states with no baseline;
 //! - the AER fatal count (`TOTAL_ERR_FATAL`) above its baseline;
 //! - an amdgpu RAS block's uncorrectable count (`ue:`) above its baseline;
 //! - what NVML says of an NVIDIA GPU ([`Reading::nvml`], from `health::nvml`: an XID, ECC,
@@ -101,6 +103,9 @@ pub struct Reading {
     pub counters: Counters,
     /// What NVML says is wrong with the GPU; empty when clear or not read.
     pub nvml: Vec<Problem>,
+    /// What the kernel driver says of the PCI function ([`super::signals::read_drm`]): bound
+    /// to another driver, survivability mode; empty when clear or not read.
+    pub drm: Vec<Problem>,
 }
 
 /// What is kept of one device between reads.
@@ -210,6 +215,9 @@ pub fn step(
             format!("PCI function {bdf} reads all ones (fallen off the bus)"),
         )),
         Pci::Unknown | Pci::Present => {}
+    }
+    if pci != Pci::Gone {
+        hardware.extend(r.drm.iter().cloned());
     }
     if let Some(c) = above(&mut baseline.aer_fatal, r.counters.aer_fatal) {
         let b = baseline.aer_fatal.unwrap_or(0);
@@ -331,6 +339,7 @@ mod tests {
             pci,
             counters: c,
             nvml: Vec::new(),
+            drm: Vec::new(),
         }
     }
 

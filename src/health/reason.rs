@@ -13,10 +13,10 @@ pub enum Severity {
     /// A vendor tool says the device is unhealthy; the kernel's signals are clear.
     Reported,
     /// An uncorrectable error (a fatal AER error, an amdgpu RAS `ue` count, an ECC or XID
-    /// error): the device is there and may fail any work.
+    /// error, xe's survivability mode): the device is there and may fail any work.
     Error,
-    /// The device is gone: fallen off the bus, its PCI function removed, its nodes or its
-    /// driver gone. Nothing on it can run.
+    /// The device is gone: fallen off the bus, its PCI function removed or bound to no
+    /// driver of the profile's, its nodes or its driver gone. Nothing on it can run.
     Gone,
 }
 
@@ -62,6 +62,10 @@ pub enum Kind {
     GpuLost,
     /// A vendor tool reports the device unhealthy; the tool's binary.
     Tool(String),
+    /// The PCI function is bound to no driver, or to another than the profile's.
+    DriverUnbound,
+    /// Intel's xe put the device in survivability mode: its firmware needs flashing.
+    SurvivabilityMode,
 }
 
 impl Kind {
@@ -71,10 +75,14 @@ impl Kind {
             | Kind::DeviceNode
             | Kind::PciFunctionGone
             | Kind::FallenOffTheBus
-            | Kind::GpuLost => Severity::Gone,
-            Kind::AerFatal | Kind::RasUe(_) | Kind::Xid(_) | Kind::Ecc | Kind::RowRemap => {
-                Severity::Error
-            }
+            | Kind::GpuLost
+            | Kind::DriverUnbound => Severity::Gone,
+            Kind::AerFatal
+            | Kind::RasUe(_)
+            | Kind::Xid(_)
+            | Kind::Ecc
+            | Kind::RowRemap
+            | Kind::SurvivabilityMode => Severity::Error,
             Kind::Tool(_) => Severity::Reported,
         }
     }
@@ -93,6 +101,8 @@ impl Kind {
             Kind::RowRemap => "row-remap",
             Kind::GpuLost => "gpu-lost",
             Kind::Tool(binary) => return label_value(binary),
+            Kind::DriverUnbound => "driver-unbound",
+            Kind::SurvivabilityMode => "survivability-mode",
         };
         s.to_string()
     }
@@ -229,6 +239,12 @@ mod tests {
             (Kind::RowRemap, Severity::Error, "row-remap"),
             (Kind::Tool("efsmi".into()), Severity::Reported, "efsmi"),
             (Kind::Tool("npu-smi".into()), Severity::Reported, "npu-smi"),
+            (Kind::DriverUnbound, Severity::Gone, "driver-unbound"),
+            (
+                Kind::SurvivabilityMode,
+                Severity::Error,
+                "survivability-mode",
+            ),
         ] {
             assert_eq!((kind.severity(), kind.label().as_str()), (sev, label));
         }

@@ -1,6 +1,7 @@
 //! A profile's `[health]`: the settings of the signals a vendor's own library gives (today
 //! NVIDIA's NVML, `[health.nvml]`) and of the vendor tool that reports health
-//! (`[health.tool]`: Enflame's `efsmi`, Ascend's `npu-smi`). Read by the daemons that run the health engine, never by
+//! (`[health.tool]`: Enflame's `efsmi`, Ascend's `npu-smi`), and what a DRM device's kernel
+//! driver says in sysfs (`[health.drm]`: Intel's i915 and xe). Read by the daemons that run the health engine, never by
 //! a create, so its keys and checks live here, beside the engine, and not in
 //! [`crate::profile`]. A bad value is refused when the daemon starts, naming the key; an
 //! unknown key is warned of with the nearest known one.
@@ -20,6 +21,40 @@ pub struct HealthWing {
     /// The vendor tool run for every device's health; absent: none.
     #[serde(default)]
     pub tool: Option<ToolHealth>,
+    /// The kernel driver's state of each device's PCI function; absent: not read.
+    #[serde(default)]
+    pub drm: Option<DrmHealth>,
+}
+
+/// `[health.drm]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DrmHealth {
+    /// The kernel drivers the PCI function must be bound to (`i915`); bound to none or to
+    /// another (`vfio-pci`), it is unhealthy. Empty: not read.
+    #[serde(default)]
+    pub drivers: Vec<String>,
+    /// Whether xe's `survivability_mode` file is looked for.
+    #[serde(default)]
+    pub survivability_mode: bool,
+}
+
+impl DrmHealth {
+    fn validate(&self) -> Result<(), String> {
+        let plain = |d: &String| {
+            !d.is_empty()
+                && d.len() <= 64
+                && d.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        if let Some(d) = self.drivers.iter().find(|d| !plain(d)) {
+            return Err(format!(
+                "health.drm.drivers: {} is not a kernel driver's name (i915)",
+                crate::quote::quote(d)
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a tool's output is read: the parser's name in `[health.tool] format`.
@@ -188,6 +223,7 @@ impl HealthWing {
             .iter()
             .chain(crate::keys::fields::<NvmlHealth>())
             .chain(crate::keys::fields::<ToolHealth>())
+            .chain(crate::keys::fields::<DrmHealth>())
             .copied()
             .collect::<Vec<_>>();
         let Some((w, warnings)) = profile.wings.read::<HealthWing>("health", &known)? else {
@@ -198,6 +234,9 @@ impl HealthWing {
         }
         if let Some(t) = &w.tool {
             t.validate().map_err(|msg| profile.wings.invalid(msg))?;
+        }
+        if let Some(d) = &w.drm {
+            d.validate().map_err(|msg| profile.wings.invalid(msg))?;
         }
         // serde_ignored writes the way through an `Option` as `?`: not a key anyone wrote.
         let warnings = warnings.iter().map(|w| w.replace(".?.", ".")).collect();
@@ -337,6 +376,61 @@ mod tests {
         assert!(
             warnings[0].contains("health.tool.timeout-secnds")
                 && warnings[0].contains("did you mean `timeout-seconds`"),
+            "{warnings:?}"
+        );
+    }
+
+    /// `[health.drm]` as the Intel profiles ship it, a driver name that is not one refused
+    /// naming the key, an unknown key warned of with the nearest.
+    #[test]
+    fn the_drm_table_of_the_intel_profiles() {
+        let read = |name: &str, replace: Option<(&str, &str)>| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config/profiles")
+                .join(format!("{name}.toml"));
+            let mut text = std::fs::read_to_string(path).unwrap();
+            if let Some((a, b)) = replace {
+                assert!(text.contains(a));
+                text = text.replace(a, b);
+            }
+            let (p, _) = Profile::from_text(&text, "test").map_err(|e| e.to_string())?;
+            HealthWing::of(&p).map_err(|e| e.to_string())
+        };
+        let (w, warnings) = read("intel", None).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            w.drm.unwrap(),
+            DrmHealth {
+                drivers: vec!["i915".into()],
+                survivability_mode: false
+            }
+        );
+        let (w, _) = read("intel-xe", None).unwrap();
+        assert_eq!(
+            w.drm.unwrap(),
+            DrmHealth {
+                drivers: vec!["xe".into()],
+                survivability_mode: true
+            }
+        );
+        let e = read(
+            "intel-xe",
+            Some((
+                "drivers = [\"xe\"]\nsurvivability-mode",
+                "drivers = [\"../xe\"]\nsurvivability-mode",
+            )),
+        )
+        .unwrap_err();
+        assert!(e.contains("health.drm.drivers") && !e.contains('\n'), "{e}");
+        let (_, warnings) = read(
+            "intel-xe",
+            Some(("survivability-mode = true", "survivabilty-mode = true")),
+        )
+        .unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("health.drm.survivabilty-mode")
+                && warnings[0].contains("did you mean `survivability-mode`"),
             "{warnings:?}"
         );
     }
