@@ -1688,7 +1688,9 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
 /// failure): XID 13 (an application's) changes nothing, XID 79 on GPU 0 is 0 naming it; GPU 1's
 /// volatile uncorrected ECC count rising and GPU 2's row remap pending are 0 naming them; a
 /// failed event wait is said once, makes no GPU unhealthy, and is said to be over when it is;
-/// SIGTERM exits 0.
+/// the library is loaded and initialised once in the process (the metrics' and the health
+/// engine's NVML shared: the stand-in logs each load, init and shutdown), shut down once at
+/// SIGTERM, which exits 0.
 #[test]
 fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     require_root();
@@ -1740,6 +1742,21 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
         assert_eq!(healthy(&page, &i.to_string()), Some(1.0), "{page}");
     }
     let log = || std::fs::read_to_string(&ex.log).unwrap();
+    // One library in the process, initialised once: the metrics' NVML, which the health
+    // engine finds initialised and shares.
+    let pid = ex.child.id();
+    let ours = |what: &str| {
+        common::nvml::calls(&control)
+            .iter()
+            .filter(|(w, p)| w == what && *p == pid)
+            .count()
+    };
+    assert_eq!(
+        (ours("load"), ours("init")),
+        (1, 1),
+        "{:?}",
+        common::nvml::calls(&control)
+    );
 
     set("ecc 1 4\nxid 0 13 1\n");
     let t = Instant::now();
@@ -1797,6 +1814,12 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     }
     let (status, log) = ex.stop();
     assert_eq!(status.code(), Some(0), "{status}\n{log}");
+    assert_eq!(
+        (ours("load"), ours("init"), ours("shutdown")),
+        (1, 1, 1),
+        "the one init shut down at exit: {:?}",
+        common::nvml::calls(&control)
+    );
     assert_eq!(
         log.matches("waiting for NVML events failed").count(),
         1,

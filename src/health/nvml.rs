@@ -18,6 +18,13 @@
 //!
 //! A failed wait is not a GPU failure: it is said once, and waited on again after a second.
 //!
+//! One initialisation per process where it can: a library already initialised in this
+//! process (the exporter's NVML metrics, loaded from the same file first: the dynamic loader
+//! maps one file once, so both hold the same library) is used as it is, never initialised
+//! again; this engine shuts down only what it initialised itself (at a start on an
+//! uninitialised library, or again after a driver reload). NVML counts its initialisations,
+//! so either way each `nvmlInit` is paired with one `nvmlShutdown`.
+//!
 //! Ref: NVML API Reference Guide, Event Handling Methods, Device Queries (ECC, remapped rows),
 //! Return values (`nvmlReturn_t`).
 
@@ -204,6 +211,8 @@ struct Gpu {
 
 struct Shared {
     api: Api,
+    /// The `nvmlInit` calls this engine made (each undone by one `nvmlShutdown` when dropped).
+    inits: std::sync::atomic::AtomicU32,
     cfg: NvmlHealth,
     profile: String,
     gpus: Mutex<HashMap<String, Gpu>>,
@@ -281,10 +290,19 @@ impl Watch {
                 unread.push(name);
             }
         }
-        // SAFETY: nvmlInit_v2 takes nothing.
-        let rc = unsafe { (api.init)() };
-        if rc != SUCCESS {
-            return Err(format!("{}: nvmlInit_v2: {}", opened.shown, api.error(rc)));
+        // A look-up that answers anything but "uninitialised" says another holder in this
+        // process (the exporter's metrics) initialised this same library: use it as it is.
+        let probe = c"0000:00:00.0";
+        let mut d: Device = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated bus id and a place for the handle; NVML answers
+        // NVML_ERROR_UNINITIALIZED to any call made before nvmlInit.
+        let shared_init = unsafe { (api.by_bus)(probe.as_ptr(), &mut d) } != ERROR_UNINITIALIZED;
+        if !shared_init {
+            // SAFETY: nvmlInit_v2 takes nothing.
+            let rc = unsafe { (api.init)() };
+            if rc != SUCCESS {
+                return Err(format!("{}: nvmlInit_v2: {}", opened.shown, api.error(rc)));
+            }
         }
         drop(opened.fd);
         if !unread.is_empty() {
@@ -302,6 +320,7 @@ impl Watch {
             && api.set_free.is_some();
         let shared = Arc::new(Shared {
             api,
+            inits: std::sync::atomic::AtomicU32::new(u32::from(!shared_init)),
             cfg: cfg.clone(),
             profile: profile.name.clone(),
             gpus: Mutex::new(HashMap::new()),
@@ -320,10 +339,15 @@ impl Watch {
             None
         };
         log::info!(
-            "{}: NVML health from {} (XIDs ignored: {:?})",
+            "{}: NVML health from {} (XIDs ignored: {:?}){}",
             profile.name,
             shared.cfg.library,
-            shared.cfg.xid_ignore
+            shared.cfg.xid_ignore,
+            if shared_init {
+                "; initialised already in this process, used as it is"
+            } else {
+                ""
+            }
         );
         Ok(Watch { shared, thread })
     }
@@ -342,8 +366,11 @@ impl Drop for Watch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // SAFETY: initialised in start; no thread calls NVML any more.
-        unsafe { (self.shared.api.shutdown)() };
+        // Only what this engine initialised: a library it found initialised is its holder's.
+        for _ in 0..self.shared.inits.load(Ordering::SeqCst) {
+            // SAFETY: initialised by this engine; no thread of it calls NVML any more.
+            unsafe { (self.shared.api.shutdown)() };
+        }
     }
 }
 
@@ -358,6 +385,7 @@ impl Shared {
             // SAFETY: nvmlInit_v2 takes nothing; NVML counts its initialisations.
             let rc = unsafe { (api.init)() };
             if rc == SUCCESS {
+                self.inits.fetch_add(1, Ordering::SeqCst);
                 log::info!(
                     "{}: NVML initialised again (the driver reloaded): XIDs cleared, ECC \
                      counted afresh",
