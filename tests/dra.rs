@@ -1806,33 +1806,18 @@ fn a_gcu_whose_aer_fatal_count_rises_is_tainted_reported_and_not_prepared() {
     use tokio_stream::StreamExt;
     let (sim, _major) = enflame_host();
     // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
-    let one = sim.path().join("sys/bus/pci/devices/0000:11:00.0");
-    let fatal = |n: u32| {
-        std::fs::write(
-            one.join("aer_dev_fatal"),
-            format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
-        )
-        .unwrap()
-    };
+    let one = common::health::gcu_function(sim.path(), 1);
+    let fatal = |n: u64| common::health::aer_fatal(&one, n);
     fatal(2);
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path(), "");
     let api = ApiServer::start();
     api.put_claim("default", "one", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
-    let tainted = |s: &[Value]| -> Vec<String> {
-        devices(s)
-            .iter()
-            .filter(|d| d.get("taints").is_some())
-            .map(|d| d["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let tainted = common::health::tainted;
     rt().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = accel_container_runtime::health::Settings {
-            interval: Duration::from_millis(100),
-            hold_down: Duration::from_secs(1),
-        };
+        opts.health = common::health::fast();
         let drv = Driver::start_with(&cfg, &api, dir, opts);
         wait_slices(&api, "published untainted", |s| {
             devices(s).len() == 8 && tainted(s).is_empty()
@@ -1929,20 +1914,11 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path(), "");
     let api = ApiServer::start();
-    let tainted = |s: &[Value]| -> Vec<String> {
-        devices(s)
-            .iter()
-            .filter(|d| d.get("taints").is_some())
-            .map(|d| d["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let tainted = common::health::tainted;
     rt().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = accel_container_runtime::health::Settings {
-            interval: Duration::from_millis(100),
-            hold_down: Duration::from_secs(1),
-        };
+        opts.health = common::health::fast();
         let drv = Driver::start_with(&cfg, &api, dir, opts);
         let s = wait_slices_of(&api, NV, "published untainted", |s| {
             devices(s).len() == 2 && tainted(s).is_empty()
@@ -2047,28 +2023,28 @@ fn an_xe_gpu_in_survivability_mode_is_tainted_until_it_leaves_it() {
     .unwrap();
     let cfg = accel_container_runtime::config::Config::load(&path).unwrap();
     let api = ApiServer::start();
-    let tainted = |s: &[Value]| -> Vec<Value> {
+    let taints = |s: &[Value]| -> Vec<Value> {
         devices(s)
             .iter()
             .filter_map(|d| d.get("taints").cloned())
             .collect()
     };
+    let tainted = common::health::tainted;
     rt().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = accel_container_runtime::health::Settings {
-            interval: Duration::from_millis(100),
-            hold_down: Duration::from_secs(1),
-        };
+        opts.health = common::health::fast();
         let drv = Driver::start_with(&cfg, &api, dir, opts);
-        wait_slices_of(&api, XE, "published untainted", |s| {
+        let s = wait_slices_of(&api, XE, "published untainted", |s| {
             devices(s).len() == 1 && tainted(s).is_empty()
         })
         .await;
+        let xe_name = devices(&s)[0]["name"].as_str().unwrap().to_string();
 
         std::fs::write(&mode, "Runtime\n").unwrap();
         let s = wait_slices_of(&api, XE, "the xe GPU tainted", |s| !tainted(s).is_empty()).await;
-        let t = &tainted(&s)[0][0];
+        assert_eq!(tainted(&s), [xe_name.as_str()], "{s:?}");
+        let t = &taints(&s)[0][0];
         assert_eq!(t["key"], format!("{XE}/error"), "{s:?}");
         assert_eq!(t["value"], "survivability-mode", "{s:?}");
         assert_eq!(t["effect"], "NoSchedule", "{s:?}");

@@ -1569,25 +1569,15 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
         func_dir(sim.path(), "0000:10:00.0"),
         func_dir(sim.path(), "0000:11:00.0"),
     );
-    let fatal = |d: &Path, n: u32| {
-        write(
-            &d.join("aer_dev_fatal"),
-            &format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
-        )
-    };
+    let fatal = common::health::aer_fatal;
     fatal(&zero, 1);
     fatal(&one, 1);
-    write(&zero.join("ras/umc_err_count"), "ue: 2\nce: 40\n");
+    common::health::ras(&zero, "umc", 2, 40);
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(scratch.path(), &[("enflame", sim.path())], "");
     let ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     let healthy =
         |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
@@ -1652,7 +1642,7 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
         "the whole line in the log\n{log}"
     );
 
-    write(&zero.join("ras/umc_err_count"), "ue: 3\nce: 40\n");
+    common::health::ras(&zero, "umc", 3, 40);
     let page = ex.until("GCU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
     assert_eq!(since(&page, "1"), Some(at), "kept while unhealthy\n{page}");
     assert!(
@@ -1708,12 +1698,7 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
     let mut ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     // An NVIDIA device is named by its UUID; GPU i here.
     let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
@@ -1848,12 +1833,7 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
         let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
         let mut ex = Exporter::start(
             &cfg,
-            &[
-                "--no-pod-resources",
-                "--poll-seconds=0.2",
-                "--health-interval-seconds=0.2",
-                "--health-hold-down-seconds=1",
-            ],
+            &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
         );
         let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
         let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
@@ -1918,23 +1898,7 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     let sim = SimRoot::builder().enflame(2).build();
     common::kubelet::enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
     let root = sim.path();
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    for applet in ["sh", "sleep", "cat"] {
-        std::fs::copy("/bin/busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let efsmi = root.join("usr/bin/efsmi");
-    write(
-        &efsmi,
-        "#!/bin/sh\n[ \"$1\" = --query-gcu=bus_id,health ] || exit 0\n\
-         [ -e /efsmi-hangs ] && exec sleep 60\ncat /efsmi-health.csv\n",
-    );
-    std::fs::set_permissions(&efsmi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let health = |one: &str| {
-        write(
-            &root.join("efsmi-health.csv"),
-            &format!("0000:10:00.0, OK\n0000:11:00.0, {one}\n"),
-        )
-    };
+    let health = common::health::stand_in_efsmi(root);
     health("Fault");
     let scratch = tempfile::tempdir().unwrap();
     // The tool's limit set short in config.toml, over the profile's 5 s.
@@ -1945,12 +1909,7 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     );
     let ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     let healthy =
         |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
