@@ -998,7 +998,7 @@ mod tests {
                     let p = c.profiles.iter().find(|p| p.name == name).unwrap();
                     p.wings.names().collect::<Vec<_>>()
                 };
-                assert_eq!(wings("enflame"), ["metrics", "sharing"], "{extra}");
+                assert_eq!(wings("enflame"), ["health", "metrics", "sharing"], "{extra}");
             }
             let quick = match Quick::read(&cfg) {
                 Ok(quick) => quick,

@@ -258,8 +258,8 @@ fn list_json_has_nodes_numa_and_shared_switch() {
 }
 
 /// Issue 41: each device's health from the health engine at this one look: a GPU whose PCI
-/// function's config space reads all ones (fallen off the bus) is unhealthy with why, in the
-/// JSON and the table; the others healthy.
+/// function's config space reads all ones (fallen off the bus) is unhealthy with why (the
+/// line, its severity and short name), in the JSON and the table; the others healthy.
 #[test]
 fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
     let n = Node::standard([UUID1, UUID2]);
@@ -284,13 +284,26 @@ fn list_shows_a_gpu_whose_config_space_reads_all_ones_unhealthy() {
     assert_eq!(devs[1]["name"], "gpu-1");
     assert_eq!(devs[1]["healthy"], false, "{v:#}");
     assert_eq!(devs[1]["health_reason"], why);
+    assert_eq!(devs[1]["health_severity"], "gone", "{v:#}");
+    assert_eq!(devs[1]["health_label"], "fallen-off-the-bus", "{v:#}");
+    assert!(devs[0]["health_label"].is_null(), "{v:#}");
+    let since = devs[1]["unhealthy_since"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(since <= now && since + 60 > now, "{since} {now}");
+    assert!(devs[0]["unhealthy_since"].is_null(), "{v:#}");
     assert!(
         devs[0]["healthy"] == true && devs[2]["healthy"] == true,
         "{v:#}"
     );
     let out = n.ctk(&["list"]);
     let t = String::from_utf8(out.stdout).unwrap();
-    assert!(t.contains(&format!("unhealthy: {why}")), "{t}");
+    assert!(
+        t.contains("unhealthy since 20") && t.contains(&format!("Z: {why}")),
+        "{t}"
+    );
     assert_eq!(t.matches("  healthy\n").count(), 2, "{t}");
 }
 
@@ -1224,11 +1237,10 @@ fn doctor_judges_the_daemons_tables_and_each_devices_health() {
     );
     let sick = finding(&v, "health");
     assert_eq!(sick["status"], "fail", "{v:#?}");
+    let said = sick["message"].as_str().unwrap();
     assert!(
-        sick["message"]
-            .as_str()
-            .unwrap()
-            .contains("PCI function 0000:04:00.0 reads all ones"),
+        said.contains("unhealthy since 20")
+            && said.contains("Z: PCI function 0000:04:00.0 reads all ones"),
         "{v:#?}"
     );
 

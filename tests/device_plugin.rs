@@ -1128,26 +1128,10 @@ fn a_device_whose_aer_fatal_count_rises_is_unhealthy_until_its_function_comes_ba
     let scratch = tempfile::tempdir().unwrap();
     config(&sim, scratch.path(), "");
     // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
-    let function = |n: u32| {
-        sim.path()
-            .join("sys/bus/pci/devices")
-            .join(format!("0000:{:02x}:00.0", 0x10 + n))
-            .canonicalize()
-            .unwrap()
-    };
+    let function = |n: u32| common::health::gcu_function(sim.path(), n);
     let aer = |dir: &Path, fatal: u64, nonfatal: u64| {
-        std::fs::write(
-            dir.join("aer_dev_fatal"),
-            format!(
-                "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nTOTAL_ERR_FATAL {fatal}\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("aer_dev_nonfatal"),
-            format!("Undefined 0\nTLP 0\nTOTAL_ERR_NONFATAL {nonfatal}\n"),
-        )
-        .unwrap();
+        common::health::aer_fatal(dir, fatal);
+        common::health::aer_nonfatal(dir, nonfatal);
     };
     let (one, two) = (function(1), function(2));
     aer(&one, 3, 0);

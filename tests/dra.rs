@@ -1806,33 +1806,18 @@ fn a_gcu_whose_aer_fatal_count_rises_is_tainted_reported_and_not_prepared() {
     use tokio_stream::StreamExt;
     let (sim, _major) = enflame_host();
     // enflame_sysfs: GCU n is PCI function 0000:1n:00.0.
-    let one = sim.path().join("sys/bus/pci/devices/0000:11:00.0");
-    let fatal = |n: u32| {
-        std::fs::write(
-            one.join("aer_dev_fatal"),
-            format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
-        )
-        .unwrap()
-    };
+    let one = common::health::gcu_function(sim.path(), 1);
+    let fatal = |n: u64| common::health::aer_fatal(&one, n);
     fatal(2);
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path(), "");
     let api = ApiServer::start();
     api.put_claim("default", "one", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
-    let tainted = |s: &[Value]| -> Vec<String> {
-        devices(s)
-            .iter()
-            .filter(|d| d.get("taints").is_some())
-            .map(|d| d["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let tainted = common::health::tainted;
     rt().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = accel_container_runtime::health::Settings {
-            interval: Duration::from_millis(100),
-            hold_down: Duration::from_secs(1),
-        };
+        opts.health = common::health::fast();
         let drv = Driver::start_with(&cfg, &api, dir, opts);
         wait_slices(&api, "published untainted", |s| {
             devices(s).len() == 8 && tainted(s).is_empty()
@@ -1929,20 +1914,11 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(&sim, scratch.path(), "");
     let api = ApiServer::start();
-    let tainted = |s: &[Value]| -> Vec<String> {
-        devices(s)
-            .iter()
-            .filter(|d| d.get("taints").is_some())
-            .map(|d| d["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let tainted = common::health::tainted;
     rt().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = accel_container_runtime::health::Settings {
-            interval: Duration::from_millis(100),
-            hold_down: Duration::from_secs(1),
-        };
+        opts.health = common::health::fast();
         let drv = Driver::start_with(&cfg, &api, dir, opts);
         let s = wait_slices_of(&api, NV, "published untainted", |s| {
             devices(s).len() == 2 && tainted(s).is_empty()
@@ -2011,6 +1987,79 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
         let r = prepare(&ch, PREPARE_V1, vec![claim("default", "one", UID_A)]).await;
         assert_eq!(r.claims[UID_A].error, "");
         drop(ch);
+        drv.stop().await;
+    });
+}
+
+/// Issue 41, Intel xe: the intel-xe profile's `[health.drm]` in the DRA driver. The xe GPU's
+/// PCI function shows `survivability_mode` (its firmware failed): it is tainted
+/// `xe.gpu.intel.com/error=survivability-mode`, the i915 GPUs beside it are not this driver's;
+/// the file gone (flashed): untainted after the hold-down.
+#[test]
+fn an_xe_gpu_in_survivability_mode_is_tainted_until_it_leaves_it() {
+    const XE: &str = "xe.gpu.intel.com";
+    let sim = common::SimRoot::builder().build();
+    let host = common::drm::intel_node(&sim);
+    let xe = host.offered("0x8086", "xe")[0].clone();
+    let mode = common::drm::sysfs_dir(sim.path(), &xe).join("survivability_mode");
+    let scratch = tempfile::tempdir().unwrap();
+    let profiles = scratch.path().join("profiles.d");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/profiles/intel-xe.toml"),
+        profiles.join("intel-xe.toml"),
+    )
+    .unwrap();
+    let root = sim.path().display().to_string();
+    let path = scratch.path().join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "profiles-dir = {profiles:?}\n[profiles.nvidia]\ndriver-root = {root:?}\n\
+             [profiles.enflame]\ndriver-root = {root:?}\n[profiles.intel-xe]\n\
+             driver-root = {root:?}\n"
+        ),
+    )
+    .unwrap();
+    let cfg = accel_container_runtime::config::Config::load(&path).unwrap();
+    let api = ApiServer::start();
+    let taints = |s: &[Value]| -> Vec<Value> {
+        devices(s)
+            .iter()
+            .filter_map(|d| d.get("taints").cloned())
+            .collect()
+    };
+    let tainted = common::health::tainted;
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
+        opts.health = common::health::fast();
+        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let s = wait_slices_of(&api, XE, "published untainted", |s| {
+            devices(s).len() == 1 && tainted(s).is_empty()
+        })
+        .await;
+        let xe_name = devices(&s)[0]["name"].as_str().unwrap().to_string();
+
+        std::fs::write(&mode, "Runtime\n").unwrap();
+        let s = wait_slices_of(&api, XE, "the xe GPU tainted", |s| !tainted(s).is_empty()).await;
+        assert_eq!(tainted(&s), [xe_name.as_str()], "{s:?}");
+        let t = &taints(&s)[0][0];
+        assert_eq!(t["key"], format!("{XE}/error"), "{s:?}");
+        assert_eq!(t["value"], "survivability-mode", "{s:?}");
+        assert_eq!(t["effect"], "NoSchedule", "{s:?}");
+
+        std::fs::remove_file(&mode).unwrap();
+        let at = std::time::Instant::now();
+        wait_slices_of(&api, XE, "untainted once flashed", |s| {
+            devices(s).len() == 1 && tainted(s).is_empty()
+        })
+        .await;
+        assert!(
+            at.elapsed() >= Duration::from_millis(900),
+            "held down: {:?}",
+            at.elapsed()
+        );
         drv.stop().await;
     });
 }

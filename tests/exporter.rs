@@ -1555,9 +1555,10 @@ fn attribution_expires_when_pod_resources_stops_answering_and_says_it_is_stale()
 
 /// Issue 41: `accel_device_healthy` and its `reason` come from the daemons' health engine.
 /// Two GCUs with known PCI functions, old counts (no failure); GCU 1's AER fatal count rises:
-/// 0 with the reason, GCU 0 stays 1; then GCU 0's RAS `umc` uncorrectable count rises: 0
-/// naming the block; GCU 1's count back at its baseline (a reset): 1 again after the
-/// hold-down.
+/// 0 with the reason's short name (the DRA taint's value; the whole line in the log) and
+/// `accel_device_unhealthy_since_seconds` the time it turned, GCU 0 stays 1 without one; then
+/// GCU 0's RAS `umc` uncorrectable count rises: 0 naming the block, GCU 1's time unchanged;
+/// GCU 1's count back at its baseline (a reset): 1 again after the hold-down, its time gone.
 #[test]
 fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     require_root();
@@ -1568,25 +1569,15 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
         func_dir(sim.path(), "0000:10:00.0"),
         func_dir(sim.path(), "0000:11:00.0"),
     );
-    let fatal = |d: &Path, n: u32| {
-        write(
-            &d.join("aer_dev_fatal"),
-            &format!("DLP 0\nTOTAL_ERR_FATAL {n}\n"),
-        )
-    };
+    let fatal = common::health::aer_fatal;
     fatal(&zero, 1);
     fatal(&one, 1);
-    write(&zero.join("ras/umc_err_count"), "ue: 2\nce: 40\n");
+    common::health::ras(&zero, "umc", 2, 40);
     let scratch = tempfile::tempdir().unwrap();
     let cfg = config(scratch.path(), &[("enflame", sim.path())], "");
     let ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     let healthy =
         |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
@@ -1600,29 +1591,65 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     );
     assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
 
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as f64
+    };
+    let since = |p: &str, dev: &str| {
+        value(
+            p,
+            "accel_device_unhealthy_since_seconds",
+            &[&format!("device=\"{dev}\"")],
+        )
+    };
+    assert_eq!(since(&page, "1"), None, "only while unhealthy\n{page}");
+    let before = unix().floor();
     fatal(&one, 2);
     let page = ex.until("GCU 1 unhealthy", |p| healthy(p, "1") == Some(0.0));
+    let at = since(&page, "1").expect("since exported while unhealthy");
+    assert!(
+        at >= before && at <= unix(),
+        "{at} not in [{before}, now]\n{page}"
+    );
+    assert!(
+        value(
+            &page,
+            "accel_device_unhealthy_since_seconds",
+            &["device=\"1\"", "reason=\"aer-fatal\""]
+        )
+        .is_some(),
+        "{page}"
+    );
+    assert_eq!(since(&page, "0"), None, "{page}");
     assert!(
         value(
             &page,
             "accel_device_healthy",
-            &[
-                "device=\"1\"",
-                "reason=\"1 fatal PCIe (AER) error(s) on 0000:11:00.0 since it was first read\""
-            ]
+            &["device=\"1\"", "reason=\"aer-fatal\""]
         )
         .is_some(),
         "{page}"
     );
     assert_eq!(healthy(&page, "0"), Some(1.0), "{page}");
+    let log = std::fs::read_to_string(&ex.log).unwrap();
+    assert!(
+        log.contains(
+            "device \"1\" is unhealthy: 1 fatal PCIe (AER) error(s) on 0000:11:00.0 since it \
+             was first read"
+        ),
+        "the whole line in the log\n{log}"
+    );
 
-    write(&zero.join("ras/umc_err_count"), "ue: 3\nce: 40\n");
+    common::health::ras(&zero, "umc", 3, 40);
     let page = ex.until("GCU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
+    assert_eq!(since(&page, "1"), Some(at), "kept while unhealthy\n{page}");
     assert!(
         value(
             &page,
             "accel_device_healthy",
-            &["device=\"0\"", "in block \\\"umc\\\""]
+            &["device=\"0\"", "reason=\"ras-ue-umc\""]
         )
         .is_some(),
         "{page}"
@@ -1631,7 +1658,8 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
     // A count back at its baseline: clear, and 1 only once clear for the hold-down.
     fatal(&one, 1);
     let t = Instant::now();
-    ex.until("GCU 1 healthy again", |p| healthy(p, "1") == Some(1.0));
+    let page = ex.until("GCU 1 healthy again", |p| healthy(p, "1") == Some(1.0));
+    assert_eq!(since(&page, "1"), None, "gone once healthy\n{page}");
     assert!(
         t.elapsed() >= Duration::from_millis(900),
         "{:?}",
@@ -1650,7 +1678,9 @@ fn accel_device_healthy_follows_the_health_engine_with_its_reason() {
 /// failure): XID 13 (an application's) changes nothing, XID 79 on GPU 0 is 0 naming it; GPU 1's
 /// volatile uncorrected ECC count rising and GPU 2's row remap pending are 0 naming them; a
 /// failed event wait is said once, makes no GPU unhealthy, and is said to be over when it is;
-/// SIGTERM exits 0.
+/// the library is loaded and initialised once in the process (the metrics' and the health
+/// engine's NVML shared: the stand-in logs each load, init and shutdown), shut down once at
+/// SIGTERM, which exits 0.
 #[test]
 fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     require_root();
@@ -1668,12 +1698,7 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
     let mut ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     // An NVIDIA device is named by its UUID; GPU i here.
     let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
@@ -1702,6 +1727,21 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
         assert_eq!(healthy(&page, &i.to_string()), Some(1.0), "{page}");
     }
     let log = || std::fs::read_to_string(&ex.log).unwrap();
+    // One library in the process, initialised once: the metrics' NVML, which the health
+    // engine finds initialised and shares.
+    let pid = ex.child.id();
+    let ours = |what: &str| {
+        common::nvml::calls(&control)
+            .iter()
+            .filter(|(w, p)| w == what && *p == pid)
+            .count()
+    };
+    assert_eq!(
+        (ours("load"), ours("init")),
+        (1, 1),
+        "{:?}",
+        common::nvml::calls(&control)
+    );
 
     set("ecc 1 4\nxid 0 13 1\n");
     let t = Instant::now();
@@ -1714,29 +1754,24 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
 
     set("ecc 1 4\nxid 0 13 1\nxid 0 79 2\n");
     let page = ex.until("GPU 0 unhealthy", |p| healthy(p, "0") == Some(0.0));
-    assert!(reason(&page, "0", "XID 79 on GPU 0000:3b:00.0"), "{page}");
+    assert!(reason(&page, "0", "xid-79"), "{page}");
     assert_eq!(healthy(&page, "1"), Some(1.0), "{page}");
 
     set("ecc 1 6\nxid 0 13 1\nxid 0 79 2\nremap 2 pending\n");
     let page = ex.until("GPUs 1 and 2 unhealthy", |p| {
         healthy(p, "1") == Some(0.0) && healthy(p, "2") == Some(0.0)
     });
-    assert!(
-        reason(
-            &page,
-            "1",
-            "2 uncorrected ECC error(s) on GPU 0000:af:00.0 since it was first read (volatile count 6)"
-        ),
-        "{page}"
-    );
-    assert!(
-        reason(
-            &page,
-            "2",
-            "row remapping pending on GPU 0000:d8:00.0 (it needs a reset)"
-        ),
-        "{page}"
-    );
+    assert!(reason(&page, "1", "ecc"), "{page}");
+    assert!(reason(&page, "2", "row-remap"), "{page}");
+    let said = log();
+    for line in [
+        "is unhealthy: XID 79 on GPU 0000:3b:00.0",
+        "is unhealthy: 2 uncorrected ECC error(s) on GPU 0000:af:00.0 since it was first read \
+         (volatile count 6)",
+        "is unhealthy: row remapping pending on GPU 0000:d8:00.0 (it needs a reset)",
+    ] {
+        assert!(said.contains(line), "{line}\n{said}");
+    }
 
     // Clear on GPUs 1 and 2 (a reset zeroes the volatile count), and every wait failing.
     set("xid 0 13 1\nxid 0 79 2\nwaitfail\n");
@@ -1765,6 +1800,12 @@ fn nvml_xid_ecc_and_remap_reach_accel_device_healthy_with_their_reason() {
     let (status, log) = ex.stop();
     assert_eq!(status.code(), Some(0), "{status}\n{log}");
     assert_eq!(
+        (ours("load"), ours("init"), ours("shutdown")),
+        (1, 1, 1),
+        "the one init shut down at exit: {:?}",
+        common::nvml::calls(&control)
+    );
+    assert_eq!(
         log.matches("waiting for NVML events failed").count(),
         1,
         "said once\n{log}"
@@ -1792,12 +1833,7 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
         let cfg = config(scratch.path(), &[("nvidia", sim.path())], "");
         let mut ex = Exporter::start(
             &cfg,
-            &[
-                "--no-pod-resources",
-                "--poll-seconds=0.2",
-                "--health-interval-seconds=0.2",
-                "--health-hold-down-seconds=1",
-            ],
+            &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
         );
         let uuids: Vec<String> = sim.gpus().iter().map(|g| g.uuid.clone()).collect();
         let dev = |i: &str| uuids[i.parse::<usize>().unwrap()].clone();
@@ -1829,10 +1865,7 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
                 value(
                     &page,
                     "accel_device_healthy",
-                    &[
-                        &format!("device=\"{}\"", dev("1")),
-                        "reason=\"3 uncorrected ECC error(s) on GPU 0000:af:00.0"
-                    ]
+                    &[&format!("device=\"{}\"", dev("1")), "reason=\"ecc\""]
                 )
                 .is_some(),
                 "the XID is not read without the wait\n{page}"
@@ -1854,43 +1887,29 @@ fn nvml_health_lacking_a_symbol_is_said_once_and_the_gpu_judged_by_the_rest() {
 
 /// Issue 41: a vendor tool's health through the exporter binary. A stand-in `efsmi` in the
 /// simulated driver root (run chrooted there, busybox its shell) prints each GCU's bus id and
-/// health from a file the test writes: GCU 1 reported `Fault` is 0 with the tool's words, and
-/// 1 again once the tool says `OK`; a tool that hangs is killed at its limit, judges nothing
-/// (GCU 1, reported before, is 1 again) and is said once in the log however often it hangs.
+/// health from a file the test writes: GCU 1 reported `Fault` is 0 with `reason="efsmi"`,
+/// and 1 again once the tool says `OK`; a tool that hangs is killed at the limit config.toml
+/// set for it (`[profiles.enflame.health.tool] timeout-seconds = 1`, not the profile's 5),
+/// judges nothing (GCU 1, reported before, is 1 again) and is said once in the log however
+/// often it hangs.
 #[test]
 fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     require_root();
     let sim = SimRoot::builder().enflame(2).build();
     common::kubelet::enflame_sysfs(sim.path(), sim.enflame_major().unwrap());
     let root = sim.path();
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    for applet in ["sh", "sleep", "cat"] {
-        std::fs::copy("/bin/busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let efsmi = root.join("usr/bin/efsmi");
-    write(
-        &efsmi,
-        "#!/bin/sh\n[ \"$1\" = --query-gcu=bus_id,health ] || exit 0\n\
-         [ -e /efsmi-hangs ] && exec sleep 60\ncat /efsmi-health.csv\n",
-    );
-    std::fs::set_permissions(&efsmi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let health = |one: &str| {
-        write(
-            &root.join("efsmi-health.csv"),
-            &format!("0000:10:00.0, OK\n0000:11:00.0, {one}\n"),
-        )
-    };
+    let health = common::health::stand_in_efsmi(root);
     health("Fault");
     let scratch = tempfile::tempdir().unwrap();
-    let cfg = config(scratch.path(), &[("enflame", root)], "");
+    // The tool's limit set short in config.toml, over the profile's 5 s.
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", root)],
+        "[profiles.enflame.health.tool]\ntimeout-seconds = 1\n",
+    );
     let ex = Exporter::start(
         &cfg,
-        &[
-            "--no-pod-resources",
-            "--poll-seconds=0.2",
-            "--health-interval-seconds=0.2",
-            "--health-hold-down-seconds=1",
-        ],
+        &[&["--no-pod-resources"][..], &common::health::FAST_FLAGS].concat(),
     );
     let healthy =
         |p: &str, dev: &str| value(p, "accel_device_healthy", &[&format!("device=\"{dev}\"")]);
@@ -1899,7 +1918,7 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
         value(
             &page,
             "accel_device_healthy",
-            &["device=\"1\"", "reason=\"efsmi reports \\\"Fault\\\"\""]
+            &["device=\"1\"", "reason=\"efsmi\""]
         )
         .is_some(),
         "{page}"
@@ -1915,10 +1934,59 @@ fn a_gcu_efsmi_reports_is_unhealthy_and_a_hanging_efsmi_judges_nothing() {
     ex.until("the hanging efsmi judges nothing", |p| {
         healthy(p, "1") == Some(1.0)
     });
-    assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
+    // Killed at the 1 s limit config.toml set, not the profile's 5 s.
+    assert!(
+        t.elapsed() >= Duration::from_millis(900) && t.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
     // Hung again at least once more: still said once.
-    std::thread::sleep(Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(3));
     let log = std::fs::read_to_string(&ex.log).unwrap();
     assert_eq!(log.matches("health from efsmi").count(), 1, "{log}");
-    assert!(log.contains("still running after 5s; killed"), "{log}");
+    assert!(log.contains("still running after 1s; killed"), "{log}");
+}
+
+/// Issue 41: `[health.tool]` read as the daemon starts: a bad value in config.toml's override
+/// stops the exporter with one line naming the key; an unknown key is warned of with the
+/// nearest, and the exporter runs.
+#[test]
+fn a_bad_health_tool_key_stops_the_exporter_naming_it() {
+    let sim = SimRoot::builder().enflame(1).build();
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", sim.path())],
+        "[profiles.enflame.health.tool]\ntimeout-seconds = 0\n",
+    );
+    let out = Command::new(&*EXPORTER)
+        .arg(format!("--listen={}", free_addr()))
+        .arg("--no-pod-resources")
+        .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("health.tool.timeout-seconds"))
+        .collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("must be between 0.01 and 120"), "{err}");
+
+    let cfg = config(
+        scratch.path(),
+        &[("enflame", sim.path())],
+        "[profiles.enflame.health.tool]\ntimeout-secnds = 1\n",
+    );
+    let mut ex = Exporter::start(&cfg, &["--no-pod-resources", "--poll-seconds=0.2"]);
+    ex.until("a page", |p| p.contains("accel_device_info"));
+    let (status, log) = ex.stop();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        log.contains(
+            "unknown key `health.tool.timeout-secnds` ignored (did you mean `timeout-seconds`?)"
+        ),
+        "{log}"
+    );
 }

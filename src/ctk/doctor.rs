@@ -88,10 +88,11 @@ fn daemons(ctx: &Ctx) -> Vec<Finding> {
                 check: "health".into(),
                 status: Status::Fail,
                 message: format!(
-                    "{} device {} ({}): unhealthy: {}",
+                    "{} device {} ({}): {}: {}",
                     row.vendor,
                     row.index,
                     row.name,
+                    crate::ctk::list::unhealthy_since(&row),
                     crate::quote::line(why)
                 ),
                 fix: Some(

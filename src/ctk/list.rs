@@ -5,9 +5,12 @@
 //! container asking for these indices would get. The JSON form is a contract for scripts:
 //! `{"devices":[{vendor, index, nodes:[{path, major, minor}], uuid, pci_bus_id, numa_node,
 //! pci_root, switch, driver_version, resource, replicas, model, duplicate_uuid, name,
-//! stable_id, healthy, health_reason}], "errors":[{vendor, error}]}`; absent values are
-//! `null`, fields are only ever added. `healthy` and `health_reason` are the health engine's
-//! verdict ([`crate::health`]) at this one look: its nodes and whether its PCI function reads
+//! stable_id, healthy, health_reason, health_severity, health_label, unhealthy_since}],
+//! "errors":[{vendor, error}]}`; absent values are `null`, fields are only ever added.
+//! `healthy`, `health_reason` (the whole line), `health_severity` (`gone`, `error`,
+//! `reported`), `health_label` (the short name a DRA taint's value and the exporter's `reason`
+//! label carry) and `unhealthy_since` (Unix seconds: this look's, as a one-shot command has
+//! seen the device only now) are the health engine's verdict ([`crate::health`]) at this one look: its nodes and whether its PCI function reads
 //! all ones; counts need a baseline from an earlier look, which a one-shot command has not. `name` is the device's stable name (`gpu-0` by NVIDIA's minor, `gcu-3`,
 //! `gpu-0000-c3-00-0` by PCI function: the DRA driver's device name), `stable_id` what the
 //! device plugin's answers and CDI specs name it by (its UUID, node number or PCI bus id);
@@ -65,6 +68,11 @@ pub struct Row {
     /// The health engine's verdict now, and why not.
     pub healthy: bool,
     pub health_reason: Option<String>,
+    /// The reason's severity and short name ([`crate::health::Reason`]).
+    pub health_severity: Option<&'static str>,
+    pub health_label: Option<String>,
+    /// Since when it has been unhealthy, in seconds since the Unix epoch.
+    pub unhealthy_since: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -155,7 +163,13 @@ pub fn collect(config: &Config) -> Listing {
                 resource,
                 replicas: if shared { profile.replicas } else { 1 },
                 healthy: health.is_healthy(),
-                health_reason: health.reason().map(str::to_string),
+                health_reason: health.reason_text().map(str::to_string),
+                health_severity: health.reason().map(|r| r.severity().as_str()),
+                health_label: health.reason().map(|r| r.label()),
+                unhealthy_since: health.since().map(|t| {
+                    t.duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                }),
             });
         }
     }
@@ -218,7 +232,7 @@ pub fn table(listing: &Listing) -> String {
             or_dash(r.driver_version.clone()),
             match &r.health_reason {
                 None => "healthy".into(),
-                Some(why) => format!("unhealthy: {}", crate::quote::line(why)),
+                Some(why) => format!("{}: {}", unhealthy_since(r), crate::quote::line(why)),
             },
         ]);
     }
@@ -294,6 +308,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `unhealthy` and since when (RFC 3339, UTC), as the table and doctor show it.
+pub fn unhealthy_since(r: &Row) -> String {
+    match r.unhealthy_since {
+        Some(secs) => format!(
+            "unhealthy since {}",
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+            )
+        ),
+        None => "unhealthy".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +349,9 @@ mod tests {
             stable_id: index.to_string(),
             healthy: true,
             health_reason: None,
+            health_severity: None,
+            health_label: None,
+            unhealthy_since: None,
         }
     }
 
@@ -342,12 +372,14 @@ mod tests {
         assert!(!t.contains("Shared devices"), "{t}");
     }
 
-    /// The health column: `healthy`, or why not in one line (a newline in it escaped).
+    /// The health column: `healthy`, or since when and why not in one line (a newline in it
+    /// escaped).
     #[test]
     fn table_shows_each_devices_health() {
         let mut sick = row("nvidia", 1, None, None);
         sick.healthy = false;
         sick.health_reason = Some("PCI function 0000:04:00.0 reads all ones\nx".into());
+        sick.unhealthy_since = Some(1_790_000_000);
         let t = table(&Listing {
             devices: vec![row("nvidia", 0, None, None), sick],
             errors: vec![],
@@ -356,7 +388,10 @@ mod tests {
         assert!(lines[0].ends_with("HEALTH"), "{t}");
         assert!(lines[1].ends_with("  healthy"), "{t}");
         assert!(
-            lines[2].ends_with("  unhealthy: PCI function 0000:04:00.0 reads all ones\\nx"),
+            lines[2].ends_with(
+                "  unhealthy since 2026-09-21T14:13:20Z: PCI function 0000:04:00.0 reads all \
+                 ones\\nx"
+            ),
             "{t}"
         );
     }

@@ -263,7 +263,10 @@ impl Driver {
             .iter()
             .map(|o| {
                 let i = table.iter().position(|d| d.name == o.parent.name);
-                (o, i.and_then(|i| health.get(i)).and_then(Health::reason))
+                (
+                    o,
+                    i.and_then(|i| health.get(i)).and_then(Health::reason_text),
+                )
             })
             .map(|(o, why)| DeviceHealth {
                 device: Some(DeviceIdentifier {
@@ -707,7 +710,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
     let subjects: Vec<_> = table.iter().map(|d| d.dev.subject()).collect();
     let health = run.driver.monitor.check_all(p, &subjects);
     drop(subjects);
-    let named: Vec<(&str, Option<&str>)> = table
+    let named: Vec<(&str, Option<&crate::health::Reason>)> = table
         .iter()
         .zip(&health)
         .map(|(d, h)| (d.name.as_str(), h.reason()))
@@ -721,7 +724,7 @@ async fn refresh(run: &mut Running, opts: &Options, table: Vec<DraDevice>) {
             .iter()
             .zip(&health)
             .map(|(d, h)| {
-                let h = match h.reason() {
+                let h = match h.reason_text() {
                     None => super::decide::Health::Healthy,
                     Some(why) => super::decide::Health::Unhealthy(why.to_string()),
                 };

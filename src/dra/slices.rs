@@ -452,13 +452,13 @@ mod tests {
 
     fn taint(driver: &str) -> DeviceTaint {
         let mut s = super::super::taints::Stamps::default();
-        s.taints(
-            driver,
-            &Default::default(),
-            &[("x", Some("1 fatal PCIe (AER) error(s) on x"))],
-        )[0]
-        .clone()
-        .unwrap()
+        let why = crate::health::Reason::new(vec![crate::health::Problem::new(
+            crate::health::Kind::AerFatal,
+            "1 fatal PCIe (AER) error(s) on x",
+        )]);
+        s.taints(driver, &Default::default(), &[("x", why.as_ref())])[0]
+            .clone()
+            .unwrap()
     }
 
     /// 128 devices to a slice while none has a taint, 64 once one has (the API's limits):

@@ -4,9 +4,9 @@
 //! only where asked, since it evicts the pods holding the device), and its `timeAdded` kept
 //! while the reason stays the same ([`Stamps`]), so a steady pool is not rewritten.
 //!
-//! The severity is read from the health engine's reason, one line of `; `-joined parts: the
-//! worst part names the taint. A reason this module does not know is an `error` (a hardware
-//! signal the engine grew since), never dropped.
+//! The severity and the value are the health engine's typed reason's
+//! ([`crate::health::Reason`]): its worst part names the taint, as it names the exporter's
+//! `reason` label.
 //!
 //! Ref: k8s.io/api/resource/v1 types.go (`DeviceTaint`: key a qualified name, value a label
 //! value of at most 63 characters, at most 16 taints per device).
@@ -17,129 +17,8 @@ use std::time::SystemTime;
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-/// How bad a device's failure is, worst last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Severity {
-    /// A vendor tool says the device is unhealthy; the kernel's signals are clear.
-    Reported,
-    /// An uncorrectable error (a fatal AER error, an amdgpu RAS `ue` count, an ECC or XID
-    /// error): the device is there and may fail any work.
-    Error,
-    /// The device is gone: fallen off the bus, its PCI function removed, its nodes or its
-    /// driver gone. Nothing on it can run.
-    Gone,
-}
-
-impl Severity {
-    pub const ALL: [Severity; 3] = [Severity::Gone, Severity::Error, Severity::Reported];
-
-    /// The name in the taint's key and in `--taint-no-execute`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Reported => "reported",
-            Severity::Error => "error",
-            Severity::Gone => "gone",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Severity> {
-        Severity::ALL.into_iter().find(|v| v.as_str() == s)
-    }
-}
-
-/// The longest taint value the API takes (a label value).
-pub const MAX_VALUE: usize = 63;
-
-/// One part of a health reason: its severity and its short name (a label value).
-fn part(p: &str) -> (Severity, String) {
-    let has = |s: &str| p.contains(s);
-    let (sev, code): (Severity, String) = if has("reads all ones") {
-        (Severity::Gone, "fallen-off-the-bus".into())
-    } else if has("is gone from sysfs") {
-        (Severity::Gone, "pci-function-gone".into())
-    } else if has("the driver is not loaded") {
-        (Severity::Gone, "driver-not-loaded".into())
-    } else if has(": does not exist")
-        || has(": is not a character device")
-        || has(": has major")
-        || has(": cannot be read")
-    {
-        (Severity::Gone, "device-node-gone".into())
-    } else if has("GPU is lost") || has("is lost") {
-        (Severity::Gone, "gpu-lost".into())
-    } else if has("fatal PCIe (AER)") {
-        (Severity::Error, "aer-fatal".into())
-    } else if let Some(block) = p
-        .split_once("uncorrectable RAS error(s) in block ")
-        .map(|(_, b)| b.split_whitespace().next().unwrap_or("").trim_matches('"'))
-    {
-        (Severity::Error, format!("ras-ue-{block}"))
-    } else if let Some((tool, _)) = p.split_once(" reports ") {
-        // The vendor tools' reasons (crate::health::tools): `<tool> reports ...`.
-        (Severity::Reported, tool.to_string())
-    } else if let Some(x) = xid(p) {
-        (Severity::Error, format!("xid-{x}"))
-    } else if has("ECC") || has("ecc") {
-        (Severity::Error, "ecc".into())
-    } else if has("remap") {
-        (Severity::Error, "row-remap".into())
-    } else {
-        (Severity::Error, "unhealthy".into())
-    };
-    (sev, label_value(&code))
-}
-
-/// The XID a reason names (`XID 79`, `Xid 48`), if any.
-fn xid(p: &str) -> Option<u32> {
-    let lower = p.to_ascii_lowercase();
-    let at = lower.find("xid")?;
-    lower[at + 3..]
-        .trim_start_matches([' ', ':'])
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// `s` as a label value: lower-case letters, digits, `-` and `.`, at most 63 characters,
-/// beginning and ending with a letter or digit; `unhealthy` where nothing is left.
-pub fn label_value(s: &str) -> String {
-    let mut out = String::with_capacity(s.len().min(MAX_VALUE));
-    for c in s.chars() {
-        let c = c.to_ascii_lowercase();
-        let c = if c.is_ascii_alphanumeric() || c == '.' {
-            c
-        } else {
-            '-'
-        };
-        if c == '-' && out.ends_with('-') {
-            continue;
-        }
-        out.push(c);
-        if out.len() >= MAX_VALUE {
-            break;
-        }
-    }
-    let out = out.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    if out.is_empty() {
-        "unhealthy".into()
-    } else {
-        out.to_string()
-    }
-}
-
-/// The severity of a health reason (its worst part) and the short name of the first part of
-/// that severity.
-pub fn classify(reason: &str) -> (Severity, String) {
-    let mut worst: Option<(Severity, String)> = None;
-    for p in reason.split("; ").filter(|p| !p.trim().is_empty()) {
-        let (s, code) = part(p);
-        if worst.as_ref().is_none_or(|(w, _)| s > *w) {
-            worst = Some((s, code));
-        }
-    }
-    worst.unwrap_or((Severity::Error, "unhealthy".into()))
-}
+use crate::health::Reason;
+pub use crate::health::Severity;
 
 /// The effect of each severity's taint: `NoSchedule`, or `NoExecute` for those the operator
 /// named.
@@ -201,13 +80,14 @@ impl Stamps {
         &mut self,
         driver: &str,
         effects: &Effects,
-        devices: &[(&str, Option<&str>)],
+        devices: &[(&str, Option<&Reason>)],
     ) -> Vec<Option<DeviceTaint>> {
         let mut kept = BTreeMap::new();
         let out = devices
             .iter()
             .map(|(name, reason)| {
-                let (sev, value) = classify((*reason)?);
+                let reason = (*reason)?;
+                let (sev, value) = (reason.severity(), reason.label());
                 let key = format!("{driver}/{}", sev.as_str());
                 let added = match self.added.remove(*name) {
                     Some((k, v, t)) if k == key && v == value => t,
@@ -234,14 +114,15 @@ impl Stamps {
 mod tests {
     use super::*;
     use crate::health::decide::{step, Counters, Pci, Reading};
+    use crate::health::{Kind, Problem};
     use std::time::{Duration, Instant};
 
-    /// The reasons the health engine gives, each with its severity and name; the sysfs ones
-    /// made by the engine's own decision, so a reworded reason fails here, not in a cluster.
+    /// The engine's own decisions, each with the taint's severity and value: the kinds come
+    /// from where the signal is read, so a reworded reason keeps its taint.
     #[test]
-    fn each_reason_has_its_severity_and_a_short_name() {
-        let read = |pci: Pci, fatal: u64, ras: u64| Reading {
-            nodes: None,
+    fn each_decision_taints_by_its_worst_kind() {
+        let read = |pci: Pci, fatal: u64, ras: u64, nodes: Vec<Problem>| Reading {
+            nodes,
             bdf: Some("0000:11:00.0".into()),
             pci,
             counters: Counters {
@@ -249,104 +130,63 @@ mod tests {
                 aer_nonfatal: Some(0),
                 ras_ue: [("umc".to_string(), ras)].into(),
             },
-            nvml: None,
+            nvml: Vec::new(),
+            drm: Vec::new(),
         };
         let (t0, _) = step(
             None,
-            &read(Pci::Present, 0, 0),
+            &read(Pci::Present, 0, 0, Vec::new()),
             Instant::now(),
             SystemTime::now(),
             Duration::ZERO,
         );
-        let reason = |pci, fatal, ras| {
-            step(
+        let tool = || {
+            vec![Problem::new(
+                Kind::Tool("npu-smi".into()),
+                "npu-smi reports \"Warning\"",
+            )]
+        };
+        let mut s = Stamps::default();
+        for (r, key, value) in [
+            (
+                read(Pci::AllOnes, 0, 0, Vec::new()),
+                "gone",
+                "fallen-off-the-bus",
+            ),
+            (
+                read(Pci::Gone, 0, 0, Vec::new()),
+                "gone",
+                "pci-function-gone",
+            ),
+            (read(Pci::Present, 1, 0, Vec::new()), "error", "aer-fatal"),
+            (read(Pci::Present, 0, 2, Vec::new()), "error", "ras-ue-umc"),
+            (
+                read(Pci::AllOnes, 1, 0, Vec::new()),
+                "gone",
+                "fallen-off-the-bus",
+            ),
+            (read(Pci::Present, 0, 0, tool()), "reported", "npu-smi"),
+            // The tool is named first, the worse fatal error names the taint.
+            (read(Pci::Present, 1, 0, tool()), "error", "aer-fatal"),
+        ] {
+            let (t, _) = step(
                 Some(&t0),
-                &read(pci, fatal, ras),
+                &r,
                 Instant::now(),
                 SystemTime::now(),
                 Duration::ZERO,
-            )
-            .0
-            .health
-            .reason()
-            .unwrap()
-            .to_string()
-        };
-        for (why, sev, name) in [
-            (
-                reason(Pci::AllOnes, 0, 0),
-                Severity::Gone,
-                "fallen-off-the-bus",
-            ),
-            (reason(Pci::Gone, 0, 0), Severity::Gone, "pci-function-gone"),
-            (reason(Pci::Present, 1, 0), Severity::Error, "aer-fatal"),
-            (reason(Pci::Present, 0, 2), Severity::Error, "ras-ue-umc"),
-            // Both: the worst names it.
-            (
-                reason(Pci::AllOnes, 1, 0),
-                Severity::Gone,
-                "fallen-off-the-bus",
-            ),
-            (
-                "the driver is not loaded (its version file /x/version is gone)".into(),
-                Severity::Gone,
-                "driver-not-loaded",
-            ),
-            (
-                "/dev/gcu3: does not exist".into(),
-                Severity::Gone,
-                "device-node-gone",
-            ),
-            // NVML's reasons (crate::health::nvml), as the engine words them.
-            ("XID 79 on GPU 0000:3b:00.0".into(), Severity::Error, "xid-79"),
-            (
-                "double-bit ECC error on GPU 0000:3b:00.0".into(),
-                Severity::Error,
-                "ecc",
-            ),
-            (
-                "2 uncorrected ECC error(s) on GPU 0000:3b:00.0 since it was first read (volatile count 6)".into(),
-                Severity::Error,
-                "ecc",
-            ),
-            (
-                "row remapping pending on GPU 0000:3b:00.0 (it needs a reset)".into(),
-                Severity::Error,
-                "row-remap",
-            ),
-            (
-                "GPU 0000:3b:00.0 is lost to NVML (NVML_ERROR_GPU_IS_LOST)".into(),
-                Severity::Gone,
-                "gpu-lost",
-            ),
-            (
-                "efsmi reports \"Fault\"".into(),
-                Severity::Reported,
-                "efsmi",
-            ),
-            (
-                "npu-smi reports \"Warning\"; 1 fatal PCIe (AER) error(s) on x".into(),
-                Severity::Error,
-                "aer-fatal",
-            ),
-            (
-                "XID 79 (fallen off the bus)".into(),
-                Severity::Error,
-                "xid-79",
-            ),
-            ("something new".into(), Severity::Error, "unhealthy"),
-        ] {
-            assert_eq!(classify(&why), (sev, name.to_string()), "{why}");
+            );
+            let why = t.health.reason().unwrap();
+            let taint = s.taints("d.x", &Effects::default(), &[("a", Some(why))])[0]
+                .clone()
+                .unwrap();
+            assert_eq!(
+                (taint.key.as_str(), taint.value.as_deref()),
+                (format!("d.x/{key}").as_str(), Some(value)),
+                "{}",
+                why.text()
+            );
         }
-    }
-
-    #[test]
-    fn values_are_label_values() {
-        assert_eq!(label_value("ras-ue-umc"), "ras-ue-umc");
-        assert_eq!(label_value("Ras UE: \"MMHUB\"!"), "ras-ue-mmhub");
-        assert_eq!(label_value("--"), "unhealthy");
-        let long = label_value(&"ab-".repeat(40));
-        assert!(long.len() <= MAX_VALUE && long.ends_with('b'), "{long}");
     }
 
     #[test]
@@ -363,30 +203,35 @@ mod tests {
         );
     }
 
+    fn reason(kind: Kind, text: &str) -> Reason {
+        Reason::new(vec![Problem::new(kind, text)]).unwrap()
+    }
+
     /// `timeAdded` stays while the reason does; a new reason, or a device healthy and failing
     /// again, is a new taint.
     #[test]
     fn time_added_is_kept_while_the_reason_is_the_same() {
         let mut s = Stamps::default();
         let e = Effects::default();
-        let fatal = "1 fatal PCIe (AER) error(s) on x since it was first read";
-        let t = s.taints("d.x", &e, &[("a", Some(fatal)), ("b", None)]);
+        let fatal = reason(Kind::AerFatal, "1 fatal PCIe (AER) error(s)");
+        let t = s.taints("d.x", &e, &[("a", Some(&fatal)), ("b", None)]);
         let first = t[0].clone().unwrap();
         assert_eq!(first.key, "d.x/error");
         assert_eq!(first.value.as_deref(), Some("aer-fatal"));
         assert_eq!(first.effect, "NoSchedule");
         assert!(t[1].is_none());
         std::thread::sleep(Duration::from_millis(1100));
-        let fatal2 = "2 fatal PCIe (AER) error(s) on x since it was first read";
-        let t = s.taints("d.x", &e, &[("a", Some(fatal2))]);
+        let fatal2 = reason(Kind::AerFatal, "2 fatal PCIe (AER) error(s)");
+        let t = s.taints("d.x", &e, &[("a", Some(&fatal2))]);
         assert_eq!(t[0].as_ref().unwrap().time_added, first.time_added);
-        let t = s.taints("d.x", &e, &[("a", Some("PCI function x reads all ones"))]);
+        let ones = reason(Kind::FallenOffTheBus, "PCI function x reads all ones");
+        let t = s.taints("d.x", &e, &[("a", Some(&ones))]);
         let gone = t[0].clone().unwrap();
         assert_eq!(gone.key, "d.x/gone");
         assert_ne!(gone.time_added, first.time_added);
         s.taints("d.x", &e, &[("a", None)]);
         std::thread::sleep(Duration::from_millis(1100));
-        let t = s.taints("d.x", &e, &[("a", Some("PCI function x reads all ones"))]);
+        let t = s.taints("d.x", &e, &[("a", Some(&ones))]);
         assert_ne!(t[0].as_ref().unwrap().time_added, gone.time_added);
     }
 }

@@ -374,12 +374,21 @@ impl Collector for Exposition {
             None,
             &info,
         )?;
+        let mut since: Vec<(Labels, f64)> = Vec::new();
         let health: Vec<(Labels, f64)> = devices
             .iter()
             .map(|(_, d, _, full)| {
                 let mut l = full.clone();
+                // The short name, as the DRA taint's value: a label whose values are few (the
+                // whole line, with its counts, would make a series per count).
                 if let Some(why) = &d.problem {
-                    l.push(("reason", why.chars().take(200).collect()));
+                    l.push(("reason", why.label()));
+                }
+                if let Some(t) = d.since {
+                    let secs = t
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    since.push((l.clone(), secs as f64));
                 }
                 (l, if d.healthy { 1.0 } else { 0.0 })
             })
@@ -390,6 +399,15 @@ impl Collector for Exposition {
             "1 when the device can be handed to a container (the health engine: nodes, PCI function, AER, RAS, NVML), 0 with the reason",
             None,
             &health,
+        )?;
+        // A time, not an age: it stays the same while the device does, and `time() - ...`
+        // gives the age in a query.
+        gauge(
+            &mut enc,
+            "accel_device_unhealthy_since",
+            "Since when the device has been unhealthy, in seconds since the Unix epoch; only while it is",
+            Some(&Unit::Seconds),
+            &since,
         )?;
         gauge(
             &mut enc,
@@ -516,6 +534,51 @@ mod tests {
     use crate::kubelet::proto::podresources::{
         ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
     };
+
+    /// Issue 41: a device unhealthy has `accel_device_unhealthy_since_seconds` (Unix time, the
+    /// same labels as `accel_device_healthy`, its reason's short name among them); a healthy
+    /// one has none.
+    #[test]
+    fn unhealthy_since_is_exported_only_while_unhealthy() {
+        use crate::health::{Kind, Problem, Reason};
+        let s = Arc::new(State::default());
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+        let sick = Device {
+            name: "1".into(),
+            healthy: false,
+            problem: Reason::new(vec![Problem::new(Kind::AerFatal, "1 fatal")]),
+            since: Some(at),
+            ..Device::default()
+        };
+        let well = Device {
+            name: "0".into(),
+            healthy: true,
+            ..Device::default()
+        };
+        s.polled(ProfileSnapshot {
+            profile: "enflame".into(),
+            devices: vec![well, sick],
+            ..ProfileSnapshot::default()
+        });
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register_collector(Box::new(Exposition(Arc::clone(&s))));
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &r).unwrap();
+        let lines: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("accel_device_unhealthy_since_seconds{"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{page}");
+        assert!(
+            lines[0].contains("device=\"1\"") && lines[0].contains("reason=\"aer-fatal\""),
+            "{page}"
+        );
+        assert!(lines[0].ends_with(" 1790000000.0"), "{page}");
+        assert!(
+            page.contains("# UNIT accel_device_unhealthy_since_seconds seconds"),
+            "{page}"
+        );
+    }
 
     /// Issue 42 item 8: the last answer's holders are kept, marked stale, while `List` fails,
     /// and dropped past their maximum age; the next answer is current again.

@@ -111,6 +111,15 @@ impl Poller {
         let p = &self.profile;
         let mut failed = Vec::new();
         let table = self.table(&mut failed);
+        // NVML's metrics first, where the profile reads them: the health engine then finds
+        // the library initialised and shares it (one nvmlInit in the process). A load that
+        // fails is counted once, here; the read below does not try again this poll.
+        let mut nvml_failed = false;
+        if let Some(cfg) = self.metrics.as_ref().and_then(|m| m.nvml.as_ref()) {
+            if !table.is_empty() {
+                nvml_failed = !self.nvml.load(p, cfg, &mut failed);
+            }
+        }
         let subjects: Vec<_> = table.iter().map(|(_, d)| d.subject()).collect();
         let health = self.monitor.check_all(p, &subjects);
         drop(subjects);
@@ -119,7 +128,8 @@ impl Poller {
             .zip(health)
             .map(|((plugin_id, d), health)| {
                 let healthy = health.is_healthy();
-                let problem = health.reason().map(str::to_string);
+                let problem = health.reason().cloned();
+                let since = health.since();
                 let dra_name = dra_device_name(p, &d);
                 Device {
                     dra_offers: crate::kubelet::names::offer_names(
@@ -136,6 +146,7 @@ impl Poller {
                     plugin_id,
                     healthy,
                     problem,
+                    since,
                     readings: Vec::new(),
                 }
             })
@@ -159,7 +170,7 @@ impl Poller {
                     )),
                 }
             }
-            if let (Some(cfg), false) = (&m.nvml, refs.is_empty()) {
+            if let (Some(cfg), false, false) = (&m.nvml, refs.is_empty(), nvml_failed) {
                 self.nvml.read(p, cfg, &refs, &mut readings, &mut failed);
             }
             if !refs.is_empty() {

@@ -32,7 +32,9 @@ pub struct Device {
     pub dra_offers: Vec<String>,
     /// By the daemons' health engine ([`crate::health`]), with why not.
     pub healthy: bool,
-    pub problem: Option<String>,
+    pub problem: Option<crate::health::Reason>,
+    /// Since when it has been unhealthy (kept through a change of reason and the hold-down).
+    pub since: Option<std::time::SystemTime>,
     pub readings: Vec<Reading>,
 }
 

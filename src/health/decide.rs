@@ -7,6 +7,8 @@
 //!   node comes back is healthy at once, as before: the driver made it again, nothing flaps;
 //! - its PCI function gone from sysfs once it has been seen there, or its config space reading
 //!   all ones (a device that fell off the bus answers every read with ones);
+//! - what its kernel driver says of the function ([`Reading::drm`]: bound to another driver,
+//!   xe's survivability mode), states with no baseline;
 //! - the AER fatal count (`TOTAL_ERR_FATAL`) above its baseline;
 //! - an amdgpu RAS block's uncorrectable count (`ue:`) above its baseline;
 //! - what NVML says of an NVIDIA GPU ([`Reading::nvml`], from `health::nvml`: an XID, ECC,
@@ -25,14 +27,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::reason::{Kind, Problem, Reason};
+
 /// A device's health as the engine decides it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
     Healthy,
     Unhealthy {
-        /// Every signal that is not clear, in one line; while a hold-down runs, the last
-        /// hardware reason.
-        reason: String,
+        /// Every signal that is not clear; while a hold-down runs, the last hardware reason.
+        reason: Reason,
         /// When it turned unhealthy.
         since: SystemTime,
     },
@@ -44,10 +47,23 @@ impl Health {
     }
 
     /// Why not, `None` when healthy.
-    pub fn reason(&self) -> Option<&str> {
+    pub fn reason(&self) -> Option<&Reason> {
         match self {
             Health::Healthy => None,
             Health::Unhealthy { reason, .. } => Some(reason),
+        }
+    }
+
+    /// Why not, in one line; `None` when healthy.
+    pub fn reason_text(&self) -> Option<&str> {
+        self.reason().map(Reason::text)
+    }
+
+    /// Since when it has been unhealthy; `None` when healthy.
+    pub fn since(&self) -> Option<SystemTime> {
+        match self {
+            Health::Healthy => None,
+            Health::Unhealthy { since, .. } => Some(*since),
         }
     }
 }
@@ -78,14 +94,18 @@ pub struct Counters {
 /// One read of a device's signals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reading {
-    /// Why its nodes or its driver cannot serve it; `None` when they can.
-    pub nodes: Option<String>,
+    /// Why its nodes or its driver cannot serve it, and what a vendor tool reports: the
+    /// signals not held down. Empty when clear.
+    pub nodes: Vec<Problem>,
     /// Its PCI bus id, where known (named in reasons).
     pub bdf: Option<String>,
     pub pci: Pci,
     pub counters: Counters,
-    /// What NVML says is wrong with the GPU, one line; `None` when clear or not read.
-    pub nvml: Option<String>,
+    /// What NVML says is wrong with the GPU; empty when clear or not read.
+    pub nvml: Vec<Problem>,
+    /// What the kernel driver says of the PCI function ([`super::signals::read_drm`]): bound
+    /// to another driver, survivability mode; empty when clear or not read.
+    pub drm: Vec<Problem>,
 }
 
 /// What is kept of one device between reads.
@@ -184,28 +204,41 @@ pub fn step(
         notes.push(Note::Rebaselined(bdf.to_string()));
     }
 
-    let mut hardware: Vec<String> = Vec::new();
+    let mut hardware: Vec<Problem> = Vec::new();
     match pci {
-        Pci::Gone => hardware.push(format!("PCI function {bdf} is gone from sysfs")),
-        Pci::AllOnes => hardware.push(format!(
-            "PCI function {bdf} reads all ones (fallen off the bus)"
+        Pci::Gone => hardware.push(Problem::new(
+            Kind::PciFunctionGone,
+            format!("PCI function {bdf} is gone from sysfs"),
+        )),
+        Pci::AllOnes => hardware.push(Problem::new(
+            Kind::FallenOffTheBus,
+            format!("PCI function {bdf} reads all ones (fallen off the bus)"),
         )),
         Pci::Unknown | Pci::Present => {}
     }
+    if pci != Pci::Gone {
+        hardware.extend(r.drm.iter().cloned());
+    }
     if let Some(c) = above(&mut baseline.aer_fatal, r.counters.aer_fatal) {
         let b = baseline.aer_fatal.unwrap_or(0);
-        hardware.push(format!(
-            "{} fatal PCIe (AER) error(s) on {bdf} since it was first read",
-            c - b
+        hardware.push(Problem::new(
+            Kind::AerFatal,
+            format!(
+                "{} fatal PCIe (AER) error(s) on {bdf} since it was first read",
+                c - b
+            ),
         ));
     }
     for (block, &count) in &r.counters.ras_ue {
         let base = baseline.ras_ue.get(block).copied();
         let mut b = base;
         if let Some(c) = above(&mut b, Some(count)) {
-            hardware.push(format!(
-                "{} uncorrectable RAS error(s) in block {block:?} since it was first read",
-                c - b.unwrap_or(0)
+            hardware.push(Problem::new(
+                Kind::RasUe(block.clone()),
+                format!(
+                    "{} uncorrectable RAS error(s) in block {block:?} since it was first read",
+                    c - b.unwrap_or(0)
+                ),
             ));
         }
         if let Some(b) = b {
@@ -238,37 +271,37 @@ pub fn step(
         }
     };
 
-    let mut reasons: Vec<String> = r.nodes.iter().cloned().collect();
-    reasons.extend(hardware);
+    let mut parts: Vec<Problem> = r.nodes.clone();
+    parts.extend(hardware);
     let prev_health = prev.map(|p| &p.health);
-    let health = match (reasons.is_empty(), held, prev_health) {
-        (true, None, _) => Health::Healthy,
+    let health = match (Reason::new(parts), held, prev_health) {
+        (None, None, _) => Health::Healthy,
         // Clear, held down: the reason the hardware last gave.
-        (true, Some(_), Some(Health::Unhealthy { reason, since })) => Health::Unhealthy {
+        (None, Some(_), Some(Health::Unhealthy { reason, since })) => Health::Unhealthy {
             reason: reason.clone(),
             since: *since,
         },
-        (true, Some(_), _) => Health::Healthy,
-        (false, _, Some(Health::Unhealthy { since, .. })) => Health::Unhealthy {
-            reason: reasons.join("; "),
+        (None, Some(_), _) => Health::Healthy,
+        (Some(reason), _, Some(Health::Unhealthy { since, .. })) => Health::Unhealthy {
+            reason,
             since: *since,
         },
-        (false, _, _) => Health::Unhealthy {
-            reason: reasons.join("; "),
+        (Some(reason), _, _) => Health::Unhealthy {
+            reason,
             since: wall,
         },
     };
     match (prev_health, &health) {
         (None | Some(Health::Healthy), Health::Unhealthy { reason, .. }) => {
-            notes.push(Note::Unhealthy(reason.clone()))
+            notes.push(Note::Unhealthy(reason.text().to_string()))
         }
         (Some(Health::Unhealthy { reason: old, .. }), Health::Unhealthy { reason, .. })
-            if old != reason =>
+            if old.text() != reason.text() =>
         {
-            notes.push(Note::Reason(reason.clone()))
+            notes.push(Note::Reason(reason.text().to_string()))
         }
         (Some(Health::Unhealthy { reason, .. }), Health::Healthy) => {
-            notes.push(Note::Healthy(reason.clone()))
+            notes.push(Note::Healthy(reason.text().to_string()))
         }
         _ => {}
     }
@@ -301,11 +334,12 @@ mod tests {
 
     fn reading(pci: Pci, c: Counters) -> Reading {
         Reading {
-            nodes: None,
+            nodes: Vec::new(),
             bdf: Some("0000:11:00.0".into()),
             pci,
             counters: c,
-            nvml: None,
+            nvml: Vec::new(),
+            drm: Vec::new(),
         }
     }
 
@@ -319,7 +353,7 @@ mod tests {
         for (s, r) in reads {
             let at = Duration::from_secs(*s);
             let (t, notes) = step(prev.as_ref(), r, t0 + at, w0 + at, HOLD);
-            out.push((t.health.reason().map(str::to_string), notes));
+            out.push((t.health.reason_text().map(str::to_string), notes));
             prev = Some(t);
         }
         out
@@ -334,7 +368,7 @@ mod tests {
     fn an_nvml_reason_is_a_hardware_signal_held_down() {
         let clear = reading(Pci::Present, counters(0, 0, &[]));
         let xid = Reading {
-            nvml: Some("XID 79 on GPU 0000:11:00.0".into()),
+            nvml: vec![Problem::new(Kind::Xid(79), "XID 79 on GPU 0000:11:00.0")],
             ..clear.clone()
         };
         let both = Reading {
@@ -429,7 +463,7 @@ mod tests {
             (
                 5,
                 Reading {
-                    nodes: Some("/dev/gcu1: does not exist".into()),
+                    nodes: vec![Problem::new(Kind::DeviceNode, "/dev/gcu1: does not exist")],
                     ..reading(Pci::AllOnes, counters(2, 0, &[("umc", 0), ("gfx", 2)]))
                 },
             ),
@@ -575,7 +609,7 @@ mod tests {
     #[test]
     fn nodes_come_back_at_once() {
         let gone = Reading {
-            nodes: Some("/dev/gcu1: does not exist".into()),
+            nodes: vec![Problem::new(Kind::DeviceNode, "/dev/gcu1: does not exist")],
             ..reading(Pci::Present, counters(0, 0, &[]))
         };
         let v = verdicts(&[

@@ -12,6 +12,7 @@
 pub mod decide;
 #[cfg(feature = "plugin")]
 pub mod nvml;
+pub mod reason;
 pub mod signals;
 pub mod tools;
 pub mod wing;
@@ -27,6 +28,7 @@ use crate::topology::Node;
 
 pub use decide::Health;
 use decide::{Counters, Pci, Reading, Tracked};
+pub use reason::{Kind, Problem, Reason, Severity};
 
 /// How often sysfs is read and how long a device is held down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,8 @@ struct Kept {
     bdf: Option<String>,
     /// The last sysfs read and when it was made.
     pci: (Pci, Counters),
+    /// What the kernel driver said of the function at that read (`[health.drm]`).
+    drm: Vec<Problem>,
     read_at: Option<Instant>,
 }
 
@@ -87,6 +91,8 @@ pub struct Monitor {
     /// The profile's vendor tool ([`tools`]), run once per interval for all devices; `None`
     /// in a one-shot check, which would leave the tool running behind it.
     tools: Option<tools::Poller>,
+    /// Each profile's `[health.drm]`, by profile name, read at its first check.
+    drm: Mutex<HashMap<String, Option<std::sync::Arc<wing::DrmHealth>>>>,
 }
 
 /// A profile's NVML for the engine: started, or why not and when it was last tried.
@@ -110,7 +116,22 @@ impl Monitor {
             #[cfg(feature = "plugin")]
             nvml: None,
             tools: Some(tools::Poller::default()),
+            drm: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// `profile`'s `[health.drm]`, read once; `None` where it has none (or it does not read:
+    /// a daemon refuses that at its start).
+    fn drm(&self, profile: &Profile) -> Option<std::sync::Arc<wing::DrmHealth>> {
+        let mut all = self.drm.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry(profile.name.clone())
+            .or_insert_with(|| {
+                wing::HealthWing::of(profile)
+                    .ok()
+                    .and_then(|(w, _)| w.drm)
+                    .map(std::sync::Arc::new)
+            })
+            .clone()
     }
 
     /// This engine reads the NVML signals of the profiles whose `[health.nvml]` asks for them
@@ -186,6 +207,7 @@ impl Monitor {
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut root: Option<Option<Root>> = None;
+        let drm = self.drm(profile);
         #[cfg(feature = "plugin")]
         let nvml = self.nvml(profile);
         let reported = self
@@ -209,6 +231,7 @@ impl Monitor {
                     },
                     bdf: None,
                     pci: (Pci::Unknown, Counters::default()),
+                    drm: Vec::new(),
                     read_at: None,
                 });
                 let first = k.read_at.is_none();
@@ -224,28 +247,30 @@ impl Monitor {
                         (Some(r), Some(b)) => signals::read_pci(r, b),
                         _ => (Pci::Unknown, Counters::default()),
                     };
+                    k.drm = match (root.as_ref(), k.bdf.as_deref(), drm.as_deref()) {
+                        (Some(r), Some(b), Some(c)) => signals::read_drm(r, b, c),
+                        _ => Vec::new(),
+                    };
                     k.read_at = Some(now);
                 }
                 #[cfg(feature = "plugin")]
                 let vendor = match (&nvml, k.bdf.as_deref()) {
                     (Some(w), Some(b)) => w.read(b, due),
-                    _ => None,
+                    _ => Vec::new(),
                 };
                 #[cfg(not(feature = "plugin"))]
-                let vendor = None;
+                let vendor = Vec::new();
                 // A tool's report is read as the nodes' signal is: not held down, clear as
                 // soon as the tool says so.
                 let told = k.bdf.as_deref().and_then(|b| reported.get(b));
-                let nodes = match (nodes, told) {
-                    (Some(n), Some(t)) => Some(format!("{n}; {t}")),
-                    (n, t) => n.or_else(|| t.cloned()),
-                };
+                let nodes: Vec<Problem> = nodes.into_iter().chain(told.cloned()).collect();
                 let reading = Reading {
                     nodes,
                     bdf: k.bdf.clone(),
                     pci: k.pci.0,
                     counters: k.pci.1.clone(),
                     nvml: vendor,
+                    drm: k.drm.clone(),
                 };
                 let prev = (!first).then_some(&k.tracked);
                 let (tracked, notes) =
@@ -336,14 +361,18 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         let h = m.check(&profile, &subjects(true));
         assert_eq!(healthy(&h), [false, true]);
-        assert!(h[0].reason().unwrap().contains("1 fatal PCIe (AER) error"));
+        assert!(h[0]
+            .reason_text()
+            .unwrap()
+            .contains("1 fatal PCIe (AER) error"));
+        assert_eq!(h[0].reason().unwrap().label(), "aer-fatal");
 
         // Gone, and no longer found by its bus id (a fresh discovery has none for it).
         std::fs::remove_dir_all(&one).unwrap();
         std::thread::sleep(Duration::from_millis(250));
         let h = m.check(&profile, &subjects(false));
         assert_eq!(
-            h[0].reason(),
+            h[0].reason_text(),
             Some("PCI function 0000:11:00.0 is gone from sysfs")
         );
         std::fs::create_dir_all(&one).unwrap();
@@ -363,6 +392,63 @@ mod tests {
             "{:?}",
             back.elapsed()
         );
+    }
+
+    /// An xe GPU (the intel-xe profile's `[health.drm]`) in survivability mode is unhealthy
+    /// at the next sysfs read, held down once the mode is gone, healthy after; its function
+    /// bound to vfio-pci is unhealthy naming it, gone with the function at once.
+    #[test]
+    fn an_xe_gpu_in_survivability_mode_is_held_down_like_the_others() {
+        let t = tempfile::tempdir().unwrap();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/profiles/intel-xe.toml");
+        let (mut profile, _) =
+            Profile::from_text(&std::fs::read_to_string(path).unwrap(), "intel-xe").unwrap();
+        profile.driver_root = t.path().to_path_buf();
+        let dir = t.path().join("sys/bus/pci/devices/0000:04:00.0");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bind = |to: &str| {
+            let _ = std::fs::remove_file(dir.join("driver"));
+            std::os::unix::fs::symlink(format!("../../drivers/{to}"), dir.join("driver")).unwrap();
+        };
+        bind("xe");
+        let one = [Subject {
+            name: "card1",
+            pci_bus_id: Some("0000:04:00.0"),
+            nodes: &[],
+            host_nodes: &[],
+        }];
+        let m = Monitor::new(Settings {
+            interval: Duration::ZERO,
+            hold_down: Duration::from_millis(300),
+        })
+        .without_tools();
+        assert!(m.check(&profile, &one)[0].is_healthy());
+        std::fs::write(dir.join("survivability_mode"), "Runtime\n").unwrap();
+        let h = m.check(&profile, &one);
+        let why = h[0].reason().unwrap();
+        assert_eq!(
+            (why.severity(), why.label().as_str()),
+            (Severity::Error, "survivability-mode"),
+            "{}",
+            why.text()
+        );
+        std::fs::remove_file(dir.join("survivability_mode")).unwrap();
+        let cleared = Instant::now();
+        assert!(!m.check(&profile, &one)[0].is_healthy(), "held down");
+        while !m.check(&profile, &one)[0].is_healthy() {
+            assert!(cleared.elapsed() < Duration::from_secs(3), "never back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(cleared.elapsed() >= Duration::from_millis(300));
+
+        bind("vfio-pci");
+        let h = m.check(&profile, &one);
+        assert_eq!(
+            h[0].reason_text(),
+            Some("PCI function 0000:04:00.0 is bound to \"vfio-pci\", not xe")
+        );
+        assert_eq!(h[0].reason().unwrap().label(), "driver-unbound");
     }
 
     /// A device that leaves the table discovered afresh ([`Monitor::check_all`]) and comes
@@ -394,7 +480,7 @@ mod tests {
             "new to the node"
         );
         assert_eq!(
-            kept.check(&profile, &one)[0].reason(),
+            kept.check(&profile, &one)[0].reason_text(),
             Some("PCI function 0000:11:00.0 is gone from sysfs")
         );
         std::fs::create_dir_all(&dir).unwrap();

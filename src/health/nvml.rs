@@ -18,6 +18,13 @@
 //!
 //! A failed wait is not a GPU failure: it is said once, and waited on again after a second.
 //!
+//! One initialisation per process where it can: a library already initialised in this
+//! process (the exporter's NVML metrics, loaded from the same file first: the dynamic loader
+//! maps one file once, so both hold the same library) is used as it is, never initialised
+//! again; this engine shuts down only what it initialised itself (at a start on an
+//! uninitialised library, or again after a driver reload). NVML counts its initialisations,
+//! so either way each `nvmlInit` is paired with one `nvmlShutdown`.
+//!
 //! Ref: NVML API Reference Guide, Event Handling Methods, Device Queries (ECC, remapped rows),
 //! Return values (`nvmlReturn_t`).
 
@@ -30,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{FileType, Mode, OFlags};
 
+use super::reason::{Kind, Problem};
 use super::wing::NvmlHealth;
 use crate::libraries::{libraries, Resolver};
 use crate::profile::Profile;
@@ -193,16 +201,18 @@ struct Gpu {
     /// A call on it answered "GPU is lost" and no look-up has reached it since.
     lost: bool,
     /// The XID or double-bit ECC event that holds it, and when it came.
-    event: Option<(String, Instant)>,
+    event: Option<(Problem, Instant)>,
     ecc_base: Option<u64>,
     /// What the last poll found wrong (ECC, remapped rows).
-    polled: Vec<String>,
+    polled: Vec<Problem>,
     /// What of it was said once (a signal it cannot give).
     said: HashSet<&'static str>,
 }
 
 struct Shared {
     api: Api,
+    /// The `nvmlInit` calls this engine made (each undone by one `nvmlShutdown` when dropped).
+    inits: std::sync::atomic::AtomicU32,
     cfg: NvmlHealth,
     profile: String,
     gpus: Mutex<HashMap<String, Gpu>>,
@@ -280,10 +290,19 @@ impl Watch {
                 unread.push(name);
             }
         }
-        // SAFETY: nvmlInit_v2 takes nothing.
-        let rc = unsafe { (api.init)() };
-        if rc != SUCCESS {
-            return Err(format!("{}: nvmlInit_v2: {}", opened.shown, api.error(rc)));
+        // A look-up that answers anything but "uninitialised" says another holder in this
+        // process (the exporter's metrics) initialised this same library: use it as it is.
+        let probe = c"0000:00:00.0";
+        let mut d: Device = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated bus id and a place for the handle; NVML answers
+        // NVML_ERROR_UNINITIALIZED to any call made before nvmlInit.
+        let shared_init = unsafe { (api.by_bus)(probe.as_ptr(), &mut d) } != ERROR_UNINITIALIZED;
+        if !shared_init {
+            // SAFETY: nvmlInit_v2 takes nothing.
+            let rc = unsafe { (api.init)() };
+            if rc != SUCCESS {
+                return Err(format!("{}: nvmlInit_v2: {}", opened.shown, api.error(rc)));
+            }
         }
         drop(opened.fd);
         if !unread.is_empty() {
@@ -301,6 +320,7 @@ impl Watch {
             && api.set_free.is_some();
         let shared = Arc::new(Shared {
             api,
+            inits: std::sync::atomic::AtomicU32::new(u32::from(!shared_init)),
             cfg: cfg.clone(),
             profile: profile.name.clone(),
             gpus: Mutex::new(HashMap::new()),
@@ -319,18 +339,23 @@ impl Watch {
             None
         };
         log::info!(
-            "{}: NVML health from {} (XIDs ignored: {:?})",
+            "{}: NVML health from {} (XIDs ignored: {:?}){}",
             profile.name,
             shared.cfg.library,
-            shared.cfg.xid_ignore
+            shared.cfg.xid_ignore,
+            if shared_init {
+                "; initialised already in this process, used as it is"
+            } else {
+                ""
+            }
         );
         Ok(Watch { shared, thread })
     }
 
-    /// GPU `bdf`'s NVML problems now, one line, `None` when clear. `poll`: read its ECC count
-    /// and remapped rows (the engine's interval has passed); else only what the events said
-    /// and what the last poll found lost.
-    pub fn read(&self, bdf: &str, poll: bool) -> Option<String> {
+    /// GPU `bdf`'s NVML problems now, empty when clear. `poll`: read its ECC count and
+    /// remapped rows (the engine's interval has passed); else only what the events said and
+    /// what the last poll found lost.
+    pub fn read(&self, bdf: &str, poll: bool) -> Vec<Problem> {
         self.shared.read(bdf, poll)
     }
 }
@@ -341,8 +366,11 @@ impl Drop for Watch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // SAFETY: initialised in start; no thread calls NVML any more.
-        unsafe { (self.shared.api.shutdown)() };
+        // Only what this engine initialised: a library it found initialised is its holder's.
+        for _ in 0..self.shared.inits.load(Ordering::SeqCst) {
+            // SAFETY: initialised by this engine; no thread of it calls NVML any more.
+            unsafe { (self.shared.api.shutdown)() };
+        }
     }
 }
 
@@ -351,12 +379,13 @@ impl Shared {
         self.gpus.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn read(&self, bdf: &str, poll: bool) -> Option<String> {
+    fn read(&self, bdf: &str, poll: bool) -> Vec<Problem> {
         let api = &self.api;
         if poll && self.reinit.swap(false, Ordering::SeqCst) {
             // SAFETY: nvmlInit_v2 takes nothing; NVML counts its initialisations.
             let rc = unsafe { (api.init)() };
             if rc == SUCCESS {
+                self.inits.fetch_add(1, Ordering::SeqCst);
                 log::info!(
                     "{}: NVML initialised again (the driver reloaded): XIDs cleared, ECC \
                      counted afresh",
@@ -369,10 +398,10 @@ impl Shared {
         }
         let mut gpus = self.lock();
         let g = gpus.entry(bdf.to_string()).or_default();
-        let mut problems: Vec<String> = Vec::new();
+        let mut problems: Vec<Problem> = Vec::new();
         if poll && g.handle.is_none() {
             let Ok(c) = CString::new(bdf) else {
-                return None;
+                return problems;
             };
             let mut d: Device = std::ptr::null_mut();
             // SAFETY: a NUL-terminated bus id and a place for the handle.
@@ -409,22 +438,26 @@ impl Shared {
         if g.lost {
             problems.insert(
                 0,
-                format!("GPU {bdf} is lost to NVML (NVML_ERROR_GPU_IS_LOST)"),
+                Problem::new(
+                    Kind::GpuLost,
+                    format!("GPU {bdf} is lost to NVML (NVML_ERROR_GPU_IS_LOST)"),
+                ),
             );
         }
         if let Some((reason, at)) = &g.event {
             let after = self.cfg.xid_clear_seconds.map(Duration::from_secs);
             if after.is_some_and(|a| at.elapsed() >= a) {
                 log::info!(
-                    "{}: GPU {bdf}: {reason} cleared after xid-clear-seconds",
-                    self.profile
+                    "{}: GPU {bdf}: {} cleared after xid-clear-seconds",
+                    self.profile,
+                    reason.text
                 );
                 g.event = None;
             } else {
                 problems.insert(0, reason.clone());
             }
         }
-        (!problems.is_empty()).then(|| problems.join("; "))
+        problems
     }
 
     /// An NVML answer that is no signal, said once per GPU and call.
@@ -450,17 +483,20 @@ impl Shared {
         g.registered = false;
     }
 
-    fn poll(&self, g: &mut Gpu, bdf: &str, h: usize, problems: &mut Vec<String>) {
+    fn poll(&self, g: &mut Gpu, bdf: &str, h: usize, problems: &mut Vec<Problem>) {
         let api = &self.api;
         if let (true, Some(ecc)) = (self.cfg.ecc, api.ecc) {
             let mut n = 0u64;
             // SAFETY: a handle NVML gave and a place for the count.
             match unsafe { ecc(device(h), UNCORRECTED, VOLATILE, &mut n) } {
                 SUCCESS => match g.ecc_base {
-                    Some(b) if n > b => problems.push(format!(
-                        "{} uncorrected ECC error(s) on GPU {bdf} since it was first read \
-                         (volatile count {n})",
-                        n - b
+                    Some(b) if n > b => problems.push(Problem::new(
+                        Kind::Ecc,
+                        format!(
+                            "{} uncorrected ECC error(s) on GPU {bdf} since it was first read \
+                             (volatile count {n})",
+                            n - b
+                        ),
                     )),
                     _ => g.ecc_base = Some(n),
                 },
@@ -475,10 +511,14 @@ impl Shared {
             match unsafe { remapped(device(h), &mut corr, &mut unc, &mut pending, &mut failure) } {
                 SUCCESS => {
                     if failure != 0 {
-                        problems.push(format!("row remapping failed on GPU {bdf}"));
+                        problems.push(Problem::new(
+                            Kind::RowRemap,
+                            format!("row remapping failed on GPU {bdf}"),
+                        ));
                     } else if pending != 0 {
-                        problems.push(format!(
-                            "row remapping pending on GPU {bdf} (it needs a reset)"
+                        problems.push(Problem::new(
+                            Kind::RowRemap,
+                            format!("row remapping pending on GPU {bdf} (it needs a reset)"),
                         ));
                     }
                 }
@@ -620,13 +660,13 @@ impl Shared {
                 );
                 return;
             }
-            format!("XID {xid} on GPU {bdf}")
+            Problem::new(Kind::Xid(xid), format!("XID {xid} on GPU {bdf}"))
         } else if data.event_type & EVENT_DOUBLE_BIT_ECC != 0 {
-            format!("double-bit ECC error on GPU {bdf}")
+            Problem::new(Kind::Ecc, format!("double-bit ECC error on GPU {bdf}"))
         } else {
             return;
         };
-        log::warn!("{}: {reason}", self.profile);
+        log::warn!("{}: {}", self.profile, reason.text);
         g.event = Some((reason, Instant::now()));
     }
 }

@@ -19,12 +19,14 @@ use std::path::{Path, PathBuf};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 
-use crate::discovery::{is_bdf, open_in_root, read_in_root, sorted_names_in};
+use crate::discovery::{is_bdf, open_in_root, read_in_root, read_link_in_root, sorted_names_in};
 use crate::inroot::{Root, Scope};
 use crate::profile::Profile;
 use crate::topology::{normalize_bdf, Node};
 
 use super::decide::{Counters, Pci};
+use super::reason::{Kind, Problem};
+use super::wing::DrmHealth;
 
 const PCI_DEVICES: &str = "sys/bus/pci/devices";
 
@@ -40,30 +42,34 @@ const MAX_RAS_BLOCKS: usize = 64;
 ///
 /// The node's host path is a lexical join under dev-root looked at with `lstat`, never
 /// opened: a link there is not a character device, so nothing outside the root is reached.
-pub fn nodes_problem(profile: &Profile, nodes: &[Node], host_nodes: &[PathBuf]) -> Option<String> {
+pub fn nodes_problem(profile: &Profile, nodes: &[Node], host_nodes: &[PathBuf]) -> Option<Problem> {
     if let Some(v) = profile.version_file.as_deref() {
         let path = Profile::under(&profile.driver_root, v);
         if !path.exists() {
-            return Some(format!(
-                "the driver is not loaded (its version file {} is gone)",
-                path.display()
+            return Some(Problem::new(
+                Kind::DriverNotLoaded,
+                format!(
+                    "the driver is not loaded (its version file {} is gone)",
+                    path.display()
+                ),
             ));
         }
     }
+    let node = |text: String| Some(Problem::new(Kind::DeviceNode, text));
     for (n, host) in nodes.iter().zip(host_nodes) {
         let m = match std::fs::symlink_metadata(host) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Some(format!("{}: does not exist", host.display()))
+                return node(format!("{}: does not exist", host.display()))
             }
-            Err(e) => return Some(format!("{}: cannot be read: {e}", host.display())),
+            Err(e) => return node(format!("{}: cannot be read: {e}", host.display())),
         };
         if !m.file_type().is_char_device() {
-            return Some(format!("{}: is not a character device", host.display()));
+            return node(format!("{}: is not a character device", host.display()));
         }
         let major = nix::sys::stat::major(m.rdev());
         if let Some(want) = n.major.filter(|w| *w != major) {
-            return Some(format!(
+            return node(format!(
                 "{}: has major {major}, the driver's is {want}",
                 host.display()
             ));
@@ -97,6 +103,78 @@ pub fn read_pci(root: &Root, bdf: &str) -> (Pci, Counters) {
         ras_ue: ras(root, &dir.join("ras")),
     };
     (pci, counters)
+}
+
+/// What the kernel driver says of PCI function `bdf` under `root`, as `cfg` asks: bound to
+/// none of `cfg.drivers` (unbound, or rebound to `vfio-pci`), or put by xe in survivability
+/// mode (its firmware failed: the device is wedged until it is flashed). States, not counts:
+/// nothing to baseline. Nothing when the function is not there (its absence is
+/// [`read_pci`]'s signal) or cannot be looked at.
+///
+/// Ref: Documentation/ABI/testing/sysfs-bus-pci (`driver`, a link to the bound driver);
+/// drivers/gpu/drm/xe/xe_survivability_mode.c (`survivability_mode`, on the PCI device only
+/// while in that mode, reading `Boot` or `Runtime`).
+pub fn read_drm(root: &Root, bdf: &str, cfg: &DrmHealth) -> Vec<Problem> {
+    let bdf = normalize_bdf(bdf);
+    let mut out = Vec::new();
+    if !is_bdf(&bdf) {
+        return out;
+    }
+    let dir = Path::new(PCI_DEVICES).join(&bdf);
+    if root
+        .open_at(&dir, OFlags::PATH | OFlags::DIRECTORY, Scope::InRoot)
+        .is_err()
+    {
+        return out;
+    }
+    if !cfg.drivers.is_empty() {
+        let wanted = cfg.drivers.join(", ");
+        match read_link_in_root(root, &dir.join("driver")) {
+            Ok(target) => {
+                let name = target
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if !cfg.drivers.contains(&name) {
+                    let shown: String = name.chars().filter(|c| !c.is_control()).take(40).collect();
+                    out.push(Problem::new(
+                        Kind::DriverUnbound,
+                        format!("PCI function {bdf} is bound to {shown:?}, not {wanted}"),
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => out.push(Problem::new(
+                Kind::DriverUnbound,
+                format!("PCI function {bdf} is bound to no driver (the profile's: {wanted})"),
+            )),
+            Err(_) => {}
+        }
+    }
+    if cfg.survivability_mode {
+        let rel = dir.join("survivability_mode");
+        if open_in_root(root, &rel).is_ok() {
+            let mode = read_in_root(root, &rel, 64)
+                .ok()
+                .map(|b| {
+                    String::from_utf8_lossy(&b)
+                        .trim()
+                        .chars()
+                        .filter(|c| !c.is_control())
+                        .take(20)
+                        .collect::<String>()
+                })
+                .filter(|m| !m.is_empty());
+            let mode = mode.map(|m| format!(" ({m})")).unwrap_or_default();
+            out.push(Problem::new(
+                Kind::SurvivabilityMode,
+                format!(
+                    "PCI function {bdf} is in survivability mode{mode}: its firmware needs \
+                     flashing"
+                ),
+            ));
+        }
+    }
+    out
 }
 
 /// The first word of config space is the vendor and device ID; a function that no longer
@@ -248,6 +326,79 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
+    /// The kernel driver's signals on a simulated sysfs: bound to the profile's driver, clear;
+    /// to another, or to none, unhealthy naming it; xe's survivability mode, unhealthy with the
+    /// mode; a `survivability_mode` that is not a regular file, or a function gone, nothing.
+    #[test]
+    fn the_kernel_drivers_binding_and_survivability_mode() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = function(t.path());
+        let root = Root::open(t.path()).unwrap();
+        let cfg = DrmHealth {
+            drivers: vec!["xe".into()],
+            survivability_mode: true,
+        };
+        let bind = |to: &str| {
+            let _ = std::fs::remove_file(dir.join("driver"));
+            symlink(
+                format!("../../../../bus/pci/drivers/{to}"),
+                dir.join("driver"),
+            )
+            .unwrap();
+        };
+        let read = || read_drm(&root, BDF, &cfg);
+        bind("xe");
+        assert_eq!(read(), []);
+        bind("vfio-pci");
+        assert_eq!(
+            read(),
+            [Problem::new(
+                Kind::DriverUnbound,
+                "PCI function 0000:11:00.0 is bound to \"vfio-pci\", not xe"
+            )]
+        );
+        std::fs::remove_file(dir.join("driver")).unwrap();
+        assert_eq!(
+            read(),
+            [Problem::new(
+                Kind::DriverUnbound,
+                "PCI function 0000:11:00.0 is bound to no driver (the profile's: xe)"
+            )]
+        );
+        // Not asked: not read.
+        let only_mode = DrmHealth {
+            drivers: Vec::new(),
+            survivability_mode: true,
+        };
+        assert_eq!(read_drm(&root, BDF, &only_mode), []);
+
+        bind("xe");
+        std::fs::write(dir.join("survivability_mode"), "Runtime\n").unwrap();
+        assert_eq!(
+            read(),
+            [Problem::new(
+                Kind::SurvivabilityMode,
+                "PCI function 0000:11:00.0 is in survivability mode (Runtime): its firmware \
+                 needs flashing"
+            )]
+        );
+        let off = DrmHealth {
+            survivability_mode: false,
+            ..cfg.clone()
+        };
+        assert_eq!(read_drm(&root, BDF, &off), []);
+        std::fs::remove_file(dir.join("survivability_mode")).unwrap();
+        nix::unistd::mkfifo(
+            &dir.join("survivability_mode"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        assert_eq!(read(), [], "a FIFO is no signal (and never blocks)");
+
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(read(), [], "gone is read_pci's signal");
+    }
+
     #[test]
     fn parsers() {
         assert_eq!(
@@ -281,9 +432,13 @@ mod tests {
         let mut p = profile.clone();
         p.version_file = None;
         let why = nodes_problem(&p, &nodes, &hosts).unwrap();
-        assert_eq!(why, format!("{}: does not exist", host.display()));
+        assert_eq!(why.text, format!("{}: does not exist", host.display()));
+        assert_eq!(why.kind, Kind::DeviceNode);
         std::fs::write(&host, "").unwrap();
-        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap().text;
         assert!(why.ends_with("is not a character device"), "{why}");
+        p.version_file = Some("/proc/driver/nowhere/version".into());
+        let why = nodes_problem(&p, &nodes, &hosts).unwrap();
+        assert_eq!(why.kind, Kind::DriverNotLoaded, "{why:?}");
     }
 }

@@ -26,45 +26,33 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::reason::{Kind, Problem};
+pub use super::wing::Format;
+use super::wing::HealthWing;
 use crate::profile::Profile;
 use crate::topology::normalize_bdf;
 
-/// How a tool's output is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `npu-smi info`'s table.
-    NpuSmiInfo,
-    /// CSV rows `<bus id>, <health>`.
-    BusHealthCsv,
-}
-
-/// One vendor's health tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One vendor's health tool, as its profile's `[health.tool]` names it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
-    pub binary: &'static str,
-    pub args: &'static [&'static str],
+    pub binary: String,
+    pub args: Vec<String>,
     pub format: Format,
+    /// It is killed, with its process group, past this.
+    pub timeout: Duration,
 }
 
-/// How long a tool may run: it is killed, with its group, past it.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The health tool of a profile, by its name; `None` for vendors whose health is read
-/// otherwise.
+/// The health tool of a profile, from its `[health.tool]`; `None` where it names none, or
+/// where the table does not read (a daemon refuses that at its start, naming the key).
 pub fn of(profile: &Profile) -> Option<Tool> {
-    match profile.name.as_str() {
-        "ascend" => Some(Tool {
-            binary: "npu-smi",
-            args: &["info"],
-            format: Format::NpuSmiInfo,
-        }),
-        "enflame" => Some(Tool {
-            binary: "efsmi",
-            args: &["--query-gcu=bus_id,health", "--format=csv,noheader,nounits"],
-            format: Format::BusHealthCsv,
-        }),
-        _ => None,
-    }
+    let (w, _) = HealthWing::of(profile).ok()?;
+    let t = w.tool?;
+    Some(Tool {
+        format: t.format(),
+        timeout: t.timeout(),
+        binary: t.binary,
+        args: t.args,
+    })
 }
 
 /// A health word that means healthy.
@@ -128,18 +116,17 @@ pub fn parse(format: Format, text: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// Runs `tool` for `profile` now, within [`TIMEOUT`]: each device it lists with its health
-/// words, or why it judges nothing.
-pub fn run_once(profile: &Profile, tool: Tool) -> Result<BTreeMap<String, String>, String> {
-    let Some((program, chroot)) = crate::vendortool::locate(profile, tool.binary) else {
+/// Runs `tool` for `profile` now, within its time limit: each device it lists with its
+/// health words, or why it judges nothing.
+pub fn run_once(profile: &Profile, tool: &Tool) -> Result<BTreeMap<String, String>, String> {
+    let Some((program, chroot)) = crate::vendortool::locate(profile, &tool.binary) else {
         return Err(format!(
             "{} is in none of binary-search-dirs under {}",
             tool.binary,
             profile.driver_root.display()
         ));
     };
-    let args: Vec<String> = tool.args.iter().map(|a| a.to_string()).collect();
-    let out = crate::vendortool::run(&program, chroot.as_deref(), &args, TIMEOUT)
+    let out = crate::vendortool::run(&program, chroot.as_deref(), &tool.args, tool.timeout)
         .map_err(|(_, detail)| detail)?;
     let found = parse(tool.format, &String::from_utf8_lossy(&out));
     if found.is_empty() {
@@ -152,14 +139,17 @@ pub fn run_once(profile: &Profile, tool: Tool) -> Result<BTreeMap<String, String
 }
 
 /// Why each device the tool reports unhealthy is: `<tool> reports "<words>"`.
-pub fn reasons(tool: Tool, found: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub fn reasons(tool: &Tool, found: &BTreeMap<String, String>) -> BTreeMap<String, Problem> {
     found
         .iter()
         .filter(|(_, w)| !healthy_word(w))
         .map(|(bus, w)| {
             (
                 bus.clone(),
-                format!("{} reports {:?}", tool.binary, shown(w)),
+                Problem::new(
+                    Kind::Tool(tool.binary.clone()),
+                    format!("{} reports {:?}", tool.binary, shown(w)),
+                ),
             )
         })
         .collect()
@@ -167,11 +157,13 @@ pub fn reasons(tool: Tool, found: &BTreeMap<String, String>) -> BTreeMap<String,
 
 #[derive(Debug, Default)]
 struct State {
+    /// The profile's tool, read from its `[health.tool]` at the first call.
+    tool: Option<Option<Tool>>,
     /// The run under way, its answer to come.
     running: Option<mpsc::Receiver<Result<BTreeMap<String, String>, String>>>,
     started: Option<Instant>,
     /// The last answer's unhealthy devices, by bus id, with why.
-    unhealthy: BTreeMap<String, String>,
+    unhealthy: BTreeMap<String, Problem>,
     /// The failure said last, until the tool answers again.
     said: Option<String>,
 }
@@ -186,11 +178,11 @@ impl Poller {
     /// The devices the tool said unhealthy at its last answer (bus id → reason), a new run
     /// started where `interval` has passed since the last one began and none is under way.
     /// Empty for a profile without a tool.
-    pub fn unhealthy(&self, profile: &Profile, interval: Duration) -> BTreeMap<String, String> {
-        let Some(tool) = of(profile) else {
+    pub fn unhealthy(&self, profile: &Profile, interval: Duration) -> BTreeMap<String, Problem> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tool) = st.tool.get_or_insert_with(|| of(profile)).clone() else {
             return BTreeMap::new();
         };
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(rx) = &st.running {
             match rx.try_recv() {
                 Ok(answer) => {
@@ -200,7 +192,7 @@ impl Poller {
                             if st.said.take().is_some() {
                                 log::info!("{}: {} answers again", profile.name, tool.binary);
                             }
-                            st.unhealthy = reasons(tool, &found);
+                            st.unhealthy = reasons(&tool, &found);
                         }
                         Err(why) => {
                             if st.said.as_deref() != Some(why.as_str()) {
@@ -226,7 +218,7 @@ impl Poller {
             let spawned = std::thread::Builder::new()
                 .name(format!("{}-health", tool.binary))
                 .spawn(move || {
-                    let _ = tx.send(run_once(&p, tool));
+                    let _ = tx.send(run_once(&p, &tool));
                 });
             if spawned.is_ok() {
                 st.running = Some(rx);
@@ -267,17 +259,15 @@ mod tests {
             ])
         );
         let tool = Tool {
-            binary: "npu-smi",
-            args: &[],
+            binary: "npu-smi".into(),
+            args: Vec::new(),
             format: Format::NpuSmiInfo,
+            timeout: Duration::from_secs(1),
         };
-        assert_eq!(
-            reasons(tool, &found),
-            BTreeMap::from([(
-                "0000:c2:00.0".to_string(),
-                "npu-smi reports \"Alarm\"".to_string()
-            )])
-        );
+        let r = reasons(&tool, &found);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["0000:c2:00.0"]);
+        assert_eq!(r["0000:c2:00.0"].text, "npu-smi reports \"Alarm\"");
+        assert_eq!(r["0000:c2:00.0"].kind, Kind::Tool("npu-smi".into()));
         let csv = "0000:10:00.0, OK\n0000:11:00.0, Fault\x1b[0m\nnot a row\n, OK\n";
         assert_eq!(
             parse(Format::BusHealthCsv, csv),
@@ -287,19 +277,59 @@ mod tests {
             ])
         );
         let efsmi = Tool {
-            binary: "efsmi",
-            args: &[],
+            binary: "efsmi".into(),
             format: Format::BusHealthCsv,
+            ..tool
         };
         assert_eq!(
-            reasons(efsmi, &parse(Format::BusHealthCsv, csv))["0000:11:00.0"],
+            reasons(&efsmi, &parse(Format::BusHealthCsv, csv))["0000:11:00.0"].text,
             "efsmi reports \"Fault[0m\""
         );
         assert!(parse(Format::BusHealthCsv, "efsmi: unknown option\n").is_empty());
     }
 
-    /// A simulated driver root with busybox as its `sh` and `sleep`, and `efsmi` the script given.
-    fn root_with_efsmi(script: &str) -> (tempfile::TempDir, Profile) {
+    /// The shipped profile `name` with the last line of its `[health.tool]` (its
+    /// `timeout-seconds`) replaced by `last`.
+    fn profile_with_tool(name: &str, last: &str) -> Profile {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("config/profiles")
+            .join(format!("{name}.toml"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let at = text.find("[health.tool]").unwrap();
+        let (head, tail) = text.split_at(at);
+        let tail = tail.replacen("timeout-seconds = 5\n", &format!("{last}\n"), 1);
+        Profile::from_text(&format!("{head}{tail}"), name)
+            .unwrap()
+            .0
+    }
+
+    /// Each shipped profile's tool, and one whose time limit config.toml's override set.
+    #[test]
+    fn the_tools_come_from_the_profiles_health_tables() {
+        let builtin = crate::config::Config::builtin();
+        let efsmi = of(builtin.profile("enflame").unwrap()).unwrap();
+        assert_eq!(
+            (efsmi.binary.as_str(), efsmi.format, efsmi.timeout),
+            ("efsmi", Format::BusHealthCsv, Duration::from_secs(5))
+        );
+        assert_eq!(
+            efsmi.args,
+            ["--query-gcu=bus_id,health", "--format=csv,noheader,nounits"]
+        );
+        // Not built in: read from its file in profiles-dir.
+        let npu = of(&profile_with_tool("ascend", "timeout-seconds = 5")).unwrap();
+        assert_eq!(
+            (npu.binary.as_str(), npu.args.as_slice(), npu.format),
+            ("npu-smi", &["info".to_string()][..], Format::NpuSmiInfo)
+        );
+        assert_eq!(of(builtin.profile("nvidia").unwrap()), None);
+        let short = profile_with_tool("enflame", "timeout-seconds = 0.5");
+        assert_eq!(of(&short).unwrap().timeout, Duration::from_millis(500));
+    }
+
+    /// A simulated driver root with busybox as its `sh` and `sleep`, `efsmi` the script given,
+    /// and the enflame profile's tool limited to `timeout` seconds.
+    fn root_with_efsmi(script: &str, timeout: &str) -> (tempfile::TempDir, Profile) {
         let t = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(t.path().join("bin")).unwrap();
         std::fs::create_dir_all(t.path().join("usr/bin")).unwrap();
@@ -310,32 +340,27 @@ mod tests {
         std::fs::write(&efsmi, format!("#!/bin/sh\n{script}")).unwrap();
         std::fs::set_permissions(&efsmi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let mut p = crate::config::Config::builtin()
-            .profile("enflame")
-            .unwrap()
-            .clone();
+        let mut p = profile_with_tool("enflame", &format!("timeout-seconds = {timeout}"));
         p.driver_root = t.path().to_path_buf();
         (t, p)
     }
 
     /// The tool run in the simulated driver root (chrooted, as on a host): one GCU reported
-    /// unhealthy with the tool's words; one that hangs is killed at the limit and judges
-    /// nothing; one that is missing says so. Needs root (chroot).
+    /// unhealthy with the tool's words; one that hangs is killed at the profile's limit (1 s
+    /// here, not the shipped 5) and judges nothing; one that is missing says so. Needs root
+    /// (chroot).
     #[test]
     fn a_stand_in_efsmi_reports_a_gcu_and_one_that_hangs_is_killed() {
         let (_t, p) = root_with_efsmi(
             "[ \"$1\" = --query-gcu=bus_id,health ] || exit 2\n\
              echo '0000:10:00.0, OK'\necho '0000:11:00.0, Fault'\n",
+            "5",
         );
         let tool = of(&p).unwrap();
-        let found = run_once(&p, tool).unwrap();
-        assert_eq!(
-            reasons(tool, &found),
-            BTreeMap::from([(
-                "0000:11:00.0".to_string(),
-                "efsmi reports \"Fault\"".to_string()
-            )])
-        );
+        let found = run_once(&p, &tool).unwrap();
+        let r = reasons(&tool, &found);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["0000:11:00.0"]);
+        assert_eq!(r["0000:11:00.0"].text, "efsmi reports \"Fault\"");
         // Through the poller: the first call starts the run, a later one has its answer.
         let poller = Poller::default();
         let t = Instant::now();
@@ -347,21 +372,22 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "no answer");
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert_eq!(unhealthy["0000:11:00.0"], "efsmi reports \"Fault\"");
+        assert_eq!(unhealthy["0000:11:00.0"].text, "efsmi reports \"Fault\"");
 
-        let (_t, p) = root_with_efsmi("echo '0000:11:00.0, Fault'\nexec sleep 60\n");
+        let (_t, p) = root_with_efsmi("echo '0000:11:00.0, Fault'\nexec sleep 60\n", "1");
+        let tool = of(&p).unwrap();
         let t = Instant::now();
-        let e = run_once(&p, tool).unwrap_err();
-        assert!(e.contains("killed"), "{e}");
+        let e = run_once(&p, &tool).unwrap_err();
+        assert!(e.contains("still running after 1s; killed"), "{e}");
         assert!(
-            t.elapsed() < TIMEOUT + Duration::from_secs(2),
+            t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(3),
             "{:?}",
             t.elapsed()
         );
 
         let mut gone = p.clone();
         gone.binary_search_dirs = vec!["/nowhere".into()];
-        assert!(run_once(&gone, tool)
+        assert!(run_once(&gone, &tool)
             .unwrap_err()
             .starts_with("efsmi is in none of binary-search-dirs"));
     }

@@ -209,7 +209,7 @@ impl Plugin {
         let s = self.state.borrow();
         ids.iter().find_map(|id| {
             let t = s.table.iter().position(|d| d.id == *id)?;
-            let why = s.health.get(t)?.reason()?;
+            let why = s.health.get(t)?.reason_text()?;
             Some(format!(
                 "device {:?} is unhealthy ({}); not allocated",
                 id.chars().take(80).collect::<String>(),

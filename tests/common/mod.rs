@@ -43,6 +43,8 @@
 //!   `report.open("/dev/nvidia1")` ([`Open::Enxio`], [`Open::Eperm`], ...).
 //! - [`drm`]: DRM-class hosts (AMD, Intel, Hygon sysfs and `/dev/dri` nodes) built into a
 //!   `SimRoot`, and `drm::install_profiles` to add their profile files to a `Runc`.
+//! - [`health`]: the health engine's end-to-end set-ups (a PCI function's AER and RAS
+//!   counters, fast health settings, a stand-in `efsmi`, a pool's tainted devices).
 //! - [`unique`]: a process- and thread-unique name for ids and files.
 //! - [`cgroup_v1`]: whether the host runs cgroup v1 (devices.list exists) or v2 (eBPF).
 //! - [`binary`]: the path of one of the crate's binaries, cargo's build or, with
@@ -59,6 +61,7 @@ pub mod dra;
 pub mod drm;
 #[cfg(feature = "plugin")]
 pub mod grpc;
+pub mod health;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
 #[cfg(feature = "plugin")]

@@ -11,6 +11,10 @@
 //! - `lost <gpu>`: every call on the GPU answers `NVML_ERROR_GPU_IS_LOST` (15); the line
 //!   removed, it answers again: a reset;
 //! - `waitfail`: every wait fails (`NVML_ERROR_UNKNOWN`, 999).
+//!
+//! Each time the library is loaded into a process (its constructor), and each `nvmlInit_v2` and
+//! `nvmlShutdown`, appends a line (`load <pid>`, `init <pid>`, `shutdown <pid>`) to the
+//! control file's `.calls` sibling ([`calls`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -68,9 +72,13 @@ static int line(const char *word, int gpu, char *rest, int restlen) {{
   }}
   return 0; }}
 static int lost(dev *d) {{ return line("lost", d->i, 0, 0); }}
+static void said(const char *what) {{
+  FILE *f = fopen("{control}.calls", "a");
+  if (f) {{ fprintf(f, "%s %d\n", what, (int)getpid()); fclose(f); }} }}
+__attribute__((constructor)) static void loaded(void) {{ said("load"); }}
 
-int nvmlInit_v2(void) {{ for (int i = 0; i < {n}; i++) devs[i].i = i; inits++; return 0; }}
-int nvmlShutdown(void) {{ if (inits > 0) inits--; return 0; }}
+int nvmlInit_v2(void) {{ for (int i = 0; i < {n}; i++) devs[i].i = i; inits++; said("init"); return 0; }}
+int nvmlShutdown(void) {{ if (inits > 0) inits--; said("shutdown"); return 0; }}
 int nvmlDeviceGetHandleByUUID(const char *u, dev **d) {{
   if (!inits) return 1;
   for (int i = 0; i < {n}; i++) if (!strcmp(u, uuids[i])) {{ *d = &devs[i]; return lost(&devs[i]) ? 15 : 0; }}
@@ -136,6 +144,18 @@ const char *nvmlErrorString(int r) {{ return r == 15 ? "GPU is lost" : "stand-in
     std::os::unix::fs::symlink("libnvidia-ml.so.550.54.14", dir.join("libnvidia-ml.so.1")).unwrap();
     run(Command::new("ldconfig").arg("-r").arg(sim.path()));
     control
+}
+
+/// The calls the stand-in of `control` logged so far: (`load`/`init`/`shutdown`, pid).
+pub fn calls(control: &Path) -> Vec<(String, u32)> {
+    std::fs::read_to_string(control.with_extension("calls"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (what, pid) = l.split_once(' ')?;
+            Some((what.to_string(), pid.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Replaces the control file whole (renamed into place: a call never reads half of it).

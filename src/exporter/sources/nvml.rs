@@ -122,6 +122,22 @@ fn load(profile: &Profile, cfg: &MetricNvml) -> Result<Loaded, (&'static str, St
 }
 
 impl NvmlSource {
+    /// Loads and initialises the library where it is not yet; whether it is loaded. Called
+    /// before the health engine's first check, so the engine finds NVML initialised and uses
+    /// it as it is: one `nvmlInit` in the process ([`crate::health::nvml`]).
+    pub fn load(&mut self, profile: &Profile, cfg: &MetricNvml, failed: &mut Vec<Failure>) -> bool {
+        if self.nvml.is_none() {
+            match load(profile, cfg) {
+                Ok(n) => self.nvml = Some(n),
+                Err((reason, detail)) => {
+                    failed.push(Failure::new(SOURCE, None, reason, detail));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Every device's readings into `out` (one list per device of `devs`).
     pub fn read(
         &mut self,
@@ -131,14 +147,8 @@ impl NvmlSource {
         out: &mut [Vec<Reading>],
         failed: &mut Vec<Failure>,
     ) {
-        if self.nvml.is_none() {
-            match load(profile, cfg) {
-                Ok(n) => self.nvml = Some(n),
-                Err((reason, detail)) => {
-                    failed.push(Failure::new(SOURCE, None, reason, detail));
-                    return;
-                }
-            }
+        if !self.load(profile, cfg, failed) {
+            return;
         }
         let Some(nvml) = self.nvml.as_ref().and_then(Loaded::get) else {
             return;
