@@ -190,37 +190,18 @@ pub fn run(bundle_dir: &Path, id: &str) -> Result<Done, CreateError> {
 fn edit(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateError> {
     remove_leftovers(&parsed.path);
     let spec = &parsed.spec;
-    let asked = asked(cfg, spec)?;
-    // Where libraries go in the container: looked up in the image only when a vendor is asked.
-    let lib_dir = match &cfg.container_library_dir {
-        Some(d) => d.clone(),
-        None if asked.vendors.is_empty() => PathBuf::new(),
-        None => spec::default_library_dir(spec.rootfs(&parsed.dir).as_deref()),
-    };
-    let planned = plan(&asked, spec, &lib_dir)?;
-    let (image, vendor_libs) = image_side(&asked, &planned, spec, &parsed.dir, &lib_dir)?;
-    let mut out = Outcome {
-        requests: asked.requests,
-        removed_docker_hook: spec.docker_gpu_hook,
-        ..Outcome::default()
-    };
-    // Vendor by vendor, as the profiles are ordered: its nodes, its driver, its dev links.
-    for p in planned {
-        for (_, nodes) in p.devices {
-            out.plan.extend(nodes);
-        }
-        out.plan.extend(p.driver);
-        out.plan.extend(Plan {
-            mounts: p.dev_links,
-            ..Plan::default()
-        });
-    }
-    if !asked.cdi.is_empty() {
-        out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &asked.cdi)?;
-    }
-    if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
+    let rootfs = spec.rootfs(&parsed.dir);
+    let decision = decide(cfg, spec, rootfs.as_deref())?;
+    let (image, vendor_libs) = image_side(
+        &decision.asked,
+        &decision.planned,
+        spec,
+        &parsed.dir,
+        &decision.lib_dir,
+    )?;
+    let Some(out) = decision.outcome(cfg, spec.docker_gpu_hook)? else {
         return Ok(None);
-    }
+    };
     // Everything above was decided from the shim's reading of the spec; runc must read it alike.
     spec::check_read_as_runc(&parsed.path, &parsed.original)?;
     if apply(&mut parsed.doc, &parsed.path, &out)? {
@@ -237,6 +218,71 @@ fn edit(parsed: &mut Parsed, cfg: &Config) -> Result<Option<Outcome>, CreateErro
             .chain(out.cdi.nodes.iter().map(|n| &n.node)),
     );
     Ok(Some(out))
+}
+
+/// What a container asks for and each asked vendor's plan: the decision the shim's create and
+/// the NRI plugin (src/nri/) share, made from the container's [`View`] alone. Finished by
+/// [`Decision::outcome`]; between the two the shim checks the image (`image_side`), which the
+/// plugin cannot see.
+pub struct Decision<'c> {
+    asked: Asked<'c>,
+    planned: Vec<Planned>,
+    /// Where libraries go in the container.
+    pub lib_dir: PathBuf,
+}
+
+/// Steps 1 and 2: what `spec` asks for (its variables, device-list mounts when the node takes
+/// them, CDI names in annotations and variables) and each asked vendor's plan. `rootfs`: the
+/// image, where the library directory is looked up when the config names none (`None`: the
+/// default, `/usr/lib64`).
+pub fn decide<'c>(
+    cfg: &'c Config,
+    spec: &View,
+    rootfs: Option<&Path>,
+) -> Result<Decision<'c>, CreateError> {
+    let asked = asked(cfg, spec)?;
+    // Where libraries go in the container: looked up in the image only when a vendor is asked.
+    let lib_dir = match &cfg.container_library_dir {
+        Some(d) => d.clone(),
+        None if asked.vendors.is_empty() => PathBuf::new(),
+        None => spec::default_library_dir(rootfs),
+    };
+    let planned = plan(&asked, spec, &lib_dir)?;
+    Ok(Decision {
+        asked,
+        planned,
+        lib_dir,
+    })
+}
+
+impl Decision<'_> {
+    /// The edits, vendor by vendor as the profiles are ordered (its nodes, its driver, its dev
+    /// links), then the CDI names resolved. `Ok(None)`: nothing to edit (`docker_hook`: docker's
+    /// hook is there to replace, which is an edit).
+    pub fn outcome(self, cfg: &Config, docker_hook: bool) -> Result<Option<Outcome>, CreateError> {
+        let mut out = Outcome {
+            requests: self.asked.requests,
+            removed_docker_hook: docker_hook,
+            ..Outcome::default()
+        };
+        for p in self.planned {
+            for (_, nodes) in p.devices {
+                out.plan.extend(nodes);
+            }
+            out.plan.extend(p.driver);
+            out.plan.extend(Plan {
+                mounts: p.dev_links,
+                ..Plan::default()
+            });
+        }
+        if !self.asked.cdi.is_empty() {
+            out.cdi = cdi::resolve(&cfg.cdi_spec_dirs, &self.asked.cdi)?;
+        }
+        if out.plan.is_empty() && out.cdi.is_empty() && !out.removed_docker_hook {
+            return Ok(None);
+        }
+        Ok(Some(out))
+    }
 }
 
 /// A rewrite killed midway (OOM, power cut) left its temp file; this create cleans up.

@@ -19,7 +19,8 @@
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's
 //! device table and the IDs and names kubelet knows devices by, kubelet's protocols compiled
 //! from `.proto` files, sockets; its gRPC half only with the `plugin` feature) → `ctk`
-//! (accel-ctk's subcommands), `plugin` (accel-device-plugin), `dra` (accel-dra-driver, only
+//! (accel-ctk's subcommands), `plugin` (accel-device-plugin), `nri` (accel-nri-plugin: the create path's decision as an NRI
+//! plugin, only with the `plugin` feature), `dra` (accel-dra-driver, only
 //! with the `dra` feature), `exporter` (accel-exporter, only with the `exporter` feature),
 //! side by side → binaries.
 
@@ -51,6 +52,8 @@ pub mod ldcache;
 pub mod libraries;
 pub mod loader;
 pub mod logging;
+#[cfg(feature = "plugin")]
+pub mod nri;
 pub mod pipeline;
 pub mod plan;
 pub mod plugin;

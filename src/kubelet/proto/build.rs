@@ -11,8 +11,11 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/kubelet/proto");
+    println!("cargo:rerun-if-changed=src/nri/proto");
     #[cfg(feature = "plugin")]
     protocols::compile();
+    #[cfg(feature = "plugin")]
+    protocols::compile_nri();
 }
 
 #[cfg(feature = "plugin")]
@@ -62,5 +65,23 @@ mod protocols {
             compiler.encode_file_descriptor_set(),
         )
         .expect("OUT_DIR is writable");
+    }
+
+    /// NRI's plugin protocol and ttrpc's envelope (src/nri/proto): messages only, into
+    /// OUT_DIR/nri; accel-nri-plugin frames and dispatches them itself (src/nri/ttrpc.rs).
+    pub fn compile_nri() {
+        let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        let fds = protox::compile(["nri.proto", "ttrpc.proto"], ["src/nri/proto"])
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let dir = out.join("nri");
+        std::fs::create_dir_all(&dir).expect("OUT_DIR is writable");
+        tonic_prost_build::configure()
+            .build_transport(false)
+            .build_client(false)
+            .build_server(false)
+            .emit_rerun_if_changed(false)
+            .out_dir(&dir)
+            .compile_fds(fds)
+            .unwrap_or_else(|e| panic!("nri: {e}"));
     }
 }
