@@ -101,6 +101,9 @@ struct State {
 struct Runtime {
     name: String,
     version: String,
+    /// How long the runtime waits for an answer (0: not said); an answer later than that is
+    /// dropped and the container starts without it.
+    request_timeout: Duration,
     registered: bool,
 }
 
@@ -285,6 +288,8 @@ fn serve(req: &Request, opts: &Options, state: &mut State, runtime: &mut Runtime
             };
             runtime.name = c.runtime_name;
             runtime.version = c.runtime_version;
+            runtime.request_timeout =
+                Duration::from_millis(u64::try_from(c.request_timeout).unwrap_or(0));
             log::debug!(
                 "nri: configured by {} {} (request timeout {} ms)",
                 runtime.name,
@@ -326,13 +331,26 @@ fn serve(req: &Request, opts: &Options, state: &mut State, runtime: &mut Runtime
             success(api::Empty::default().encode_to_vec())
         }
         "CreateContainer" => match CreateContainerRequest::decode(payload) {
-            Ok(c) => match create(&c, opts, state) {
-                Ok(r) => success(r.encode_to_vec()),
-                Err(msg) => {
-                    log::error!("nri: {}: {msg}", who(&c));
-                    failure(envelope::UNKNOWN, format!("{PREFIX}: {msg}"))
+            Ok(c) => {
+                let started = std::time::Instant::now();
+                let answer = create(&c, opts, state);
+                let took = started.elapsed();
+                if !runtime.request_timeout.is_zero() && took > runtime.request_timeout {
+                    log::warn!(
+                        "nri: {}: answered in {} ms, past the runtime's request timeout of {} ms",
+                        who(&c),
+                        took.as_millis(),
+                        runtime.request_timeout.as_millis()
+                    );
                 }
-            },
+                match answer {
+                    Ok(r) => success(r.encode_to_vec()),
+                    Err(msg) => {
+                        log::error!("nri: {}: {msg}", who(&c));
+                        failure(envelope::UNKNOWN, format!("{PREFIX}: {msg}"))
+                    }
+                }
+            }
             Err(e) => bad(e),
         },
         other => failure(
@@ -390,6 +408,14 @@ fn create(
         return Ok(CreateContainerResponse::default());
     };
     let (adjust, added) = adjust::adjustment(&out, &container)?;
+    // As the shim's create: the host's /dev/char links systemd's DeviceAllow= needs.
+    crate::devchar::ensure_logged(
+        &cfg.host_dev_dir,
+        out.plan
+            .nodes
+            .iter()
+            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+    );
     log::info!(
         "nri: {}: {} nodes, {} mounts for {}",
         who(req),

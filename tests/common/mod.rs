@@ -61,6 +61,8 @@ pub mod drm;
 pub mod grpc;
 #[cfg(feature = "plugin")]
 pub mod kubelet;
+#[cfg(feature = "plugin")]
+pub mod nri;
 pub mod nvml;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,8 @@
 //! The build script: kubelet's protocols (the `.proto` files beside this one, written for this
 //! project from the published APIs) compiled into Rust by protox and tonic-prost-build, so no
 //! machine needs `protoc`. Only with the `plugin` feature: the runtime's own build runs
-//! nothing here and links none of it.
+//! nothing here and links none of it. NRI's messages and ttrpc's envelope
+//! (src/nri/proto/*.proto, for accel-nri-plugin) are compiled here too, messages only.
 //!
 //! Each group is compiled into its own directory under OUT_DIR, as two of kubelet's packages
 //! share a name across protocols (`v1`: PodResources and DRA health; `v1beta1`: the device
