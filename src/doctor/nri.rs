@@ -212,7 +212,7 @@ pub fn judge(cfg: &NriConfig, file: &str, seen: Seen) -> Finding {
     )
 }
 
-/// [`judge`] for the node: containerd's file under the root (none: containerd is not
+/// `judge` for the node: containerd's file under the root (none: containerd is not
 /// installed, or runs on its defaults when its binary is there), its `--version`, the socket.
 pub fn check_containerd_nri(ctx: &Ctx) -> Option<Finding> {
     let (text, file) = match super::engines::containerd_file(ctx) {
