@@ -2,7 +2,8 @@
 //! once (its bytes: [`Bundle`]; what the shim reads of it: [`spec::View`]), decide what is
 //! asked (`asked`), each asked vendor's devices, host facts and plan (`plan`: the steps every
 //! CDI spec takes too, [`crate::pipeline`]), the image side (`image_side`), apply (`apply`),
-//! write atomically.
+//! write atomically. The decision ([`decide`], [`Decision::outcome`]) is a function of the
+//! view alone, which the NRI plugin (src/nri/) builds from NRI's container.
 //! Fully-qualified CDI names (in a vendor variable or `cdi.k8s.io/*` annotations) are resolved
 //! from the CDI spec dirs and applied after the variable's edits, with CDI's replace rules.
 //!
