@@ -13,7 +13,8 @@
 #                            (packaging/container/entrypoint.sh) and a shell: Debian's
 #                            busybox-static (/bin/busybox, itself a static binary, and its applet
 #                            links in /bin), for the entrypoint and the checkpoint installer
-#   accel-device-plugin      /usr/bin/accel-device-plugin and nothing else
+#   accel-device-plugin      /usr/bin/accel-device-plugin and /usr/bin/accel-nri-plugin (the
+#                            NRI plugin's DaemonSet runs the second), nothing else
 #   accel-dra-driver         /usr/bin/accel-dra-driver and nothing else
 #   accel-exporter           /usr/bin/accel-exporter and nothing else (vendor CLIs run
 #                            chrooted in the host's tree, with the host's libraries)
@@ -144,9 +145,10 @@ if [ "$build" = 1 ]; then
     if needs accel-container-runtime; then
         RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --bin accel-container-runtime
     fi
-    # accel-ctk (in the runtime's image) is built with the device plugin, as for the packages.
+    # accel-ctk (in the runtime's image) is built with the device plugin and the NRI plugin,
+    # as for the packages.
     if needs accel-container-runtime || needs accel-device-plugin; then
-        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-ctk
+        RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-nri-plugin --bin accel-ctk
     fi
     if needs accel-dra-driver; then
         RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
@@ -274,6 +276,11 @@ for image in $images; do
             ;;
         accel-device-plugin|accel-dra-driver|accel-exporter)
             put_binary "$bin_dir/$image" "$root/usr/bin/$image"
+            # The NRI plugin rides in the device plugin's image: the same feature's build, and
+            # one image fewer to publish and pull.
+            if [ "$image" = accel-device-plugin ]; then
+                put_binary "$bin_dir/accel-nri-plugin" "$root/usr/bin/accel-nri-plugin"
+            fi
             write_image "$image" "$root" "$(json_array "/usr/bin/$image")" null \
                 "packaging/build-images.sh"
             ;;

@@ -43,17 +43,17 @@ triple="$(bash packaging/target.sh)"
 if [ "$build" = 1 ]; then
     rustflags="$(bash packaging/target.sh --rustflags)"
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --bin accel-container-runtime
-    # The gRPC stack (feature `plugin`) for the device plugin and accel-ctk (`accel-ctk pods`
-    # asks kubelet's PodResources), never for the runtime above: a feature is the library's,
-    # so each binary gets it by being built in this command and not in that one.
-    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-ctk
+    # The gRPC stack (feature `plugin`) for the device plugin, the NRI plugin and accel-ctk
+    # (`accel-ctk pods` asks kubelet's PodResources), never for the runtime above: a feature is
+    # the library's, so each binary gets it by being built in this command and not in that one.
+    RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features plugin --bin accel-device-plugin --bin accel-nri-plugin --bin accel-ctk
     # The DRA driver (feature `dra`: the API client too), for the packages and its image
     # (packaging/build-images.sh builds the images of these same commands).
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features dra --bin accel-dra-driver
     # The exporter (feature `exporter`), for the packages.
     RUSTFLAGS="$rustflags" cargo build --release --locked --target "$triple" --features exporter --bin accel-exporter
 fi
-for b in accel-container-runtime accel-ctk accel-device-plugin accel-dra-driver accel-exporter; do
+for b in accel-container-runtime accel-ctk accel-device-plugin accel-nri-plugin accel-dra-driver accel-exporter; do
     bin="target/$triple/release/$b"
     [ -x "$bin" ] || { echo "build-packages.sh: $bin not built" >&2; exit 1; }
     # The shipped build is static: it has no program interpreter (PT_INTERP).
@@ -95,9 +95,11 @@ expected="/usr/bin/accel-container-runtime
 /usr/bin/accel-device-plugin
 /usr/bin/accel-dra-driver
 /usr/bin/accel-exporter
+/usr/bin/accel-nri-plugin
 /lib/systemd/system/accel-device-plugin.service
 /lib/systemd/system/accel-dra-driver.service
 /lib/systemd/system/accel-exporter.service
+/lib/systemd/system/accel-nri-plugin.service
 /lib/systemd/system/accel-ctk-checkpoint.service
 /etc/accel-container-runtime/config.toml
 /usr/share/accel-container-runtime/engines.sh

@@ -1252,3 +1252,91 @@ fn doctor_judges_the_daemons_tables_and_each_devices_health() {
     let (_, v, _) = doctor_json(&n);
     assert_eq!(finding(&v, "health")["status"], "ok", "{v:#?}");
 }
+
+/// Issue 43: doctor on a containerd node says whether NRI lets `accel-nri-plugin` in and
+/// whether a device container fails closed while it is down, from containerd's file, a
+/// stand-in `containerd --version` and the socket: 2.1 cannot (said, with the plugin
+/// installed, as a warning); 2.2 can, and warns with the lines to set until the validator is
+/// on; NRI turned off warns with the line that turns it on.
+#[test]
+fn doctor_says_whether_nri_fails_closed() {
+    let n = Node::new();
+    let root = n.root();
+    put(root, "/etc/accel-container-runtime/config.toml", "", 0o644);
+    put(root, "/usr/bin/accel-nri-plugin", "", 0o755);
+    let containerd = |v: &str| {
+        put(
+            root,
+            "/usr/bin/containerd",
+            &format!(
+                "#!/bin/sh\necho 'containerd github.com/containerd/containerd/v2 {v} 0123abc'\n"
+            ),
+            0o755,
+        )
+    };
+    let conf = |text: &str| put(root, "/etc/containerd/config.toml", text, 0o644);
+    std::fs::create_dir_all(root.join("var/run/nri")).unwrap();
+    let _nri = std::os::unix::net::UnixListener::bind(root.join("var/run/nri/nri.sock")).unwrap();
+    let nri = |v: &[Value]| finding(v, "containerd NRI").clone();
+
+    containerd("v2.1.9");
+    conf("version = 3\n");
+    let (_, v, _) = doctor_json(&n);
+    let f = nri(&v);
+    assert_eq!(f["status"], "warn", "{f:#}");
+    let msg = f["message"].as_str().unwrap();
+    assert!(msg.starts_with("containerd 2.1, "), "{msg}");
+    assert!(msg.contains("NRI on (default)"), "{msg}");
+    assert!(
+        msg.contains("socket \"/var/run/nri/nri.sock\" present"),
+        "{msg}"
+    );
+    assert!(msg.contains("cannot fail closed"), "{msg}");
+
+    containerd("v2.2.0");
+    let (_, v, _) = doctor_json(&n);
+    let f = nri(&v);
+    assert_eq!(f["status"], "warn", "{f:#}");
+    assert!(
+        f["message"].as_str().unwrap().contains("validator is off"),
+        "{f:#}"
+    );
+    let fix = f["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("[plugins.\"io.containerd.nri.v1.nri\".default_validator] enable = true"),
+        "{fix}"
+    );
+
+    conf("version = 3\n[plugins.\"io.containerd.nri.v1.nri\".default_validator]\nenable = true\n");
+    let (_, v, _) = doctor_json(&n);
+    let f = nri(&v);
+    assert_eq!(f["status"], "ok", "{f:#}");
+    assert!(
+        f["message"].as_str().unwrap().contains(
+            "required-plugins.noderesource.dev/container.<name>: '[\"accel\"]' fails closed"
+        ),
+        "{f:#}"
+    );
+
+    conf("version = 3\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = true\n");
+    let (_, v, _) = doctor_json(&n);
+    let f = nri(&v);
+    assert_eq!(f["status"], "warn", "{f:#}");
+    assert!(
+        f["message"].as_str().unwrap().contains("NRI off (set)"),
+        "{f:#}"
+    );
+    assert!(
+        f["fix"]
+            .as_str()
+            .unwrap()
+            .contains("set disable = false in [plugins.\"io.containerd.nri.v1.nri\"]"),
+        "{f:#}"
+    );
+
+    // No containerd at all: nothing to say.
+    std::fs::remove_file(root.join("usr/bin/containerd")).unwrap();
+    std::fs::remove_file(root.join("etc/containerd/config.toml")).unwrap();
+    let (_, v, _) = doctor_json(&n);
+    assert!(!v.iter().any(|f| f["check"] == "containerd NRI"), "{v:#?}");
+}

@@ -55,6 +55,7 @@ const CHECKPOINT: Workload = ("device-plugin", "accel-ctk-checkpoint");
 const PLUGIN_LABELS: Workload = ("device-plugin-labels", "accel-device-plugin");
 const DRA: Workload = ("dra", "accel-dra-driver");
 const EXPORTER: Workload = ("exporter", "accel-exporter");
+const NRI: Workload = ("nri", "accel-nri-plugin");
 
 const KUBE: &str = "packaging/kubernetes";
 
@@ -298,6 +299,8 @@ fn build_images(out: &Path, images: &[&str]) {
     // integration test in one, and ACCEL_TEST_BINARIES names one.
     let plugin = binary(env!("CARGO_BIN_EXE_accel-device-plugin"));
     assert_eq!(Path::new(&plugin).parent(), test_build().parent());
+    let nri = binary(env!("CARGO_BIN_EXE_accel-nri-plugin"));
+    assert_eq!(Path::new(&nri).parent(), test_build().parent());
     #[cfg(feature = "dra")]
     assert_eq!(
         Path::new(&binary(env!("CARGO_BIN_EXE_accel-dra-driver"))).parent(),
@@ -965,7 +968,15 @@ fn every_workload_of_every_overlay_is_started_by_a_test_here() {
     // The DRA driver's pod is started by `dra_driver_daemonset_starts_and_registers`, built
     // with `--features dra`, the exporter's by `exporter_daemonset_starts_and_serves`, built
     // with `--features exporter` (.ci/run runs this file with both).
-    let tested = [RUNTIME, PLUGIN, CHECKPOINT, PLUGIN_LABELS, DRA, EXPORTER];
+    let tested = [
+        RUNTIME,
+        PLUGIN,
+        CHECKPOINT,
+        PLUGIN_LABELS,
+        DRA,
+        EXPORTER,
+        NRI,
+    ];
     let all: Vec<(String, BTreeMap<String, Yaml>)> = overlays()
         .into_iter()
         .map(|o| {
@@ -1045,7 +1056,7 @@ fn every_overlay_renders_with_one_list_of_images_and_the_common_label() {
 /// Issue 36: no overlay runs the device plugin and the DRA driver, and where either runs, it
 /// runs only on the nodes whose mode label names it: a node has one value for a label, so
 /// applying both overlays to one cluster still puts one mode on each node. Each mode comes with
-/// the runtime installer.
+/// the runtime installer, but for the NRI overlay's, whose nodes keep their stock runtime.
 #[test]
 fn a_node_runs_one_mode_whatever_the_overlays() {
     let mode = |w: &Yaml| {
@@ -1067,7 +1078,11 @@ fn a_node_runs_one_mode_whatever_the_overlays() {
             assert_eq!(mode(d).as_deref(), Some("dra"), "overlays/{o}");
             modes.insert("dra");
         }
-        assert!(w.contains_key("accel-runtime-installer"), "overlays/{o}");
+        assert_eq!(
+            w.contains_key("accel-runtime-installer"),
+            o != "nri",
+            "overlays/{o}"
+        );
         for (name, x) in &w {
             if name != "accel-device-plugin" && name != "accel-dra-driver" {
                 assert_eq!(mode(x), None, "overlays/{o}: {name} is in no mode");
@@ -1154,15 +1169,23 @@ fn images_hold_what_the_script_says_and_nothing_else() {
     for bin in single {
         let (img, tree) = unpacked(bin);
         let file = format!("usr/bin/{bin}");
-        let mut want: BTreeSet<String> = dirs_of(&[&file]);
-        want.insert(file.clone());
+        // The device plugin's image carries the NRI plugin too (its DaemonSet names it).
+        let mut files = vec![file.clone()];
+        if bin == "accel-device-plugin" {
+            files.push("usr/bin/accel-nri-plugin".into());
+        }
+        let mut want: BTreeSet<String> =
+            dirs_of(&files.iter().map(String::as_str).collect::<Vec<_>>());
+        want.extend(files.iter().cloned());
         assert_eq!(tree.keys().cloned().collect::<BTreeSet<_>>(), want, "{bin}");
-        assert_eq!(tree[&file], ('f', 0o755, 0, 0, None), "{bin}");
+        for f in &files {
+            assert_eq!(tree[f], ('f', 0o755, 0, 0, None), "{f}");
+            if !dynamic(test_build()) {
+                assert!(!dynamic(&img.rootfs.join(f)), "{f} is not static");
+            }
+        }
         assert_eq!(img.entrypoint, [format!("/{file}")]);
         assert!(img.cmd.is_empty());
-        if !dynamic(test_build()) {
-            assert!(!dynamic(&img.rootfs.join(&file)), "{file} is not static");
-        }
     }
 
     let (img, tree) = unpacked("accel-container-runtime");
@@ -1780,4 +1803,73 @@ fn tenant_names_on_an_open_port_only_the_monitoring_namespace_reaches_the_export
         checked += 1;
     }
     assert!(checked >= 1, "no overlay runs the exporter");
+}
+
+/// Issue 43 item 4: the NRI plugin's pod starts under its own securityContext (no privilege,
+/// no capability, read-only root) on a node without the engine's NRI socket, says so once and
+/// keeps running, retrying; once a socket appears in the node's `/var/run/nri` (the hostPath
+/// it mounts), it connects to it there.
+#[test]
+fn nri_plugin_daemonset_waits_for_the_socket_then_connects() {
+    require_root();
+    let sim = SimRoot::builder().enflame(2).build();
+    let mut node = Node::new();
+    node.map("/", Path::new("/"));
+    let etc = node.path("/etc/accel-container-runtime");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+            sim.path().display()
+        ),
+    )
+    .unwrap();
+    let pod = Pod::start(NRI, &node, &[]);
+    let name = "accel-nri-plugin";
+    let waiting = "cannot connect to /var/run/nri/nri.sock";
+    let t = Instant::now();
+    while !pod.log(name).contains(waiting) {
+        assert!(
+            pod.status(name) == "running" && t.elapsed() < Duration::from_secs(20),
+            "no {waiting:?}:\n{}",
+            pod.log(name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pod.assert_stays_running(name);
+    assert_eq!(
+        pod.log(name).matches(waiting).count(),
+        1,
+        "{}",
+        pod.log(name)
+    );
+
+    // The engine comes up: a socket in the node's directory, which the pod mounts.
+    let listener =
+        std::os::unix::net::UnixListener::bind(node.path("/var/run/nri").join("nri.sock")).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let t = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the plugin never connected:\n{}",
+            pod.log(name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    while !pod
+        .log(name)
+        .contains("nri: connected to /var/run/nri/nri.sock")
+    {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", pod.log(name));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pod.assert_stays_running(name);
 }

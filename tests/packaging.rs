@@ -379,6 +379,7 @@ fn image_script_builds_what_the_packages_ship() {
         })
     };
     assert!(with("plugin", "accel-device-plugin"));
+    assert!(with("plugin", "accel-nri-plugin"));
     assert!(with("dra", "accel-dra-driver"));
     assert!(with("exporter", "accel-exporter"));
     assert!(with("plugin", "accel-ctk"));
@@ -571,8 +572,19 @@ fn kustomize_layout_names_every_image_in_one_place() {
             in_overlays.insert(name.to_owned());
         }
         // A node runs the runtime installer and at most one mode; an overlay never has both.
+        // The NRI overlay is the one without the runtime: the node keeps its stock runtime,
+        // and nothing (no runtime, no checkpoint unit) is installed on the host.
         let has = |c: &str| list.contains(&format!("../../components/{c}").as_str());
-        assert!(has("runtime"), "{o}: every overlay installs the runtime");
+        if o == "nri" {
+            assert!(has("nri") && has("device-plugin"), "{o}: {list:?}");
+            assert!(
+                !has("runtime") && !has("checkpoint"),
+                "{o}: installs on the host"
+            );
+        } else {
+            assert!(!has("nri"), "{o}: the NRI plugin beside the runtime");
+            assert!(has("runtime"), "{o}: every overlay installs the runtime");
+        }
         assert!(!(has("device-plugin") && has("dra")), "{o}: two modes");
     }
     assert_eq!(
@@ -1400,4 +1412,127 @@ fn packages_ship_the_exporter_and_its_unit() {
     assert!(unit
         .lines()
         .any(|l| l.starts_with("ExecStart=/usr/bin/accel-exporter ")));
+}
+
+/// Issue 43 item 4: the packages ship accel-nri-plugin and its unit (built with the device
+/// plugin's feature, checked in the .deb and the .rpm); the unit starts after the engines and
+/// restarts always; the device plugin's image carries the binary, which the NRI overlay's
+/// DaemonSet runs with the host's NRI socket directory and the host's `/` read-only, unprivileged,
+/// on the nodes labelled for it, changing no engine config.
+#[test]
+fn nri_plugin_packaged_as_unit_image_and_overlay() {
+    let toml = read("Cargo.toml");
+    for want in [
+        r#"["target/release/accel-nri-plugin", "usr/bin/accel-nri-plugin", "755"]"#,
+        r#"["packaging/systemd/accel-nri-plugin.service", "lib/systemd/system/accel-nri-plugin.service", "644"]"#,
+        r#"{ source = "target/release/accel-nri-plugin", dest = "/usr/bin/accel-nri-plugin", mode = "755" }"#,
+        r#"{ source = "packaging/systemd/accel-nri-plugin.service", dest = "/lib/systemd/system/accel-nri-plugin.service", mode = "644" }"#,
+    ] {
+        assert!(toml.contains(want), "Cargo.toml lacks {want}");
+    }
+    let packages = read("packaging/build-packages.sh");
+    assert!(packages.contains("--features plugin --bin accel-device-plugin --bin accel-nri-plugin"));
+    for want in [
+        "/usr/bin/accel-nri-plugin\n",
+        "/lib/systemd/system/accel-nri-plugin.service\n",
+        " accel-nri-plugin ",
+    ] {
+        assert!(
+            packages.contains(want),
+            "build-packages.sh does not check {want:?}"
+        );
+    }
+    let unit = read("packaging/systemd/accel-nri-plugin.service");
+    let line =
+        |key: &str| -> Vec<&str> { unit.lines().filter_map(|l| l.strip_prefix(key)).collect() };
+    assert_eq!(
+        line("ExecStart="),
+        ["/usr/bin/accel-nri-plugin --socket /var/run/nri/nri.sock"]
+    );
+    assert_eq!(line("Restart="), ["always"]);
+    assert!(line("After=")[0]
+        .split_whitespace()
+        .any(|u| u == "containerd.service"));
+    assert!(line("After=")[0]
+        .split_whitespace()
+        .any(|u| u == "crio.service"));
+    assert_eq!(line("WantedBy="), ["multi-user.target"]);
+
+    // The image: the device plugin's, the NRI plugin beside it.
+    let images = read(IMAGES);
+    assert!(images
+        .contains(r#"put_binary "$bin_dir/accel-nri-plugin" "$root/usr/bin/accel-nri-plugin""#));
+
+    // The DaemonSet.
+    let docs = yaml_docs("packaging/kubernetes/components/nri/accel-nri-plugin.yaml");
+    assert_eq!(docs.len(), 1, "the DaemonSet alone");
+    let ds = &docs[0];
+    assert_eq!(s(ds, &["kind"]), "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        s(pod, &["nodeSelector", "accel-container-runtime/nri"]),
+        "true"
+    );
+    assert!(pod["nodeSelector"]["accel-container-runtime/mode"].is_null());
+    assert_eq!(
+        s(
+            &ds["spec"]["template"],
+            &[
+                "metadata",
+                "annotations",
+                "tolerate-missing-plugins.noderesource.dev"
+            ]
+        ),
+        "true"
+    );
+    assert!(
+        pod["hostPID"].is_null() && pod["initContainers"].is_null(),
+        "no installer"
+    );
+    let c = &seq(pod, "containers")[0];
+    assert_eq!(s(c, &["image"]), "accel-device-plugin");
+    assert_eq!(s(&seq(c, "command")[0], &[]), "/usr/bin/accel-nri-plugin");
+    let args: Vec<&str> = seq(c, "args").iter().map(|a| a.as_str().unwrap()).collect();
+    assert!(args.contains(&"--socket=/var/run/nri/nri.sock"), "{args:?}");
+    assert!(args.contains(&"--host-root=/host"), "{args:?}");
+    assert!(c["securityContext"]["privileged"].is_null());
+    assert_eq!(
+        c["securityContext"]["allowPrivilegeEscalation"].as_bool(),
+        Some(false)
+    );
+    let volumes: BTreeMap<&str, &str> = seq(pod, "volumes")
+        .iter()
+        .map(|v| (s(v, &["name"]), s(v, &["hostPath", "path"])))
+        .collect();
+    let mounts: BTreeMap<&str, (&str, bool)> = seq(c, "volumeMounts")
+        .iter()
+        .map(|m| {
+            (
+                volumes[s(m, &["name"])],
+                (s(m, &["mountPath"]), m["readOnly"].as_bool() == Some(true)),
+            )
+        })
+        .collect();
+    assert_eq!(mounts["/var/run/nri"], ("/var/run/nri", false));
+    assert_eq!(mounts["/"], ("/host", true));
+    assert_eq!(
+        mounts["/etc/accel-container-runtime"],
+        ("/etc/accel-container-runtime", true)
+    );
+    // The device plugin's DaemonSet mounts the host's `/` the same way.
+    let plugin = &yaml_docs(PLUGIN)[0]["spec"]["template"]["spec"];
+    let host = seq(&seq(plugin, "containers")[0], "volumeMounts")
+        .iter()
+        .find(|m| s(m, &["mountPath"]) == "/host")
+        .unwrap();
+    let ours = seq(c, "volumeMounts")
+        .iter()
+        .find(|m| s(m, &["mountPath"]) == "/host")
+        .unwrap();
+    assert_eq!(host, ours);
+    // No other host path: no engine config, nothing it could install into.
+    assert_eq!(
+        volumes.values().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from(["/", "/etc/accel-container-runtime", "/var/run/nri"])
+    );
 }

@@ -310,22 +310,29 @@ pub fn check_containerd(ctx: &Ctx) -> Engine {
     out
 }
 
-/// `containerd_cdi_nri` for the node: its config file, and on the node itself (not under
-/// `--root`) the installed containerd's version. Nothing when containerd has no file.
+/// `containerd_cdi_nri` for the node: its config file and the installed containerd's
+/// version. Nothing when containerd has no file.
 pub fn check_containerd_cdi(ctx: &Ctx) -> Option<Finding> {
     let (text, file) = read_engine_file(ctx, Kind::Containerd, "containerd").ok()?;
-    let version = ctx
-        .is_real_root()
-        .then(|| ctx.find_bin("containerd"))
-        .flatten()
-        .and_then(|bin| {
-            std::process::Command::new(bin)
-                .arg("--version")
-                .output()
-                .ok()
-        })
-        .and_then(|out| containerd_version(&String::from_utf8_lossy(&out.stdout)));
-    containerd_cdi_nri(&text, &file, version)
+    containerd_cdi_nri(&text, &file, containerd_version_of(ctx))
+}
+
+/// containerd's `config.toml` under the root: `None` when it does not exist, `Err` when it
+/// cannot be read (the containerd check says why).
+pub(super) fn containerd_file(ctx: &Ctx) -> Option<Result<(String, String), ()>> {
+    let file = ctx.path(containerd::DEFAULT_CONFIG);
+    match crate::bounded::read_text(&file, engine::MAX_CONFIG_SIZE) {
+        Ok(t) => Some(Ok((t, file.display().to_string()))),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(_) => Some(Err(())),
+    }
+}
+
+/// The (major, minor) of the containerd found under the root, by its `--version`, as the
+/// low-level runtime's is found: a test tree carries a stand-in.
+pub(super) fn containerd_version_of(ctx: &Ctx) -> Option<(u32, u32)> {
+    let bin = ctx.find_bin("containerd")?;
+    containerd_version(&super::system::run_version(&bin).ok()?)
 }
 
 /// `containerd --version`'s `1.7.24` or `v2.1.9` as (major, minor).

@@ -6,22 +6,24 @@
 //! profile's `driver-root`/`dev-root` are re-rooted), docker's `daemon.json`, containerd's
 //! `config.toml`, kubelet's config, checkpoint and plugin sockets, and the binaries looked up
 //! in the usual `PATH` directories. What runs is `--version` of the low-level runtime (the
-//! binary found under the root, or the one named by `runc`) and, where systemd is PID 1, of
-//! `systemctl` under the root: a test tree can carry stand-in scripts and an operator can
+//! binary found under the root, or the one named by `runc`), of containerd under the root,
+//! and, where systemd is PID 1, of `systemctl` under the root: a test tree can carry stand-in scripts and an operator can
 //! point at any binary.
 //!
 //! Topics, one module each: `config` (the runtime's files), `vendors` (drivers, device nodes,
 //! their `/dev/char` links), `engines` (registration and cgroup driver, read with
 //! `crate::engine`'s readers), `system` (cgroup version, systemd, runc and their device
-//! bugs), `mounts` (whether `/` propagates as the DaemonSets need), `kubelet` (CPU manager,
-//! checkpoint, plugin sockets). `engines` uses `system`'s facts, `vendors` its `Exposure`;
-//! none uses another back. A finding about a known bug is graded by what this node runs: a
+//! bugs), `mounts` (whether `/` propagates as the DaemonSets need), `nri` (containerd's NRI for
+//! the NRI plugin, and whether a container needing it fails closed), `kubelet` (CPU manager,
+//! checkpoint, plugin sockets). `engines` uses `system`'s facts, `vendors` its `Exposure`,
+//! `nri` the containerd file and version `engines` reads; none uses another back. A finding about a known bug is graded by what this node runs: a
 //! failure only where it can bite.
 
 mod config;
 mod engines;
 mod kubelet;
 mod mounts;
+mod nri;
 mod system;
 mod vendors;
 
@@ -40,6 +42,7 @@ pub use engines::{
 };
 pub use kubelet::{check_checkpoint, check_cpu_manager, check_plugin_sockets};
 pub use mounts::{check_mount_propagation, root_propagation};
+pub use nri::{check_containerd_nri, NriConfig};
 pub use system::{
     check_cgroups, check_low_level, check_systemd, parse_runc_version, parse_systemd_version,
     CgroupDriver, CgroupVersion, Exposure, System,
@@ -175,6 +178,7 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     out.push(docker.finding.clone());
     out.push(containerd.finding.clone());
     out.extend(check_containerd_cdi(ctx));
+    out.extend(check_containerd_nri(ctx));
     out.extend(check_default_runtime(&[&docker, &containerd]));
     // The links first: how bad an old runc or systemd is depends on whether they exist.
     let links: Vec<Links> = config

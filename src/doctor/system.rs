@@ -237,7 +237,7 @@ pub fn check_systemd(x: &Exposure, missing_links: usize) -> Finding {
 
 /// Runs `bin --version`. A binary written a moment ago can still be open for writing in a
 /// forked child (ETXTBSY); that clears within milliseconds.
-fn run_version(bin: &Path) -> std::io::Result<String> {
+pub(super) fn run_version(bin: &Path) -> std::io::Result<String> {
     let mut tries = 0;
     loop {
         match Command::new(bin).arg("--version").output() {

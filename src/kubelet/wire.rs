@@ -400,6 +400,7 @@ const FIELDS: &[(&str, &str, i32, &str)] = &[
     ),
     ("runtime.v1.PodSandboxConfig", "hostname", 2, "string"),
     ("runtime.v1.PodSandboxConfig", "log_directory", 3, "string"),
+    ("runtime.v1.PodSandboxConfig", "annotations", 7, "map"),
     (
         "runtime.v1.PodSandboxConfig",
         "linux",

@@ -1,0 +1,355 @@
+//! containerd's NRI as the NRI plugin (`accel-nri-plugin`) needs it: on, its socket there,
+//! external plugins let in, and whether a container that needs the plugin fails closed while
+//! it is down. NRI lets a container start without a plugin's adjustment when the plugin is not
+//! registered; only NRI's default validator (containerd 2.2 and later, NRI 0.10) refuses it,
+//! for the plugins the node's config requires of every container or a pod's
+//! `required-plugins.noderesource.dev` annotation requires of its containers
+//! (docs/nri.md, "Failing closed").
+//! Ref: containerd/nri `plugins/default-validator`, `pkg/plugin/annotations.go`.
+
+use std::os::unix::fs::FileTypeExt;
+
+use super::Ctx;
+use super::Finding;
+use crate::quote::quote;
+
+/// The name `accel-nri-plugin` registers under unless given `--name`.
+pub const PLUGIN_NAME: &str = "accel";
+pub const PLUGIN_BIN: &str = "accel-nri-plugin";
+/// containerd's NRI table, the same in config schemas 2 and 3.
+pub const TABLE: &str = "io.containerd.nri.v1.nri";
+pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
+/// The pod annotation (with `/pod` or `/container.<name>`) naming plugins a container needs.
+pub const REQUIRED_ANNOTATION: &str = "required-plugins.noderesource.dev";
+/// The toleration annotation key this project's docs and manifests use; containerd has none
+/// unless `tolerate_missing_plugins_annotation` names one.
+pub const TOLERATE_ANNOTATION: &str = "tolerate-missing-plugins.noderesource.dev";
+/// First containerd whose NRI has the default validator.
+pub const VALIDATOR_SINCE: (u32, u32) = (2, 2);
+
+/// The NRI keys of containerd's `config.toml`, as set (`None`: not in the file).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NriConfig {
+    pub disable: Option<bool>,
+    pub disable_connections: Option<bool>,
+    pub socket_path: Option<String>,
+    pub validator_enable: Option<bool>,
+    pub required_plugins: Vec<String>,
+    pub tolerate_annotation: Option<String>,
+}
+
+impl NriConfig {
+    /// The NRI table of a `config.toml`; `None` when the file is not TOML (the containerd
+    /// check says so).
+    pub fn parse(text: &str) -> Option<NriConfig> {
+        let doc: toml::Table = text.parse().ok()?;
+        let Some(t) = doc
+            .get("plugins")
+            .and_then(|p| p.get(TABLE))
+            .and_then(toml::Value::as_table)
+        else {
+            return Some(NriConfig::default());
+        };
+        let flag = |t: &toml::Table, k: &str| t.get(k).and_then(toml::Value::as_bool);
+        let v = t.get("default_validator").and_then(toml::Value::as_table);
+        Some(NriConfig {
+            disable: flag(t, "disable"),
+            disable_connections: flag(t, "disable_connections"),
+            socket_path: t
+                .get("socket_path")
+                .and_then(toml::Value::as_str)
+                .map(str::to_string),
+            validator_enable: v.and_then(|v| flag(v, "enable")),
+            required_plugins: v
+                .and_then(|v| v.get("required_plugins"))
+                .and_then(toml::Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(toml::Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            tolerate_annotation: v
+                .and_then(|v| v.get("tolerate_missing_plugins_annotation"))
+                .and_then(toml::Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+        })
+    }
+
+    /// NRI's validator matches a required plugin by its name or by `<index>-<name>`.
+    fn requires_ours(&self) -> bool {
+        self.required_plugins.iter().any(|r| {
+            r == PLUGIN_NAME
+                || r.split_once('-').is_some_and(|(idx, name)| {
+                    name == PLUGIN_NAME
+                        && !idx.is_empty()
+                        && idx.bytes().all(|b| b.is_ascii_digit())
+                })
+        })
+    }
+}
+
+/// What the node has beside the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// containerd's (major, minor), when its `--version` answered.
+    pub version: Option<(u32, u32)>,
+    /// The NRI socket exists as a socket under the root.
+    pub socket: bool,
+    /// `accel-nri-plugin` is installed in the usual bin dirs (a host install; the DaemonSet
+    /// carries its own): then a gap is a warning, else a fact.
+    pub plugin_installed: bool,
+}
+
+/// The lines that turn the validator on, for the fixes.
+pub fn validator_lines() -> String {
+    format!(
+        "[plugins.\"{TABLE}\".default_validator] enable = true, \
+         tolerate_missing_plugins_annotation = \"{TOLERATE_ANNOTATION}\""
+    )
+}
+
+/// The finding for containerd's NRI, from its file's keys and what the node shows.
+pub fn judge(cfg: &NriConfig, file: &str, seen: Seen) -> Finding {
+    const C: &str = "containerd NRI";
+    let restart = "systemctl restart containerd";
+    let shown = match seen.version {
+        Some((a, b)) => format!("containerd {a}.{b}"),
+        None => "containerd (version unknown)".to_string(),
+    };
+    let gap = |msg: String, fix: String| {
+        if seen.plugin_installed {
+            Finding::warn(C, msg, fix)
+        } else {
+            Finding::new(C, super::Status::Info, msg, Some(fix))
+        }
+    };
+    if let Some(v @ (1, 0..=6)) = seen.version {
+        return gap(
+            format!("containerd {}.{} has no NRI for plugins ({PLUGIN_BIN} needs 2.0 or later, failing closed 2.2)", v.0, v.1),
+            "use the runtime (accel-ctk runtime configure), or containerd >= 2.2".into(),
+        );
+    }
+    // containerd 2 turns NRI on unless the file turns it off; 1.7 the other way.
+    let on = match (cfg.disable, seen.version) {
+        (Some(off), _) => Some(!off),
+        (None, Some((major, _))) => Some(major >= 2),
+        (None, None) => None,
+    };
+    let set = |s: bool| if s { "set" } else { "default" };
+    let socket = cfg.socket_path.as_deref().unwrap_or(DEFAULT_SOCKET);
+    let head = format!(
+        "{shown}, {file}: NRI {} ({})",
+        match on {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "as the version's default",
+        },
+        set(cfg.disable.is_some())
+    );
+    if on == Some(false) {
+        return gap(
+            format!("{head}: {PLUGIN_BIN} cannot connect"),
+            format!("set disable = false in [plugins.\"{TABLE}\"] of {file}, then {restart}"),
+        );
+    }
+    if cfg.disable_connections == Some(true) {
+        return gap(
+            format!("{head}, disable_connections = true: containerd opens no socket for external plugins such as {PLUGIN_BIN}"),
+            format!("set disable_connections = false in [plugins.\"{TABLE}\"] of {file}, then {restart}"),
+        );
+    }
+    let head = format!(
+        "{head}, socket {} {}",
+        quote(socket),
+        if seen.socket {
+            "present"
+        } else {
+            "missing (containerd not running, or NRI off)"
+        }
+    );
+    let can = seen.version.map(|v| v >= VALIDATOR_SINCE);
+    if can == Some(false) {
+        return gap(
+            format!("{head}; cannot fail closed: containerd before {}.{} has no NRI default validator, so while {PLUGIN_BIN} is down a container that asks for a device starts without it", VALIDATOR_SINCE.0, VALIDATOR_SINCE.1),
+            format!("containerd >= {}.{} with {}, or the runtime (accel-ctk runtime configure) where a device must never be missed", VALIDATOR_SINCE.0, VALIDATOR_SINCE.1, validator_lines()),
+        );
+    }
+    let whose = if can.is_none() {
+        " (if containerd is 2.2 or later)"
+    } else {
+        ""
+    };
+    if cfg.validator_enable != Some(true) {
+        let msg = format!("{head}; the NRI default validator is off{whose}: while {PLUGIN_BIN} is down a container that asks for a device starts without it");
+        let fix = format!(
+            "in {file} set {}, then {restart}; and annotate device pods {REQUIRED_ANNOTATION}/container.<name>: '[\"{PLUGIN_NAME}\"]' (docs/nri.md)",
+            validator_lines()
+        );
+        return match can {
+            Some(true) => Finding::warn(C, msg, fix),
+            _ => gap(msg, fix),
+        };
+    }
+    if cfg.requires_ours() {
+        return match &cfg.tolerate_annotation {
+            Some(t) => Finding::ok(
+                C,
+                format!("{head}; fails closed{whose}: every container requires {PLUGIN_NAME:?}, except pods annotated {t}: \"true\""),
+            ),
+            None => Finding::warn(
+                C,
+                format!("{head}; every container requires {PLUGIN_NAME:?}{whose}, and no pod can tolerate its absence: the plugin's own pod and static pods cannot start while it is down"),
+                format!("in {file} set tolerate_missing_plugins_annotation = \"{TOLERATE_ANNOTATION}\" in [plugins.\"{TABLE}\".default_validator] and annotate those pods with it, then {restart}"),
+            ),
+        };
+    }
+    Finding::ok(
+        C,
+        format!("{head}; the NRI default validator is on{whose}: a pod annotated {REQUIRED_ANNOTATION}/container.<name>: '[\"{PLUGIN_NAME}\"]' fails closed while {PLUGIN_BIN} is down"),
+    )
+}
+
+/// `judge` for the node: containerd's file under the root (none: containerd is not
+/// installed, or runs on its defaults when its binary is there), its `--version`, the socket.
+pub fn check_containerd_nri(ctx: &Ctx) -> Option<Finding> {
+    let (text, file) = match super::engines::containerd_file(ctx) {
+        Some(Ok(t)) => t,
+        // The containerd check says why it cannot be read.
+        Some(Err(())) => return None,
+        None => {
+            ctx.find_bin("containerd")?;
+            (
+                String::new(),
+                format!(
+                    "{} (absent)",
+                    ctx.path(crate::engine::containerd::DEFAULT_CONFIG)
+                        .display()
+                ),
+            )
+        }
+    };
+    let cfg = NriConfig::parse(&text)?;
+    let socket = ctx.path(cfg.socket_path.as_deref().unwrap_or(DEFAULT_SOCKET));
+    let seen = Seen {
+        version: super::engines::containerd_version_of(ctx),
+        socket: std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()),
+        plugin_installed: ctx.find_bin(PLUGIN_BIN).is_some(),
+    };
+    Some(judge(&cfg, &file, seen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::Status;
+
+    const F: &str = "/etc/containerd/config.toml";
+
+    fn seen(version: Option<(u32, u32)>) -> Seen {
+        Seen {
+            version,
+            socket: true,
+            plugin_installed: true,
+        }
+    }
+
+    fn cfg(text: &str) -> NriConfig {
+        NriConfig::parse(text).unwrap()
+    }
+
+    const ON: &str =
+        "version = 3\n[plugins.\"io.containerd.nri.v1.nri\".default_validator]\nenable = true\n";
+
+    #[test]
+    fn reads_the_nri_table_of_either_schema() {
+        let c = cfg("version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = false\nsocket_path = \"/run/x.sock\"\n[plugins.\"io.containerd.nri.v1.nri\".default_validator]\nenable = true\nrequired_plugins = [\"10-accel\"]\ntolerate_missing_plugins_annotation = \"t\"\n");
+        assert_eq!(c.disable, Some(false));
+        assert_eq!(c.socket_path.as_deref(), Some("/run/x.sock"));
+        assert_eq!(c.validator_enable, Some(true));
+        assert!(c.requires_ours());
+        assert_eq!(c.tolerate_annotation.as_deref(), Some("t"));
+        assert_eq!(cfg("version = 3\n"), NriConfig::default());
+        assert!(NriConfig::parse("version = [").is_none());
+        for (req, ours) in [
+            ("accel", true),
+            ("x-accel", false),
+            ("-accel", false),
+            ("accel2", false),
+        ] {
+            let c = NriConfig {
+                required_plugins: vec![req.into()],
+                ..Default::default()
+            };
+            assert_eq!(c.requires_ours(), ours, "{req}");
+        }
+    }
+
+    #[test]
+    fn grades_by_version_and_validator() {
+        // 2.1: on by default, cannot fail closed.
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("NRI on (default)"), "{g:?}");
+        assert!(g.message.contains("cannot fail closed"), "{g:?}");
+        // The same without the plugin installed is a fact.
+        let mut s = seen(Some((2, 1)));
+        s.plugin_installed = false;
+        assert_eq!(judge(&cfg("version = 3\n"), F, s).status, Status::Info);
+        // 2.2 without the validator: the lines to set, whether or not the plugin is here.
+        s.version = Some((2, 2));
+        let g = judge(&cfg("version = 3\n"), F, s);
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        let fix = g.fix.unwrap();
+        assert!(
+            fix.contains("[plugins.\"io.containerd.nri.v1.nri\".default_validator] enable = true"),
+            "{fix}"
+        );
+        assert!(
+            fix.contains("required-plugins.noderesource.dev/container."),
+            "{fix}"
+        );
+        // On: by annotation.
+        let g = judge(&cfg(ON), F, seen(Some((2, 2))));
+        assert_eq!(g.status, Status::Ok, "{g:?}");
+        assert!(g.message.contains("validator is on"), "{g:?}");
+        // Required of everyone without a toleration: the plugin's own pod would deadlock.
+        let every = format!("{ON}required_plugins = [\"accel\"]\n");
+        let g = judge(&cfg(&every), F, seen(Some((2, 3))));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("cannot start"), "{g:?}");
+        let tolerated =
+            format!("{every}tolerate_missing_plugins_annotation = \"{TOLERATE_ANNOTATION}\"\n");
+        let g = judge(&cfg(&tolerated), F, seen(Some((2, 3))));
+        assert_eq!(g.status, Status::Ok, "{g:?}");
+        assert!(g.message.contains("every container requires"), "{g:?}");
+        // Version unknown: said, and the validator's state read from the file.
+        let g = judge(&cfg(ON), F, seen(None));
+        assert_eq!(g.status, Status::Ok, "{g:?}");
+        assert!(g.message.contains("if containerd is 2.2 or later"), "{g:?}");
+    }
+
+    #[test]
+    fn off_closed_or_too_old() {
+        let off = "version = 3\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = true\n";
+        let g = judge(&cfg(off), F, seen(Some((2, 2))));
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("NRI off (set)"), "{g:?}");
+        assert!(g.fix.unwrap().contains("disable = false"));
+        // 1.7 is off unless turned on.
+        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 7))));
+        assert!(g.message.contains("NRI off (default)"), "{g:?}");
+        let shut =
+            "version = 3\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable_connections = true\n";
+        let g = judge(&cfg(shut), F, seen(Some((2, 2))));
+        assert!(g.message.contains("disable_connections = true"), "{g:?}");
+        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 6))));
+        assert!(g.message.contains("has no NRI"), "{g:?}");
+        let mut s = seen(Some((2, 2)));
+        s.socket = false;
+        let g = judge(&cfg(ON), F, s);
+        assert!(g.message.contains("missing"), "{g:?}");
+    }
+}
