@@ -31,6 +31,13 @@ fn main() {
         eprintln!("nri: not root, cannot mknod the simulated devices; skipped");
         return;
     }
+    // Arguments first: criterion exits on one it refuses, which must not leave a plugin behind.
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .without_plots();
     let sim = SimRoot::standard();
     // The shim's config names its low-level runtime from this variable (tests/common).
     std::env::set_var("ACCEL_E2E_LOW_LEVEL_RUNTIME", "/bin/true");
@@ -42,12 +49,6 @@ fn main() {
     let mut rt = Conn::accept(&listener);
     rt.handshake();
 
-    let mut c = Criterion::default()
-        .configure_from_args()
-        .sample_size(30)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3))
-        .without_plots();
     let mut g = c.benchmark_group("nri/create_container");
     g.bench_function("NVIDIA_VISIBLE_DEVICES=1", |b| {
         b.iter(|| {
