@@ -318,3 +318,74 @@ fn a_shares_container_gets_its_dmem_max_through_nri() {
     );
     assert_eq!(plugin.terminate().code(), Some(0));
 }
+
+/// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
+/// the shipped profiles with the host's own driver root (`/`). The devices and the driver's
+/// files are found under it, and the engine is answered with the host's paths, never the
+/// pod's.
+#[test]
+fn a_plugin_in_a_pod_reads_the_host_under_host_root() {
+    let sim = SimRoot::standard();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let root = sim.path().to_str().unwrap().to_string();
+    let socket = dir.path().join("nri.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let plugin = Plugin::start_with(
+        &socket,
+        &config,
+        dir.path(),
+        &["--host-root", root.as_str()],
+    );
+    let mut rt = Conn::accept(&listener);
+    rt.handshake();
+    plugin.wait_log("nri: registered as 10-accel", 1);
+    let adj = rt
+        .create(container("gpu", &["NVIDIA_VISIBLE_DEVICES=1"]))
+        .unwrap();
+    let gpu = format!("/dev/nvidia{}", sim.gpus()[1].minor);
+    assert!(
+        device_paths(&adj).contains(&gpu),
+        "{:?}",
+        device_paths(&adj)
+    );
+    assert!(!adj.mounts.is_empty(), "the driver's files are mounted");
+    for m in &adj.mounts {
+        assert!(
+            !m.source.starts_with(&root) && m.source.starts_with('/'),
+            "a pod path handed to the engine: {m:?}"
+        );
+        let inside = std::path::Path::new(&root).join(m.source.trim_start_matches('/'));
+        assert!(
+            inside.exists(),
+            "{} is not the host's name of a file",
+            m.source
+        );
+    }
+    assert!(
+        adj.mounts.iter().any(|m| m.source == "/usr/bin/nvidia-smi"),
+        "{:?}",
+        adj.mounts
+    );
+    assert_eq!(plugin.terminate().code(), Some(0));
+}
+
+/// `--host-root` that is not a directory: the plugin stops at once, naming it.
+#[test]
+fn a_host_root_that_is_no_directory_stops_the_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let socket = dir.path().join("nri.sock");
+    let mut plugin = Plugin::start_with(
+        &socket,
+        &config,
+        dir.path(),
+        &["--host-root", "/nonexistent/host"],
+    );
+    let status = plugin.wait();
+    assert_ne!(status.code(), Some(0));
+    assert!(status.code().is_some(), "an exit, not a signal: {status:?}");
+    assert!(plugin.log().contains("--host-root"), "{}", plugin.log());
+}

@@ -25,6 +25,10 @@ struct Args {
     /// The plugin's index: two digits, its place among the runtime's plugins.
     #[arg(long, default_value = "10", value_parser = parse_index)]
     index: String,
+    /// Where the host's / is mounted in this container (`/host` in the DaemonSet): profiles
+    /// are read under it, and the engine gets the host's paths.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
 }
 
 fn parse_name(s: &str) -> Result<String, String> {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
             name: args.name,
             index: args.index,
             config: accel_container_runtime::config::path(),
+            host_root: daemon::host_root(args.host_root)?,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

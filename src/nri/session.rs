@@ -26,6 +26,7 @@ use super::proto::api::{
 };
 use super::proto::ttrpc::{self as envelope, Request, Response, Status};
 use super::ttrpc::{self, Reader, REQUEST, RESPONSE};
+use crate::kubelet::host_root::HostRoot;
 
 /// The longest wait between two dials.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -45,6 +46,10 @@ pub struct Options {
     pub index: String,
     /// The runtime's config.toml.
     pub config: PathBuf,
+    /// The host's `/` as this process sees it (`--host-root`, `/host` in the DaemonSet):
+    /// profiles and the node's files are read under it, and the engine is answered with the
+    /// host's own paths.
+    pub host_root: HostRoot,
 }
 
 /// Why a session ended.
@@ -399,6 +404,7 @@ fn create(
     let cfg = crate::config::Quick::read(&opts.config)
         .and_then(|q| q.into_create_config(None))
         .map_err(|e| e.to_string())?;
+    let cfg = under_host(cfg, &opts.host_root);
     for w in &cfg.warnings {
         if state.warned.insert(w.clone()) {
             log::warn!("{w}");
@@ -419,16 +425,22 @@ fn create(
         log::debug!("nri: {}: no device requested", who(req));
         return Ok(CreateContainerResponse::default());
     };
+    let out = to_host(out, &opts.host_root);
     let (mut adjust, added) = adjust::adjustment(&out, &container)?;
     let limit = dmem_max(req, &cfg, &mut adjust);
-    // As the shim's create: the host's /dev/char links systemd's DeviceAllow= needs.
-    crate::devchar::ensure_logged(
-        &cfg.host_dev_dir,
-        out.plan
-            .nodes
-            .iter()
-            .chain(out.cdi.nodes.iter().map(|n| &n.node)),
-    );
+    // As the shim's create: the host's /dev/char links systemd's DeviceAllow= needs. Not
+    // from a pod: a link made there would name the pod's path of the node, and the host's
+    // /dev is read-only in it; the packages' udev rule and `accel-ctk system
+    // create-dev-char-symlinks` make them on the host.
+    if opts.host_root.path() == std::path::Path::new("/") {
+        crate::devchar::ensure_logged(
+            &cfg.host_dev_dir,
+            out.plan
+                .nodes
+                .iter()
+                .chain(out.cdi.nodes.iter().map(|n| &n.node)),
+        );
+    }
     log::info!(
         "nri: {}: {} nodes, {} mounts for {}{}",
         who(req),
@@ -456,6 +468,41 @@ fn create(
         adjust: Some(adjust),
         update: Vec::new(),
     })
+}
+
+/// The create config as read from inside the pod: every profile's driver and dev root, the
+/// host's /dev, cgroup root and the DRA driver's grants under the host's root.
+fn under_host(mut cfg: crate::config::Config, root: &HostRoot) -> crate::config::Config {
+    if root.path() == std::path::Path::new("/") {
+        return cfg;
+    }
+    cfg.profiles = cfg.profiles.into_iter().map(|p| root.rebase(p)).collect();
+    for dir in [
+        &mut cfg.host_dev_dir,
+        &mut cfg.cgroup_root,
+        &mut cfg.dmem_grants_dir,
+    ] {
+        *dir = crate::profile::Profile::under(root.path(), dir);
+    }
+    cfg
+}
+
+/// The plan's host paths as the engine names them (the CDI edits' are the host's already:
+/// the specs are written on the host). A path that is not UTF-8 is left for the
+/// adjustment's own check to name.
+fn to_host(mut out: crate::create::Outcome, root: &HostRoot) -> crate::create::Outcome {
+    let host = |p: &mut PathBuf| {
+        if let Some(s) = p.to_str() {
+            *p = PathBuf::from(root.to_host(s));
+        }
+    };
+    for n in &mut out.plan.nodes {
+        host(&mut n.host_path);
+    }
+    for m in &mut out.plan.mounts {
+        host(&mut m.source);
+    }
+    out
 }
 
 /// A share's kernel limit (src/dmem.rs) into `adjust`'s `unified` resources: the grants the

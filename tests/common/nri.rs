@@ -34,10 +34,16 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn start(socket: &Path, config: &Path, dir: &Path) -> Plugin {
+        Plugin::start_with(socket, config, dir, &[])
+    }
+
+    /// [`Plugin::start`] with `extra` flags.
+    pub fn start_with(socket: &Path, config: &Path, dir: &Path, extra: &[&str]) -> Plugin {
         let log = dir.join("plugin.log");
         let child = Command::new(binary(env!("CARGO_BIN_EXE_accel-nri-plugin")))
             .args(["--socket".as_ref(), socket.as_os_str()])
             .args(["--name", "accel", "--index", "10"])
+            .args(extra)
             .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -61,6 +67,18 @@ impl Plugin {
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the plugin to exit on its own.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        let end = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < end, "still running; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
