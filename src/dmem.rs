@@ -178,6 +178,15 @@ pub fn unified_on_node(
     (unified(&records, &capacity, pod_uid, rdevs), said)
 }
 
+/// `entries` as one log line: `key=value`, a multi-line value's lines joined by `, `.
+pub fn shown(entries: &[(String, String)]) -> String {
+    entries
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.replace('\n', ", ")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A Kubernetes UID as a directory name: hex digits and dashes (no `/`, no `..`).
 pub fn valid_uid(uid: &str) -> bool {
     (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')

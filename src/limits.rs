@@ -63,11 +63,6 @@ impl Pending {
             spec::check_read_as_runc(path, &data)?;
             spec::write_bytes(path, &spec::to_bytes(&doc))?;
         }
-        let shown = entries
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.replace('\n', ", ")))
-            .collect::<Vec<_>>()
-            .join(" ");
-        Ok((Some(shown), said))
+        Ok((Some(dmem::shown(&entries)), said))
     }
 }

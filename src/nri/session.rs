@@ -536,11 +536,7 @@ fn dmem_max(
         log::warn!("nri: {s}");
     }
     let entries = entries?;
-    let shown = entries
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.replace('\n', ", ")))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let shown = crate::dmem::shown(&entries);
     let linux = adjust.linux.get_or_insert_with(Default::default);
     let resources = linux.resources.get_or_insert_with(Default::default);
     resources.unified.extend(entries);

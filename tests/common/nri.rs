@@ -72,12 +72,17 @@ impl Plugin {
 
     /// Waits for the plugin to exit on its own.
     pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.wait_for("still running")
+    }
+
+    /// The exit status, within [`TIMEOUT`]; else a failure saying `what` with the log.
+    fn wait_for(&mut self, what: &str) -> std::process::ExitStatus {
         let end = Instant::now() + TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < end, "still running; log:\n{}", self.log());
+            assert!(Instant::now() < end, "{what}; log:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -86,18 +91,7 @@ impl Plugin {
         // SAFETY: kill(2) on our own child's pid; no memory is shared.
         let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
-        let end = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < end,
-                "no exit after SIGTERM; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_for("no exit after SIGTERM")
     }
 }
 
