@@ -1815,10 +1815,7 @@ fn a_gcu_whose_aer_fatal_count_rises_is_tainted_reported_and_not_prepared() {
     api.put_claim("default", "one", UID_A, DRIVER, NODE, &[("gcus", "gcu-1")]);
     let tainted = common::health::tainted;
     rt().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = common::health::fast();
-        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let drv = Driver::watching_health(&cfg, &api);
         wait_slices(&api, "published untainted", |s| {
             devices(s).len() == 8 && tainted(s).is_empty()
         })
@@ -1916,10 +1913,7 @@ fn an_nvidia_gpu_with_a_critical_xid_is_tainted_and_not_prepared_until_reset() {
     let api = ApiServer::start();
     let tainted = common::health::tainted;
     rt().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = common::health::fast();
-        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let drv = Driver::watching_health(&cfg, &api);
         let s = wait_slices_of(&api, NV, "published untainted", |s| {
             devices(s).len() == 2 && tainted(s).is_empty()
         })
@@ -2031,10 +2025,7 @@ fn an_xe_gpu_in_survivability_mode_is_tainted_until_it_leaves_it() {
     };
     let tainted = common::health::tainted;
     rt().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = common::dra::options(dir.path(), Duration::from_millis(100));
-        opts.health = common::health::fast();
-        let drv = Driver::start_with(&cfg, &api, dir, opts);
+        let drv = Driver::watching_health(&cfg, &api);
         let s = wait_slices_of(&api, XE, "published untainted", |s| {
             devices(s).len() == 1 && tainted(s).is_empty()
         })

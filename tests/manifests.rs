@@ -543,6 +543,11 @@ fn image(name: &str, rootfs: &Path) -> Image {
     img
 }
 
+/// The config keys the device plugin's strategies need on the node: no variable from an
+/// unprivileged pod, device-list mounts read as requests.
+const STRATEGY_KEYS: &str =
+    "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true\n";
+
 // ---------------------------------------------------------------------------------------------
 // The node and the pod
 // ---------------------------------------------------------------------------------------------
@@ -563,6 +568,25 @@ impl Node {
                 .unwrap(),
             real: Vec::new(),
         }
+    }
+
+    /// A node whose `/` is this machine's (the simulated driver root is a temp dir, read-only
+    /// in the container), with a config.toml naming `driver_root` for both vendors after
+    /// `keys`.
+    fn seeing(driver_root: &Path, keys: &str) -> Node {
+        let mut node = Node::new();
+        node.map("/", Path::new("/"));
+        let etc = node.path("/etc/accel-container-runtime");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            etc.join("config.toml"),
+            format!(
+                "{keys}[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
+                driver_root.display()
+            ),
+        )
+        .unwrap();
+        node
     }
 
     /// The node's `path` is `to` on this machine.
@@ -1285,22 +1309,8 @@ fn device_plugin_daemonset_starts_and_registers() {
     let _rt = rt.enter();
     let kubelet = Kubelet::started();
 
-    let mut node = Node::new();
-    // The plugin's view of the node: the real `/`, where the simulated driver root is a
-    // temp dir, read-only in the container.
-    node.map("/", Path::new("/"));
+    let mut node = Node::seeing(sim.path(), STRATEGY_KEYS);
     node.map("/var/lib/kubelet/device-plugins", kubelet.dir());
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true\n\
-             [profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
 
     let pod = Pod::start(PLUGIN, &node, &[]);
     let t = Instant::now();
@@ -1378,20 +1388,8 @@ fn device_plugin_labels_overlay_keeps_the_nfd_feature_file() {
         .unwrap();
     let _rt = rt.enter();
     let kubelet = Kubelet::started();
-    let mut node = Node::new();
-    node.map("/", Path::new("/"));
+    let mut node = Node::seeing(sim.path(), STRATEGY_KEYS);
     node.map("/var/lib/kubelet/device-plugins", kubelet.dir());
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "accept-envvar-unprivileged = false\naccept-container-devices-as-mounts = true\n\
-             [profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
     let features = node.path("/etc/kubernetes/node-feature-discovery/features.d");
     let file = features.join("accel-container-runtime");
 
@@ -1533,18 +1531,7 @@ fn dra_driver_daemonset_starts_and_registers() {
         .enable_all()
         .build()
         .unwrap();
-    let mut node = Node::new();
-    node.map("/", Path::new("/"));
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
+    let node = Node::seeing(sim.path(), "");
     let pod = Pod::start(DRA, &node, &[]);
     let reg = node
         .path("/var/lib/kubelet/plugins_registry")
@@ -1636,18 +1623,7 @@ fn exporter_daemonset_starts_and_serves() {
     )
     .unwrap();
     chmod(&efsmi, 0o755);
-    let mut node = Node::new();
-    node.map("/", Path::new("/"));
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
+    let node = Node::seeing(sim.path(), "");
     let pod = Pod::start(EXPORTER, &node, &[]);
     let name = "accel-exporter";
     let t = Instant::now();
@@ -1813,18 +1789,7 @@ fn tenant_names_on_an_open_port_only_the_monitoring_namespace_reaches_the_export
 fn nri_plugin_daemonset_waits_for_the_socket_then_connects() {
     require_root();
     let sim = SimRoot::builder().enflame(2).build();
-    let mut node = Node::new();
-    node.map("/", Path::new("/"));
-    let etc = node.path("/etc/accel-container-runtime");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        etc.join("config.toml"),
-        format!(
-            "[profiles.nvidia]\ndriver-root = \"{0}\"\n[profiles.enflame]\ndriver-root = \"{0}\"\n",
-            sim.path().display()
-        ),
-    )
-    .unwrap();
+    let node = Node::seeing(sim.path(), "");
     let pod = Pod::start(NRI, &node, &[]);
     let name = "accel-nri-plugin";
     let waiting = "cannot connect to /var/run/nri/nri.sock";

@@ -50,6 +50,16 @@ impl Driver {
         Driver::start_with(cfg, api, dir, opts)
     }
 
+    /// `cfg`'s profiles served in a fresh dir, polling every 100 ms, with the health engine's
+    /// fast settings ([`super::health::fast`]): for tests that break a device and watch it
+    /// tainted.
+    pub fn watching_health(cfg: &Config, api: &ApiServer) -> Driver {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), Duration::from_millis(100));
+        opts.health = super::health::fast();
+        Driver::start_with(cfg, api, dir, opts)
+    }
+
     /// `cfg`'s profiles served with `opts` (whose own dirs should be under `dir`, except where
     /// a test points one at the node's, as the CDI dir a container engine reads).
     pub fn start_with(
