@@ -389,3 +389,113 @@ fn a_host_root_that_is_no_directory_stops_the_plugin() {
     assert!(status.code().is_some(), "an exit, not a signal: {status:?}");
     assert!(plugin.log().contains("--host-root"), "{}", plugin.log());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The check hook (`accel-nri-plugin check`) as the stock runtime runs it: fail closed
+// ---------------------------------------------------------------------------------------------
+
+/// The low-level runtimes on this host: runc, and crun where installed.
+fn stock_runtimes() -> Vec<String> {
+    let mut r = vec!["runc".to_string()];
+    if common::which("crun").is_some() {
+        r.push("crun".into());
+    }
+    r
+}
+
+/// `bundle` with the check hook as `accel-ctk nri base-spec` writes it, the runtime's config
+/// `config` given in the hook's own environment (as on a node, where it is the default path).
+fn with_check_hook(bundle: &mut Bundle, config: &std::path::Path) {
+    let plugin = common::binary(env!("CARGO_BIN_EXE_accel-nri-plugin"));
+    let out = common::output(
+        std::process::Command::new(&*common::CTK)
+            .args(["nri", "base-spec", "--plugin", &plugin, "--from"])
+            .arg(bundle.config_path()),
+    );
+    out.ok();
+    let mut spec: Value = serde_json::from_str(&out.stdout).unwrap();
+    spec["hooks"]["createRuntime"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(format!("ACCEL_CONTAINER_RUNTIME_CONFIG={}", config.display()).into());
+    bundle.edit(|s| *s = spec);
+}
+
+/// `low run --bundle B ID` straight, no shim: the stock runtime and its hook alone.
+fn stock_run(runc: &Runc, low: &str, bundle: &Bundle, name: &str) -> common::Out {
+    let id = runc.id(name);
+    let out = common::output(
+        std::process::Command::new(low)
+            .arg("--root")
+            .arg(runc.state_dir())
+            .args(["run", "--bundle"])
+            .arg(bundle.path())
+            .arg(&id),
+    );
+    // `run` removes what it ran; a refused create leaves nothing either.
+    out
+}
+
+/// Issue 43, fail closed without an NRI validator: the stock runc (and crun) running the
+/// check hook from the spec refuse a container that asks for GPU 1 by variable when its node
+/// is not in the spec (the plugin did not adjust it), with one line naming accel-nri-plugin,
+/// the container, the variable and the node; run one that asks for nothing; and run one that
+/// asks with its nodes present (as the plugin or CDI adds them), which sees them inside.
+#[test]
+fn the_check_hook_refuses_a_device_container_the_plugin_did_not_adjust() {
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    // The nodes as the create path adds them: the shim's edit of the same request.
+    let added = {
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1");
+        let id = runc.id("check-nodes");
+        assert_eq!(runc.create(&b, &id).code, 0);
+        b.read_spec()["linux"].clone()
+    };
+    for low in stock_runtimes() {
+        // (a) asks, no node: refused by the hook.
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1").sh("echo started");
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-refused");
+        println!("{low} (a): {}", out.stderr.trim());
+        assert_ne!(out.code, 0, "{low}: started without its device: {out:?}");
+        assert!(!out.stdout.contains("started"), "{low}: {out:?}");
+        // runc's logrus line escapes the hook's quotes.
+        let stderr = out.stderr.replace("\\\"", "\"");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("accel-nri-plugin check: container \"e2e-check-refused"))
+            .unwrap_or_else(|| panic!("{low}: no line from the hook: {out:?}"));
+        assert!(
+            line.contains("NVIDIA_VISIBLE_DEVICES=\"1\" asked for /dev/nvidia1, which the engine did not add: accel-nri-plugin did not adjust this container"),
+            "{low}: {line}"
+        );
+
+        // (b) asks for nothing: runs, untouched.
+        let mut b = Bundle::busybox();
+        b.sh("ls /dev; echo started");
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-none");
+        assert_eq!(out.code, 0, "{low}: {out:?}");
+        assert!(out.stdout.contains("started"), "{low}: {out:?}");
+        assert!(!out.stdout.contains("nvidia"), "{low}: {out:?}");
+
+        // (c) asks, its nodes in the spec: runs and sees them.
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1").sh(
+            "for d in /dev/nvidia1 /dev/nvidiactl /dev/nvidia0; do [ -c $d ] && echo \"has $d\" || echo \"no $d\"; done",
+        );
+        b.edit(|s| {
+            s["linux"]["devices"] = added["devices"].clone();
+            s["linux"]["resources"]["devices"] = added["resources"]["devices"].clone();
+        });
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-present");
+        assert_eq!(out.code, 0, "{low}: {out:?}");
+        for want in ["has /dev/nvidia1", "has /dev/nvidiactl", "no /dev/nvidia0"] {
+            assert!(out.stdout.contains(want), "{low}: {want}: {out:?}");
+        }
+    }
+}
