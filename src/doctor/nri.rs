@@ -16,6 +16,8 @@ use crate::quote::quote;
 /// The name `accel-nri-plugin` registers under unless given `--name`.
 pub const PLUGIN_NAME: &str = "accel";
 pub const PLUGIN_BIN: &str = "accel-nri-plugin";
+/// The runtime shim's binary, as a handler's `BinaryName` names it.
+const SHIM_BIN: &str = "accel-container-runtime";
 /// containerd's NRI table, the same in config schemas 2 and 3.
 pub const TABLE: &str = "io.containerd.nri.v1.nri";
 pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
@@ -36,6 +38,52 @@ pub struct NriConfig {
     pub validator_enable: Option<bool>,
     pub required_plugins: Vec<String>,
     pub tolerate_annotation: Option<String>,
+    /// The CRI runtime handlers: name, `base_runtime_spec` (as written), `BinaryName`.
+    pub handlers: Vec<Handler>,
+}
+
+/// One CRI runtime handler of containerd's file.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Handler {
+    pub name: String,
+    pub base_runtime_spec: Option<String>,
+    pub binary_name: Option<String>,
+}
+
+/// The CRI plugin's table: schema 3, then schema 2.
+const CRI_TABLES: [&str; 2] = ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"];
+
+/// The handlers under `[plugins.<cri>.containerd.runtimes]`, by name.
+fn handlers(doc: &toml::Table) -> Vec<Handler> {
+    let Some(runtimes) = CRI_TABLES.iter().find_map(|t| {
+        doc.get("plugins")?
+            .get(*t)?
+            .get("containerd")?
+            .get("runtimes")?
+            .as_table()
+    }) else {
+        return Vec::new();
+    };
+    let s = |v: Option<&toml::Value>| v.and_then(toml::Value::as_str).map(str::to_string);
+    runtimes
+        .iter()
+        .map(|(name, r)| Handler {
+            name: name.clone(),
+            base_runtime_spec: s(r.get("base_runtime_spec")).filter(|p| !p.is_empty()),
+            binary_name: s(r.get("options").and_then(|o| o.get("BinaryName"))),
+        })
+        .collect()
+}
+
+/// Whether a handler's containers fail closed without NRI's validator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hook {
+    /// Its `base_runtime_spec` has `accel-nri-plugin check` (src/engine/checkhook.rs).
+    Checked(String),
+    /// Its runtime is this project's shim, which adds the devices itself.
+    Shim,
+    /// Neither: the spec file (if any), and why it does not count.
+    Missing(Option<String>, String),
 }
 
 impl NriConfig {
@@ -48,11 +96,15 @@ impl NriConfig {
             .and_then(|p| p.get(TABLE))
             .and_then(toml::Value::as_table)
         else {
-            return Some(NriConfig::default());
+            return Some(NriConfig {
+                handlers: handlers(&doc),
+                ..NriConfig::default()
+            });
         };
         let flag = |t: &toml::Table, k: &str| t.get(k).and_then(toml::Value::as_bool);
         let v = t.get("default_validator").and_then(toml::Value::as_table);
         Some(NriConfig {
+            handlers: handlers(&doc),
             disable: flag(t, "disable"),
             disable_connections: flag(t, "disable_connections"),
             socket_path: t
@@ -111,8 +163,16 @@ pub fn validator_lines() -> String {
     )
 }
 
-/// The finding for containerd's NRI, from its file's keys and what the node shows.
-pub fn judge(cfg: &NriConfig, file: &str, seen: Seen) -> Finding {
+/// `accel-ctk nri base-spec`, for the fixes.
+fn base_spec_fix(file: &str, which: &str) -> String {
+    format!(
+        "ctr oci spec | accel-ctk nri base-spec > /etc/containerd/accel-base-spec.json, and set base_runtime_spec = \"/etc/containerd/accel-base-spec.json\" for {which} in {file}, then systemctl restart containerd (docs/nri-fail-closed.md)"
+    )
+}
+
+/// The finding for containerd's NRI, from its file's keys, what the node shows, and each
+/// CRI handler's check hook (`hooks`, by handler name).
+pub fn judge(cfg: &NriConfig, file: &str, seen: Seen, hooks: &[(String, Hook)]) -> Finding {
     const C: &str = "containerd NRI";
     let restart = "systemctl restart containerd";
     let shown = match seen.version {
@@ -172,9 +232,51 @@ pub fn judge(cfg: &NriConfig, file: &str, seen: Seen) -> Finding {
     );
     let can = seen.version.map(|v| v >= VALIDATOR_SINCE);
     if can == Some(false) {
+        let missing: Vec<String> = hooks
+            .iter()
+            .filter_map(|(name, h)| match h {
+                Hook::Missing(spec, why) => Some(format!(
+                    "{}: {why}{}",
+                    quote(name),
+                    spec.as_deref()
+                        .map(|s| format!(" (base_runtime_spec {})", quote(s)))
+                        .unwrap_or_default()
+                )),
+                _ => None,
+            })
+            .collect();
+        let closed: Vec<String> = hooks
+            .iter()
+            .filter_map(|(name, h)| match h {
+                Hook::Checked(spec) => Some(format!(
+                    "{}: fails closed through {PLUGIN_BIN} check (base_runtime_spec {})",
+                    quote(name),
+                    quote(spec)
+                )),
+                Hook::Shim => Some(format!("{}: the runtime itself", quote(name))),
+                Hook::Missing(..) => None,
+            })
+            .collect();
+        if !closed.is_empty() && missing.is_empty() {
+            return Finding::ok(
+                C,
+                format!(
+                    "{head}; no NRI default validator before {}.{}, each CRI handler: {}",
+                    VALIDATOR_SINCE.0,
+                    VALIDATOR_SINCE.1,
+                    closed.join("; ")
+                ),
+            );
+        }
+        if !closed.is_empty() {
+            return gap(
+                format!("{head}; cannot fail closed on {}: while {PLUGIN_BIN} is down a container there that asks for a device starts without it ({})", missing.join("; "), closed.join("; ")),
+                base_spec_fix(file, "those handlers"),
+            );
+        }
         return gap(
             format!("{head}; cannot fail closed: containerd before {}.{} has no NRI default validator, so while {PLUGIN_BIN} is down a container that asks for a device starts without it", VALIDATOR_SINCE.0, VALIDATOR_SINCE.1),
-            format!("containerd >= {}.{} with {}, or the runtime (accel-ctk runtime configure) where a device must never be missed", VALIDATOR_SINCE.0, VALIDATOR_SINCE.1, validator_lines()),
+            format!("{}; or containerd >= {}.{} with {}, or the runtime (accel-ctk runtime configure)", base_spec_fix(file, "each CRI runtime handler"), VALIDATOR_SINCE.0, VALIDATOR_SINCE.1, validator_lines()),
         );
     }
     let whose = if can.is_none() {
@@ -185,8 +287,9 @@ pub fn judge(cfg: &NriConfig, file: &str, seen: Seen) -> Finding {
     if cfg.validator_enable != Some(true) {
         let msg = format!("{head}; the NRI default validator is off{whose}: while {PLUGIN_BIN} is down a container that asks for a device starts without it");
         let fix = format!(
-            "in {file} set {}, then {restart}; and annotate device pods {REQUIRED_ANNOTATION}/container.<name>: '[\"{PLUGIN_NAME}\"]' (docs/nri.md)",
-            validator_lines()
+            "in {file} set {}, then {restart}; and annotate device pods {REQUIRED_ANNOTATION}/container.<name>: '[\"{PLUGIN_NAME}\"]' (docs/nri.md); or, without the validator, {}",
+            validator_lines(),
+            base_spec_fix(file, "each CRI runtime handler")
         );
         return match can {
             Some(true) => Finding::warn(C, msg, fix),
@@ -238,7 +341,43 @@ pub fn check_containerd_nri(ctx: &Ctx) -> Option<Finding> {
         socket: std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()),
         plugin_installed: ctx.find_bin(PLUGIN_BIN).is_some(),
     };
-    Some(judge(&cfg, &file, seen))
+    let hooks: Vec<(String, Hook)> = cfg
+        .handlers
+        .iter()
+        .map(|h| (h.name.clone(), hook_of(ctx, h)))
+        .collect();
+    Some(judge(&cfg, &file, seen, &hooks))
+}
+
+/// A spec file is a few KiB.
+const MAX_BASE_SPEC: u64 = 4 << 20;
+
+/// Whether handler `h` fails closed: this project's shim as its binary, or the check hook in
+/// its `base_runtime_spec` (read under the root, bounded).
+fn hook_of(ctx: &Ctx, h: &Handler) -> Hook {
+    if h
+        .binary_name
+        .as_deref()
+        .is_some_and(|b| b.rsplit('/').next() == Some(SHIM_BIN))
+    {
+        return Hook::Shim;
+    }
+    let Some(spec) = &h.base_runtime_spec else {
+        return Hook::Missing(None, "no base_runtime_spec".into());
+    };
+    let doc = crate::bounded::read_file(&ctx.path(spec), MAX_BASE_SPEC)
+        .map_err(|e| format!("cannot read it: {e}"))
+        .and_then(|d| {
+            serde_json::from_slice::<serde_json::Value>(&d).map_err(|e| format!("not JSON: {e}"))
+        });
+    match doc {
+        Ok(doc) if crate::engine::checkhook::present(&doc) => Hook::Checked(spec.clone()),
+        Ok(_) => Hook::Missing(
+            Some(spec.clone()),
+            format!("no {PLUGIN_BIN} check hook"),
+        ),
+        Err(why) => Hook::Missing(Some(spec.clone()), why),
+    }
 }
 
 #[cfg(test)]
@@ -290,17 +429,17 @@ mod tests {
     #[test]
     fn grades_by_version_and_validator() {
         // 2.1: on by default, cannot fail closed.
-        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))));
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))), &[]);
         assert_eq!(g.status, Status::Warn, "{g:?}");
         assert!(g.message.contains("NRI on (default)"), "{g:?}");
         assert!(g.message.contains("cannot fail closed"), "{g:?}");
         // The same without the plugin installed is a fact.
         let mut s = seen(Some((2, 1)));
         s.plugin_installed = false;
-        assert_eq!(judge(&cfg("version = 3\n"), F, s).status, Status::Info);
+        assert_eq!(judge(&cfg("version = 3\n"), F, s, &[]).status, Status::Info);
         // 2.2 without the validator: the lines to set, whether or not the plugin is here.
         s.version = Some((2, 2));
-        let g = judge(&cfg("version = 3\n"), F, s);
+        let g = judge(&cfg("version = 3\n"), F, s, &[]);
         assert_eq!(g.status, Status::Warn, "{g:?}");
         let fix = g.fix.unwrap();
         assert!(
@@ -312,21 +451,21 @@ mod tests {
             "{fix}"
         );
         // On: by annotation.
-        let g = judge(&cfg(ON), F, seen(Some((2, 2))));
+        let g = judge(&cfg(ON), F, seen(Some((2, 2))), &[]);
         assert_eq!(g.status, Status::Ok, "{g:?}");
         assert!(g.message.contains("validator is on"), "{g:?}");
         // Required of everyone without a toleration: the plugin's own pod would deadlock.
         let every = format!("{ON}required_plugins = [\"accel\"]\n");
-        let g = judge(&cfg(&every), F, seen(Some((2, 3))));
+        let g = judge(&cfg(&every), F, seen(Some((2, 3))), &[]);
         assert_eq!(g.status, Status::Warn, "{g:?}");
         assert!(g.message.contains("cannot start"), "{g:?}");
         let tolerated =
             format!("{every}tolerate_missing_plugins_annotation = \"{TOLERATE_ANNOTATION}\"\n");
-        let g = judge(&cfg(&tolerated), F, seen(Some((2, 3))));
+        let g = judge(&cfg(&tolerated), F, seen(Some((2, 3))), &[]);
         assert_eq!(g.status, Status::Ok, "{g:?}");
         assert!(g.message.contains("every container requires"), "{g:?}");
         // Version unknown: said, and the validator's state read from the file.
-        let g = judge(&cfg(ON), F, seen(None));
+        let g = judge(&cfg(ON), F, seen(None), &[]);
         assert_eq!(g.status, Status::Ok, "{g:?}");
         assert!(g.message.contains("if containerd is 2.2 or later"), "{g:?}");
     }
@@ -334,22 +473,81 @@ mod tests {
     #[test]
     fn off_closed_or_too_old() {
         let off = "version = 3\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = true\n";
-        let g = judge(&cfg(off), F, seen(Some((2, 2))));
+        let g = judge(&cfg(off), F, seen(Some((2, 2))), &[]);
         assert_eq!(g.status, Status::Warn, "{g:?}");
         assert!(g.message.contains("NRI off (set)"), "{g:?}");
         assert!(g.fix.unwrap().contains("disable = false"));
         // 1.7 is off unless turned on.
-        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 7))));
+        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 7))), &[]);
         assert!(g.message.contains("NRI off (default)"), "{g:?}");
         let shut =
             "version = 3\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable_connections = true\n";
-        let g = judge(&cfg(shut), F, seen(Some((2, 2))));
+        let g = judge(&cfg(shut), F, seen(Some((2, 2))), &[]);
         assert!(g.message.contains("disable_connections = true"), "{g:?}");
-        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 6))));
+        let g = judge(&cfg("version = 2\n"), F, seen(Some((1, 6))), &[]);
         assert!(g.message.contains("has no NRI"), "{g:?}");
         let mut s = seen(Some((2, 2)));
         s.socket = false;
-        let g = judge(&cfg(ON), F, s);
+        let g = judge(&cfg(ON), F, s, &[]);
         assert!(g.message.contains("missing"), "{g:?}");
+    }
+
+    #[test]
+    fn reads_each_cri_handlers_base_spec_and_binary() {
+        let text = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\nbase_runtime_spec = '/etc/containerd/b.json'\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.accel.options]\nBinaryName = '/usr/bin/accel-container-runtime'\n";
+        let c = cfg(text);
+        assert_eq!(
+            c.handlers,
+            [
+                Handler {
+                    name: "accel".into(),
+                    base_runtime_spec: None,
+                    binary_name: Some("/usr/bin/accel-container-runtime".into()),
+                },
+                Handler {
+                    name: "runc".into(),
+                    base_runtime_spec: Some("/etc/containerd/b.json".into()),
+                    binary_name: None,
+                },
+            ]
+        );
+        let v2 = cfg("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.crun]\nbase_runtime_spec = \"/x.json\"\n");
+        assert_eq!(v2.handlers[0].base_runtime_spec.as_deref(), Some("/x.json"));
+    }
+
+    #[test]
+    fn before_2_2_says_per_handler_whether_the_check_hook_closes_it() {
+        let base = "/etc/containerd/accel-base-spec.json".to_string();
+        let checked = vec![
+            ("runc".to_string(), Hook::Checked(base.clone())),
+            ("accel".to_string(), Hook::Shim),
+        ];
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))), &checked);
+        assert_eq!(g.status, Status::Ok, "{g:?}");
+        assert!(
+            g.message.contains("\"runc\": fails closed through accel-nri-plugin check (base_runtime_spec \"/etc/containerd/accel-base-spec.json\")"),
+            "{g:?}"
+        );
+        assert!(g.message.contains("\"accel\": the runtime itself"), "{g:?}");
+        // One handler without it: a warning naming it, and the fix.
+        let mut some = checked.clone();
+        some.push((
+            "crun".into(),
+            Hook::Missing(Some(base.clone()), "no accel-nri-plugin check hook".into()),
+        ));
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))), &some);
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("cannot fail closed on \"crun\": no accel-nri-plugin check hook"), "{g:?}");
+        assert!(g.fix.unwrap().contains("accel-ctk nri base-spec"));
+        // None: the old warning, now with the hook as the fix.
+        let none = vec![("runc".to_string(), Hook::Missing(None, "no base_runtime_spec".into()))];
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 0))), &none);
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("cannot fail closed"), "{g:?}");
+        assert!(g.fix.unwrap().starts_with("ctr oci spec | accel-ctk nri base-spec"));
+        // 2.2: the validator's wording; the hook as the alternative in its fix.
+        let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 2))), &checked);
+        assert!(g.message.contains("validator is off"), "{g:?}");
+        assert!(g.fix.unwrap().contains("without the validator, ctr oci spec | accel-ctk nri base-spec"));
     }
 }
