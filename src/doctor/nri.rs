@@ -355,8 +355,7 @@ const MAX_BASE_SPEC: u64 = 4 << 20;
 /// Whether handler `h` fails closed: this project's shim as its binary, or the check hook in
 /// its `base_runtime_spec` (read under the root, bounded).
 fn hook_of(ctx: &Ctx, h: &Handler) -> Hook {
-    if h
-        .binary_name
+    if h.binary_name
         .as_deref()
         .is_some_and(|b| b.rsplit('/').next() == Some(SHIM_BIN))
     {
@@ -372,10 +371,7 @@ fn hook_of(ctx: &Ctx, h: &Handler) -> Hook {
         });
     match doc {
         Ok(doc) if crate::engine::checkhook::present(&doc) => Hook::Checked(spec.clone()),
-        Ok(_) => Hook::Missing(
-            Some(spec.clone()),
-            format!("no {PLUGIN_BIN} check hook"),
-        ),
+        Ok(_) => Hook::Missing(Some(spec.clone()), format!("no {PLUGIN_BIN} check hook")),
         Err(why) => Hook::Missing(Some(spec.clone()), why),
     }
 }
@@ -537,17 +533,30 @@ mod tests {
         ));
         let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 1))), &some);
         assert_eq!(g.status, Status::Warn, "{g:?}");
-        assert!(g.message.contains("cannot fail closed on \"crun\": no accel-nri-plugin check hook"), "{g:?}");
+        assert!(
+            g.message
+                .contains("cannot fail closed on \"crun\": no accel-nri-plugin check hook"),
+            "{g:?}"
+        );
         assert!(g.fix.unwrap().contains("accel-ctk nri base-spec"));
         // None: the old warning, now with the hook as the fix.
-        let none = vec![("runc".to_string(), Hook::Missing(None, "no base_runtime_spec".into()))];
+        let none = vec![(
+            "runc".to_string(),
+            Hook::Missing(None, "no base_runtime_spec".into()),
+        )];
         let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 0))), &none);
         assert_eq!(g.status, Status::Warn, "{g:?}");
         assert!(g.message.contains("cannot fail closed"), "{g:?}");
-        assert!(g.fix.unwrap().starts_with("ctr oci spec | accel-ctk nri base-spec"));
+        assert!(g
+            .fix
+            .unwrap()
+            .starts_with("ctr oci spec | accel-ctk nri base-spec"));
         // 2.2: the validator's wording; the hook as the alternative in its fix.
         let g = judge(&cfg("version = 3\n"), F, seen(Some((2, 2))), &checked);
         assert!(g.message.contains("validator is off"), "{g:?}");
-        assert!(g.fix.unwrap().contains("without the validator, ctr oci spec | accel-ctk nri base-spec"));
+        assert!(g
+            .fix
+            .unwrap()
+            .contains("without the validator, ctr oci spec | accel-ctk nri base-spec"));
     }
 }
