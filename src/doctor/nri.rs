@@ -8,6 +8,7 @@
 //! Ref: containerd/nri `plugins/default-validator`, `pkg/plugin/annotations.go`.
 
 use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
 
 use super::Ctx;
 use super::Finding;
@@ -376,6 +377,128 @@ fn hook_of(ctx: &Ctx, h: &Handler) -> Hook {
     }
 }
 
+/// CRI-O's config: `crio.conf` and its drop-ins, in the order CRI-O reads them.
+const CRIO_CONF: &str = "/etc/crio/crio.conf";
+/// CRI-O's default `hooks_dir` (crio.conf(5)).
+const CRIO_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+
+/// What CRI-O's config text says: `[crio.nri] enable_nri` and `[crio.runtime] hooks_dir`,
+/// the later text winning (drop-ins after `crio.conf`). `None` for a text that is not TOML.
+pub fn crio_settings(texts: &[&str]) -> Option<(Option<bool>, Vec<String>)> {
+    let mut nri = None;
+    let mut dirs = None;
+    for text in texts {
+        let doc: toml::Table = text.parse().ok()?;
+        let crio = doc.get("crio");
+        if let Some(b) = crio
+            .and_then(|c| c.get("nri"))
+            .and_then(|n| n.get("enable_nri"))
+            .and_then(toml::Value::as_bool)
+        {
+            nri = Some(b);
+        }
+        if let Some(a) = crio
+            .and_then(|c| c.get("runtime"))
+            .and_then(|r| r.get("hooks_dir"))
+            .and_then(toml::Value::as_array)
+        {
+            dirs = Some(
+                a.iter()
+                    .filter_map(toml::Value::as_str)
+                    .map(str::to_string)
+                    .collect(),
+            );
+        }
+    }
+    Some((
+        nri,
+        dirs.unwrap_or_else(|| vec![CRIO_HOOKS_DIR.to_string()]),
+    ))
+}
+
+/// Whether an oci-hooks(5) file (`hooks.d/*.json`) runs the check hook at `createRuntime`.
+pub fn is_check_hook_file(text: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return false;
+    };
+    let staged = v
+        .get("stages")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|a| a.iter().any(|s| s == "createRuntime"));
+    let hook = v.get("hook").cloned().unwrap_or_default();
+    staged
+        && crate::engine::checkhook::present(
+            &serde_json::json!({"hooks": {"createRuntime": [hook]}}),
+        )
+}
+
+/// The finding for CRI-O's NRI where CRI-O's config is there: NRI on or off, and whether a
+/// hooks dir has the check hook (CRI-O has no NRI validator: the hook is how it fails closed).
+pub fn crio_finding(nri: Option<bool>, file: &str, hook: Option<&str>) -> Finding {
+    const C: &str = "CRI-O NRI";
+    let on = match nri {
+        Some(true) => "NRI on (set)",
+        Some(false) => "NRI off (set)",
+        None => "NRI as the version's default (on since 1.30)",
+    };
+    if nri == Some(false) {
+        return Finding::warn(
+            C,
+            format!("{file}: {on}: {PLUGIN_BIN} cannot connect"),
+            format!("set enable_nri = true in [crio.nri] (a drop-in under /etc/crio/crio.conf.d/), then systemctl restart crio"),
+        );
+    }
+    match hook {
+        Some(h) => Finding::ok(
+            C,
+            format!("{file}: {on}; fails closed through {PLUGIN_BIN} check ({})", quote(h)),
+        ),
+        None => Finding::warn(
+            C,
+            format!("{file}: {on}; cannot fail closed: no hooks dir has {PLUGIN_BIN}'s check hook, so while {PLUGIN_BIN} is down a container that asks for a device starts without it"),
+            format!("copy the packages' example crio-accel-nri-check.json into a hooks_dir of CRI-O (default {CRIO_HOOKS_DIR}; podman reads it too) (docs/nri-fail-closed.md)"),
+        ),
+    }
+}
+
+/// [`crio_finding`] for the node: none unless `crio.conf` or a drop-in is there.
+pub fn check_crio_nri(ctx: &Ctx) -> Option<Finding> {
+    const MAX: u64 = 1 << 20;
+    let mut files = vec![ctx.path(CRIO_CONF)];
+    if let Ok(rd) = std::fs::read_dir(ctx.path(crate::engine::crio::DROP_IN_DIR)) {
+        let mut drop_ins: Vec<_> = rd
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+            .collect();
+        drop_ins.sort();
+        files.extend(drop_ins);
+    }
+    let texts: Vec<String> = files
+        .iter()
+        .filter_map(|f| crate::bounded::read_text(f, MAX).ok())
+        .collect();
+    if texts.is_empty() {
+        return None;
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let (nri, dirs) = crio_settings(&refs)?;
+    let hook = dirs.iter().find_map(|d| {
+        let rd = std::fs::read_dir(ctx.path(d)).ok()?;
+        rd.filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .find(|p| crate::bounded::read_text(p, MAX).is_ok_and(|t| is_check_hook_file(&t)))
+            .map(|p| {
+                Path::new(d)
+                    .join(p.file_name().unwrap_or_default())
+                    .display()
+                    .to_string()
+            })
+    });
+    Some(crio_finding(nri, CRIO_CONF, hook.as_deref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,5 +681,43 @@ mod tests {
             .fix
             .unwrap()
             .contains("without the validator, ctr oci spec | accel-ctk nri base-spec"));
+    }
+
+    #[test]
+    fn crio_says_nri_and_whether_a_hooks_dir_has_the_check_hook() {
+        let (nri, dirs) = crio_settings(&["[crio.nri]\nenable_nri = true\n"]).unwrap();
+        assert_eq!(nri, Some(true));
+        assert_eq!(dirs, [CRIO_HOOKS_DIR]);
+        let (nri, dirs) = crio_settings(&[
+            "[crio.nri]\nenable_nri = true\n",
+            "[crio.nri]\nenable_nri = false\n[crio.runtime]\nhooks_dir = [\"/etc/containers/oci/hooks.d\"]\n",
+        ])
+        .unwrap();
+        assert_eq!(nri, Some(false));
+        assert_eq!(dirs, ["/etc/containers/oci/hooks.d"]);
+        assert!(crio_settings(&["[crio"]).is_none());
+        let example = include_str!("../../packaging/crio/accel-nri-check.json");
+        assert!(is_check_hook_file(example));
+        assert!(!is_check_hook_file(
+            &example.replace("createRuntime", "poststop")
+        ));
+        assert!(!is_check_hook_file("{"));
+        let g = crio_finding(
+            Some(true),
+            CRIO_CONF,
+            Some("/usr/share/containers/oci/hooks.d/accel-nri-check.json"),
+        );
+        assert_eq!(g.status, Status::Ok, "{g:?}");
+        assert!(
+            g.message
+                .contains("NRI on (set); fails closed through accel-nri-plugin check"),
+            "{g:?}"
+        );
+        let g = crio_finding(None, CRIO_CONF, None);
+        assert_eq!(g.status, Status::Warn, "{g:?}");
+        assert!(g.message.contains("cannot fail closed"), "{g:?}");
+        assert!(g.fix.unwrap().contains("crio-accel-nri-check.json"));
+        let g = crio_finding(Some(false), CRIO_CONF, None);
+        assert!(g.message.contains("NRI off (set)"), "{g:?}");
     }
 }
