@@ -212,7 +212,8 @@ fn plugin_registers_again_after_the_runtime_restarts() {
 /// A share's container (the DRA driver recorded a grant for its pod; CDI put the device's
 /// node in it) gets the grant as `dmem.max` in the adjustment's unified resources, on a
 /// node whose cgroup root lists the device's memory region; the same container in another
-/// pod, or without the node, gets none.
+/// pod, or without the node, gets none. The check hook refuses that container's spec
+/// without the limit, and passes it with the limit or in another pod.
 #[test]
 fn a_shares_container_gets_its_dmem_max_through_nri() {
     const POD: &str = "5b1f0c2e-8d4a-4f7e-9a3b-2c1d0e9f8a7b";
@@ -317,6 +318,58 @@ fn a_shares_container_gets_its_dmem_max_through_nri() {
         ContainerAdjustment::default()
     );
     assert_eq!(plugin.terminate().code(), Some(0));
+
+    // The check hook on the share's final spec: its node without the limit is refused (the
+    // plugin did not adjust it); with the limit, or in another pod, it passes.
+    let share = |pod: &str, limit: Option<&str>| {
+        let mut b = Bundle::busybox();
+        b.edit(|s| {
+            s["annotations"] = serde_json::json!({"io.kubernetes.cri.sandbox-uid": pod});
+            s["linux"]["devices"] = serde_json::json!([
+                {"path": format!("/dev/nvidia{minor}"), "type": "c", "major": 195, "minor": minor}
+            ]);
+            if let Some(l) = limit {
+                s["linux"]["resources"]["unified"] = serde_json::json!({"dmem.max": l});
+            }
+        });
+        b
+    };
+    let out = run_check(&share(POD, None), &config);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.starts_with("accel-nri-plugin check: container \"share\": its pod ")
+            && out.stderr.contains("dmem.max is missing from linux.resources.unified: accel-nri-plugin did not adjust this container"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert_eq!(run_check(&share(POD, Some(&want)), &config).code, 0);
+    assert_eq!(run_check(&share(OTHER, None), &config).code, 0);
+}
+
+/// `accel-nri-plugin check` as a runtime runs it: the OCI state of container "share" on
+/// stdin, the runtime's config in its environment.
+fn run_check(bundle: &Bundle, config: &std::path::Path) -> common::Out {
+    use std::io::Write as _;
+    let mut child =
+        std::process::Command::new(common::binary(env!("CARGO_BIN_EXE_accel-nri-plugin")))
+            .arg("check")
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let state = serde_json::json!({"ociVersion": "1.2.0", "id": "share", "status": "creating",
+        "pid": 1, "bundle": bundle.path()});
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(state.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    common::Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }
 
 /// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
