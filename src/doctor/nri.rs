@@ -445,7 +445,7 @@ pub fn crio_finding(nri: Option<bool>, file: &str, hook: Option<&str>) -> Findin
         return Finding::warn(
             C,
             format!("{file}: {on}: {PLUGIN_BIN} cannot connect"),
-            format!("set enable_nri = true in [crio.nri] (a drop-in under /etc/crio/crio.conf.d/), then systemctl restart crio"),
+            "set enable_nri = true in [crio.nri] (a drop-in under /etc/crio/crio.conf.d/), then systemctl restart crio".to_string(),
         );
     }
     match hook {
