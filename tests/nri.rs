@@ -552,3 +552,42 @@ fn the_check_hook_refuses_a_device_container_the_plugin_did_not_adjust() {
         }
     }
 }
+
+/// The check hook never breaks a container that asks for nothing, whatever else is wrong on
+/// the node (a config that does not parse, a profiles-dir that is missing); a container that
+/// asks gets the error's one line instead, and a bad request the decision's own line.
+#[test]
+fn the_check_hook_passes_a_device_less_container_whatever_else_fails() {
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Bundle::busybox();
+    let mut asks = Bundle::busybox();
+    asks.env("NVIDIA_VISIBLE_DEVICES=1");
+    let mut bad = Bundle::busybox();
+    bad.env("NVIDIA_VISIBLE_DEVICES=7");
+
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, "low-level-runtime = [\n").unwrap();
+    let no_dir = dir.path().join("no-dir.toml");
+    std::fs::write(&no_dir, "profiles-dir = \"/nonexistent/profiles.d\"\n").unwrap();
+    for config in [&broken, &no_dir, &dir.path().join("absent.toml")] {
+        let out = run_check(&plain, config);
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{config:?}");
+    }
+    let out = run_check(&asks, &broken);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.starts_with("accel-nri-plugin check: container \"share\": ")
+            && out.stderr.contains("broken.toml"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+
+    let out = run_check(&bad, &runc.config_path());
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
+        "{out:?}"
+    );
+}
