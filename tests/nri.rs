@@ -578,7 +578,8 @@ fn the_check_hook_passes_a_device_less_container_whatever_else_fails() {
     let out = run_check(&asks, &broken);
     assert_ne!(out.code, 0, "{out:?}");
     assert!(
-        out.stderr.starts_with("accel-nri-plugin check: container \"share\": ")
+        out.stderr
+            .starts_with("accel-nri-plugin check: container \"share\": ")
             && out.stderr.contains("broken.toml"),
         "{out:?}"
     );
@@ -587,7 +588,8 @@ fn the_check_hook_passes_a_device_less_container_whatever_else_fails() {
     let out = run_check(&bad, &runc.config_path());
     assert_ne!(out.code, 0, "{out:?}");
     assert!(
-        out.stderr.contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
+        out.stderr
+            .contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
         "{out:?}"
     );
 }
