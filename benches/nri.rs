@@ -13,15 +13,21 @@
 //!   path and the exec; a real runc's own create comes after that on the shim path and after
 //!   the adjustment on the NRI path alike.
 //!
+//! - `nri/check`: `accel-nri-plugin check` (the createRuntime hook) on a device-less spec and
+//!   on a device spec with its nodes present: in this process (`check::run`), and the binary
+//!   as runc starts it (`process/...`: the process start, the state on stdin).
+//!
 //! `cargo bench --features plugin --bench nri` as root (mknod); results in
 //! benches/BENCHMARKS.md.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::io::Write as _;
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
+use accel_container_runtime::nri::check;
 use common::nri::{container, Conn, Plugin};
 use common::{Bundle, Runc, SimRoot};
 use criterion::{BatchSize, Criterion};
@@ -87,6 +93,50 @@ fn main() {
             BatchSize::PerIteration,
         )
     });
+    g.finish();
+
+    // The check hook, as runc runs it for every container: the OCI state on stdin, the
+    // bundle's final config.json (here the shim's edit of it: the nodes present, as the
+    // plugin's adjustment leaves them).
+    restore();
+    accel_container_runtime::create::run(bundle.path(), "bench").unwrap();
+    let mut plain = Bundle::busybox();
+    plain.env("PATH=/bin");
+    let state = |b: &Bundle| {
+        format!(
+            r#"{{"ociVersion":"1.2.0","id":"bench","status":"creating","pid":1,"bundle":"{}"}}"#,
+            b.path().display()
+        )
+    };
+    let config = runc.config_path();
+    let mut g = c.benchmark_group("nri/check");
+    for (name, b) in [
+        ("no variable", &plain),
+        ("NVIDIA_VISIBLE_DEVICES=1", &bundle),
+    ] {
+        let st = state(b);
+        g.bench_function(name, |bench| {
+            bench.iter(|| check::run(st.as_bytes(), &config).unwrap())
+        });
+        let bin = common::binary(env!("CARGO_BIN_EXE_accel-nri-plugin"));
+        g.bench_function(format!("process/{name}"), |bench| {
+            bench.iter(|| {
+                let mut child = std::process::Command::new(&bin)
+                    .arg("check")
+                    .env("ACCEL_CONTAINER_RUNTIME_CONFIG", &config)
+                    .stdin(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(st.as_bytes())
+                    .unwrap();
+                assert!(child.wait().unwrap().success());
+            })
+        });
+    }
     g.finish();
     assert_eq!(plugin.terminate().code(), Some(0));
     c.final_summary();

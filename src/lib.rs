@@ -15,7 +15,8 @@
 //! device checkpoint), `health` (each device's health from its nodes and sysfs signals, one
 //! engine for the daemons and `accel-ctk`) → `devchar` (host /dev/char links), `loader` (the image's loader cache,
 //! compat libraries, requirements), `pipeline` (one vendor's gather-then-plan, the same steps
-//! for a create and a CDI spec) → `spec`, `engine` (engine config files) →
+//! for a create and a CDI spec) → `spec`, `engine` (engine config files; the NRI
+//! plugin's check hook in a runtime spec) →
 //! `doctor` (node checks) → `cdi` (CDI specs: generate, resolve, apply), `limits` (a
 //! share's `dmem.max` written into its container's spec on create) → `create` (the
 //! `create` command's straight line), `kubelet` (what the Kubernetes programs share: the node's

@@ -79,7 +79,8 @@ impl Case {
 
     /// Whether the container gets the devices: envvar and volume-mounts need our runtime
     /// (containerd passes a variable and a /dev/null bind; only the runtime reads them),
-    /// the others are resolved by containerd itself (device specs, CDI).
+    /// the others are resolved by containerd itself (device specs, CDI). One that does not
+    /// is refused by the default handler's check hook (accel-nri-plugin check).
     fn expects_devices(&self) -> bool {
         !self.handler.is_empty()
             || !matches!(self.strategy, Strategy::Envvar | Strategy::VolumeMounts)
@@ -291,6 +292,22 @@ async fn cri_channel(socket: &Path) -> Channel {
     ch
 }
 
+/// What each CRI test starts from: containerd's CRI socket, the image its pods run (from
+/// the guest's environment) and a temp dir for their logs.
+struct Cri {
+    socket: PathBuf,
+    image: String,
+    log_dir: tempfile::TempDir,
+}
+
+fn cri_setup(prefix: &str) -> Cri {
+    Cri {
+        socket: PathBuf::from(env("ACCEL_E2E_CRI_SOCKET")),
+        image: env("ACCEL_E2E_CRI_IMAGE"),
+        log_dir: tempfile::Builder::new().prefix(prefix).tempdir().unwrap(),
+    }
+}
+
 /// RunPodSandbox with `handler` ("" is containerd's default, plain runc).
 async fn run_sandbox(
     ch: &Channel,
@@ -322,6 +339,34 @@ async fn create_container(
         })
         .await?;
     Ok(created.into_inner().container_id)
+}
+
+/// What accel-nri-plugin's check hook says of a container that asked for a device the
+/// engine did not add (src/nri/check.rs).
+const CHECK_REFUSED: &str =
+    "which the engine did not add: accel-nri-plugin did not adjust this container";
+
+/// RunPodSandbox, CreateContainer and StartContainer, which must fail (the check hook runs in
+/// the runtime's create, at StartContainer): the error's text, the pod removed.
+async fn refused_start(
+    ch: &Channel,
+    name: &str,
+    handler: &str,
+    sandbox: &cri::PodSandboxConfig,
+    config: &cri::ContainerConfig,
+) -> String {
+    let pod = run_sandbox(ch, name, handler, sandbox).await;
+    let id = create_container(ch, &pod, sandbox, config)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: CreateContainer: {e}"));
+    let err = cri_client(ch)
+        .start_container(cri::ContainerIdMessage { container_id: id })
+        .await
+        .expect_err("started, though only the runtime or the NRI plugin could give its device");
+    println!("{name}: StartContainer refused: {}", err.message());
+    remove_pod(ch, name, &pod).await;
+    // runc's error quotes the hook's stderr with its quotes escaped.
+    err.message().replace("\\\"", "\"")
 }
 
 /// The calls kubelet makes to start a pod of one container: RunPodSandbox, CreateContainer,
@@ -422,14 +467,13 @@ fn node_config() -> Config {
 #[test]
 #[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
 fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler() {
-    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
-    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let Cri {
+        socket,
+        image,
+        log_dir,
+    } = cri_setup("accel-e2e-cri.");
     let handler: &'static str = env("ACCEL_E2E_CRI_HANDLER").leak();
     let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
-    let log_dir = tempfile::Builder::new()
-        .prefix("accel-e2e-cri.")
-        .tempdir()
-        .unwrap();
 
     // The plugin code of accel-device-plugin, on the node's config (the simulated root):
     // its CDI spec where containerd reads specs, and one answer per strategy.
@@ -497,6 +541,14 @@ fn allocate_answers_through_containerd_cri_with_and_without_the_runtime_handler(
                 &answer(case.strategy),
                 log_dir.path(),
             );
+            if !case.expects_devices() {
+                // Only the runtime reads this answer, and the default handler's base spec
+                // has accel-nri-plugin's check hook (no NRI plugin runs here): refused, never
+                // started without its device.
+                let err = refused_start(&ch, &name, "", &sandbox, &config).await;
+                assert!(err.contains(CHECK_REFUSED), "{name}: {err}");
+                continue;
+            }
             let r = run_pod(&ch, &name, case.handler, &sandbox, &config).await;
             running.push((case, r));
         }
@@ -611,13 +663,12 @@ fn claim_answer(ids: &[String]) -> ContainerAllocateResponse {
 #[test]
 #[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
 fn dra_claims_reach_containers_through_containerds_own_cdi() {
-    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
-    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let Cri {
+        socket,
+        image,
+        log_dir,
+    } = cri_setup("accel-e2e-cri-dra.");
     let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
-    let log_dir = tempfile::Builder::new()
-        .prefix("accel-e2e-cri-dra.")
-        .tempdir()
-        .unwrap();
     let cfg = node_config();
     let api = ApiServer::start();
     let allocated: [(&str, &str, &[&str]); 2] = [
@@ -753,13 +804,12 @@ const UID_P: &str = "0b4c7f3e-9d2a-4c61-8f1e-2a7b9c0d1e33";
 #[test]
 #[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
 fn shared_and_partitioned_claims_reach_containers_through_containerds_own_cdi() {
-    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
-    let image = env("ACCEL_E2E_CRI_IMAGE");
+    let Cri {
+        socket,
+        image,
+        log_dir,
+    } = cri_setup("accel-e2e-cri-sharing.");
     let cdi_dir = PathBuf::from(env("ACCEL_E2E_CRI_CDI_DIR"));
-    let log_dir = tempfile::Builder::new()
-        .prefix("accel-e2e-cri-sharing.")
-        .tempdir()
-        .unwrap();
     // The GCUs' memory stated as an operator states it, in config.toml.
     let path = std::env::var("ACCEL_CONTAINER_RUNTIME_CONFIG")
         .unwrap_or_else(|_| "/etc/accel-container-runtime/config.toml".into());
@@ -991,31 +1041,37 @@ async fn containerd_version(ch: &Channel) -> (u32, u32) {
     (next(), next())
 }
 
-/// Issue 43 item 5, with containerd's default runtime (plain runc: no shim anywhere in the
-/// pod): with accel-nri-plugin registered, a container that asks by variable
-/// (`NVIDIA_VISIBLE_DEVICES=1`) opens exactly GPU 1 and the control node, GPU 0 absent; a
-/// container that asks for nothing has no device and no line in the plugin's log; one that
-/// names a GPU the node lacks is not created, with the plugin's one-line message. With the
-/// plugin stopped (SIGTERM, exit 0), the device-asking container again: refused where
-/// containerd has NRI's default validator (2.2 and later: its pod names the plugin as
-/// required), else created and started without any device, which this test asserts as the
-/// engine's fail-open (docs/nri-fail-closed.md).
+/// Issue 43 item 5, with the stock runtimes (each handler of `ACCEL_E2E_NRI_HANDLERS`: runc
+/// and crun, no shim anywhere in the pod; their base spec has accel-nri-plugin's check hook):
+/// with accel-nri-plugin registered, a container that asks by variable
+/// (`NVIDIA_VISIBLE_DEVICES=1`) opens exactly GPU 1 and the control node, GPU 0 absent (the
+/// hook lets it through: the plugin added its nodes); a container that asks for nothing has no
+/// device and no line in the plugin's log; one that names a GPU the node lacks is not
+/// created, with the plugin's one-line message. With the plugin stopped (SIGTERM, exit 0): the
+/// device-asking container is refused, by NRI's default validator where containerd has it
+/// (2.2 and later: its pod names the plugin as required) at CreateContainer, else by the check
+/// hook at StartContainer with its line naming the plugin; a container that asks for nothing
+/// still starts, untouched (docs/nri-fail-closed.md).
 #[test]
 #[ignore = "needs containerd 2's CRI socket: run by the sid guest of tests/vm"]
-fn nri_plugin_gives_devices_with_plain_runc_and_containerd_without_it() {
-    let socket = PathBuf::from(env("ACCEL_E2E_CRI_SOCKET"));
-    let image = env("ACCEL_E2E_CRI_IMAGE");
+fn nri_plugin_gives_devices_with_the_stock_runtimes_and_containerd_fails_closed_without_it() {
+    let Cri {
+        socket,
+        image,
+        log_dir,
+    } = cri_setup("accel-e2e-nri.");
     let nri_socket = PathBuf::from(env("ACCEL_E2E_NRI_SOCKET"));
-    let log_dir = tempfile::Builder::new()
-        .prefix("accel-e2e-nri.")
-        .tempdir()
-        .unwrap();
+    let handlers: Vec<String> = env("ACCEL_E2E_NRI_HANDLERS")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !handlers.is_empty(),
+        "ACCEL_E2E_NRI_HANDLERS names no handler"
+    );
     let devices = ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia0"];
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    let gpu1 = [("NVIDIA_VISIBLE_DEVICES", "1")];
+    rt().block_on(async {
         let ch = cri_channel(&socket).await;
         let version = containerd_version(&ch).await;
         let mut plugin = NriPlugin::start(&nri_socket);
@@ -1024,97 +1080,103 @@ fn nri_plugin_gives_devices_with_plain_runc_and_containerd_without_it() {
         println!("{registered}");
         assert!(registered.contains("containerd"), "{registered}");
 
-        // Asks by variable, plain runc.
-        let (sandbox, config) = nri_pod(
-            "nri-gpu1",
-            &image,
-            &[("NVIDIA_VISIBLE_DEVICES", "1")],
-            log_dir.path(),
-        );
-        let gpu = run_pod(&ch, "nri-gpu1", "", &sandbox, &config).await;
-        let seen = probe(&ch, &gpu, &devices).await;
-        assert_eq!(seen["/dev/nvidia1"], "ENXIO", "{seen:?}");
-        assert_eq!(seen["/dev/nvidiactl"], "ENXIO", "{seen:?}");
-        assert_eq!(seen["/dev/nvidia0"], "ENOENT", "{seen:?}");
-        let line = plugin.wait_for("nri: accel-e2e/nri-gpu1/nri-gpu1: ", Duration::from_secs(5));
-        assert!(line.contains(" nodes, "), "{line}");
-
-        // Asks for nothing: untouched.
-        let (sandbox, config) = nri_pod("nri-none", &image, &[], log_dir.path());
-        let none = run_pod(&ch, "nri-none", "", &sandbox, &config).await;
-        let seen = probe(&ch, &none, &devices).await;
-        for d in devices {
-            assert_eq!(seen[d], "ENOENT", "{d}: {seen:?}");
-        }
-        // (At debug level it says "no device requested" for it; never what it added.)
-        assert!(
-            !plugin.said(|l| l.contains("accel-e2e/nri-none/") && l.contains(" nodes, ")),
-            "the plugin adjusted nri-none"
-        );
-
-        // A GPU the node lacks: no container, the plugin's message.
-        let (sandbox, config) = nri_pod(
-            "nri-bad",
-            &image,
-            &[("NVIDIA_VISIBLE_DEVICES", "7")],
-            log_dir.path(),
-        );
-        let pod = run_sandbox(&ch, "nri-bad", "", &sandbox).await;
-        let err = create_container(&ch, &pod, &sandbox, &config)
-            .await
-            .expect_err("a container asking for GPU 7 was created");
-        println!("nri-bad: CreateContainer: {}", err.message());
-        assert!(
-            err.message().contains("accel-nri-plugin: ")
-                && err
-                    .message()
-                    .contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
-            "{err}"
-        );
-        remove_pod(&ch, "nri-bad", &pod).await;
-
-        // The plugin stopped: what containerd does with the device-asking container.
-        plugin.stop();
-        let (sandbox, config) = nri_pod(
-            "nri-down",
-            &image,
-            &[("NVIDIA_VISIBLE_DEVICES", "1")],
-            log_dir.path(),
-        );
-        let pod = run_sandbox(&ch, "nri-down", "", &sandbox).await;
-        let created = create_container(&ch, &pod, &sandbox, &config).await;
-        if version >= (2, 2) {
-            let err = created.expect_err("created without the required plugin");
-            println!(
-                "nri-down: containerd {version:?} refused: {}",
-                err.message()
+        let mut running = Vec::new();
+        for h in &handlers {
+            // Asks by variable.
+            let name = format!("nri-gpu1-{h}");
+            let (sandbox, config) = nri_pod(&name, &image, &gpu1, log_dir.path());
+            let gpu = run_pod(&ch, &name, h, &sandbox, &config).await;
+            let seen = probe(&ch, &gpu, &devices).await;
+            assert_eq!(seen["/dev/nvidia1"], "ENXIO", "{name}: {seen:?}");
+            assert_eq!(seen["/dev/nvidiactl"], "ENXIO", "{name}: {seen:?}");
+            assert_eq!(seen["/dev/nvidia0"], "ENOENT", "{name}: {seen:?}");
+            let line = plugin.wait_for(
+                &format!("nri: accel-e2e/{name}/{name}: "),
+                Duration::from_secs(5),
             );
-            assert!(err.message().contains("accel"), "{err}");
-        } else {
-            let id = created.unwrap_or_else(|e| panic!("nri-down: CreateContainer: {e}"));
-            cri_client(&ch)
-                .start_container(cri::ContainerIdMessage {
-                    container_id: id.clone(),
-                })
-                .await
-                .unwrap_or_else(|e| panic!("nri-down: StartContainer: {e}"));
-            let down = Running {
-                name: "nri-down".into(),
-                pod: pod.clone(),
-                container: id,
-            };
-            let seen = probe(&ch, &down, &devices).await;
+            assert!(line.contains(" nodes, "), "{line}");
+            running.push(gpu);
+
+            // Asks for nothing: untouched.
+            let name = format!("nri-none-{h}");
+            let (sandbox, config) = nri_pod(&name, &image, &[], log_dir.path());
+            let none = run_pod(&ch, &name, h, &sandbox, &config).await;
+            let seen = probe(&ch, &none, &devices).await;
             for d in devices {
-                assert_eq!(seen[d], "ENOENT", "{d}: {seen:?}");
+                assert_eq!(seen[d], "ENOENT", "{name}: {d}: {seen:?}");
             }
-            println!(
-                "nri-down: containerd {}.{} has no NRI validator: the container asking for GPU 1 \
-                 started without it (fail-open)",
-                version.0, version.1
+            // (At debug level it says "no device requested" for it; never what it added.)
+            assert!(
+                !plugin
+                    .said(|l| l.contains(&format!("accel-e2e/{name}/")) && l.contains(" nodes, ")),
+                "the plugin adjusted {name}"
             );
+            running.push(none);
+
+            // A GPU the node lacks: no container, the plugin's message.
+            let name = format!("nri-bad-{h}");
+            let (sandbox, config) = nri_pod(
+                &name,
+                &image,
+                &[("NVIDIA_VISIBLE_DEVICES", "7")],
+                log_dir.path(),
+            );
+            let pod = run_sandbox(&ch, &name, h, &sandbox).await;
+            let err = create_container(&ch, &pod, &sandbox, &config)
+                .await
+                .expect_err("a container asking for GPU 7 was created");
+            println!("{name}: CreateContainer: {}", err.message());
+            assert!(
+                err.message().contains("accel-nri-plugin: ")
+                    && err
+                        .message()
+                        .contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
+                "{err}"
+            );
+            remove_pod(&ch, &name, &pod).await;
         }
-        remove_pod(&ch, "nri-down", &pod).await;
-        for r in [&gpu, &none] {
+
+        // The plugin stopped: the device-asking container refused, the other one started.
+        plugin.stop();
+        for h in &handlers {
+            let name = format!("nri-down-{h}");
+            let (sandbox, config) = nri_pod(&name, &image, &gpu1, log_dir.path());
+            if version >= (2, 2) {
+                let pod = run_sandbox(&ch, &name, h, &sandbox).await;
+                let err = create_container(&ch, &pod, &sandbox, &config)
+                    .await
+                    .expect_err("created without the required plugin");
+                println!("{name}: containerd {version:?} refused: {}", err.message());
+                assert!(err.message().contains("accel"), "{err}");
+                remove_pod(&ch, &name, &pod).await;
+            } else {
+                let err = refused_start(&ch, &name, h, &sandbox, &config).await;
+                assert!(err.contains("accel-nri-plugin"), "{name}: {err}");
+                // runc quotes the hook's stderr in its error; crun may only name the hook.
+                if h == "runc" {
+                    assert!(
+                        err.contains("accel-nri-plugin check: container ")
+                            && err
+                                .contains("NVIDIA_VISIBLE_DEVICES=\"1\" asked for /dev/nvidia1, ")
+                            && err.contains(CHECK_REFUSED),
+                        "{name}: {err}"
+                    );
+                }
+                println!(
+                    "{name}: containerd {}.{} has no NRI validator: refused by the check hook",
+                    version.0, version.1
+                );
+            }
+            let name = format!("nri-down-none-{h}");
+            let (sandbox, config) = nri_pod(&name, &image, &[], log_dir.path());
+            let none = run_pod(&ch, &name, h, &sandbox, &config).await;
+            let seen = probe(&ch, &none, &devices).await;
+            for d in devices {
+                assert_eq!(seen[d], "ENOENT", "{name}: {d}: {seen:?}");
+            }
+            running.push(none);
+        }
+        for r in &running {
             remove_pod(&ch, &r.name, &r.pod).await;
         }
     });

@@ -212,7 +212,8 @@ fn plugin_registers_again_after_the_runtime_restarts() {
 /// A share's container (the DRA driver recorded a grant for its pod; CDI put the device's
 /// node in it) gets the grant as `dmem.max` in the adjustment's unified resources, on a
 /// node whose cgroup root lists the device's memory region; the same container in another
-/// pod, or without the node, gets none.
+/// pod, or without the node, gets none. The check hook refuses that container's spec
+/// without the limit, and passes it with the limit or in another pod.
 #[test]
 fn a_shares_container_gets_its_dmem_max_through_nri() {
     const POD: &str = "5b1f0c2e-8d4a-4f7e-9a3b-2c1d0e9f8a7b";
@@ -317,6 +318,58 @@ fn a_shares_container_gets_its_dmem_max_through_nri() {
         ContainerAdjustment::default()
     );
     assert_eq!(plugin.terminate().code(), Some(0));
+
+    // The check hook on the share's final spec: its node without the limit is refused (the
+    // plugin did not adjust it); with the limit, or in another pod, it passes.
+    let share = |pod: &str, limit: Option<&str>| {
+        let mut b = Bundle::busybox();
+        b.edit(|s| {
+            s["annotations"] = serde_json::json!({"io.kubernetes.cri.sandbox-uid": pod});
+            s["linux"]["devices"] = serde_json::json!([
+                {"path": format!("/dev/nvidia{minor}"), "type": "c", "major": 195, "minor": minor}
+            ]);
+            if let Some(l) = limit {
+                s["linux"]["resources"]["unified"] = serde_json::json!({"dmem.max": l});
+            }
+        });
+        b
+    };
+    let out = run_check(&share(POD, None), &config);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.starts_with("accel-nri-plugin check: container \"share\": its pod ")
+            && out.stderr.contains("dmem.max is missing from linux.resources.unified: accel-nri-plugin did not adjust this container"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert_eq!(run_check(&share(POD, Some(&want)), &config).code, 0);
+    assert_eq!(run_check(&share(OTHER, None), &config).code, 0);
+}
+
+/// `accel-nri-plugin check` as a runtime runs it: the OCI state of container "share" on
+/// stdin, the runtime's config in its environment.
+fn run_check(bundle: &Bundle, config: &std::path::Path) -> common::Out {
+    use std::io::Write as _;
+    let mut child =
+        std::process::Command::new(common::binary(env!("CARGO_BIN_EXE_accel-nri-plugin")))
+            .arg("check")
+            .env("ACCEL_CONTAINER_RUNTIME_CONFIG", config)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let state = serde_json::json!({"ociVersion": "1.2.0", "id": "share", "status": "creating",
+        "pid": 1, "bundle": bundle.path()});
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(state.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    common::Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }
 
 /// The plugin in its DaemonSet pod: the host's / mounted at some directory (`--host-root`),
@@ -388,4 +441,155 @@ fn a_host_root_that_is_no_directory_stops_the_plugin() {
     assert_ne!(status.code(), Some(0));
     assert!(status.code().is_some(), "an exit, not a signal: {status:?}");
     assert!(plugin.log().contains("--host-root"), "{}", plugin.log());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The check hook (`accel-nri-plugin check`) as the stock runtime runs it: fail closed
+// ---------------------------------------------------------------------------------------------
+
+/// The low-level runtimes on this host: runc, and crun where installed.
+fn stock_runtimes() -> Vec<String> {
+    let mut r = vec!["runc".to_string()];
+    if common::which("crun").is_some() {
+        r.push("crun".into());
+    }
+    r
+}
+
+/// `bundle` with the check hook as `accel-ctk nri base-spec` writes it, the runtime's config
+/// `config` given in the hook's own environment (as on a node, where it is the default path).
+fn with_check_hook(bundle: &mut Bundle, config: &std::path::Path) {
+    let plugin = common::binary(env!("CARGO_BIN_EXE_accel-nri-plugin"));
+    let out = common::output(
+        std::process::Command::new(&*common::CTK)
+            .args(["nri", "base-spec", "--plugin", &plugin, "--from"])
+            .arg(bundle.config_path()),
+    );
+    out.ok();
+    let mut spec: Value = serde_json::from_str(&out.stdout).unwrap();
+    spec["hooks"]["createRuntime"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(format!("ACCEL_CONTAINER_RUNTIME_CONFIG={}", config.display()).into());
+    bundle.edit(|s| *s = spec);
+}
+
+/// `low run --bundle B ID` straight, no shim: the stock runtime and its hook alone.
+fn stock_run(runc: &Runc, low: &str, bundle: &Bundle, name: &str) -> common::Out {
+    let id = runc.id(name);
+    let out = common::output(
+        std::process::Command::new(low)
+            .arg("--root")
+            .arg(runc.state_dir())
+            .args(["run", "--bundle"])
+            .arg(bundle.path())
+            .arg(&id),
+    );
+    // `run` removes what it ran; a refused create leaves nothing either.
+    out
+}
+
+/// Issue 43, fail closed without an NRI validator: the stock runc (and crun) running the
+/// check hook from the spec refuse a container that asks for GPU 1 by variable when its node
+/// is not in the spec (the plugin did not adjust it), with one line naming accel-nri-plugin,
+/// the container, the variable and the node; run one that asks for nothing; and run one that
+/// asks with its nodes present (as the plugin or CDI adds them), which sees them inside.
+#[test]
+fn the_check_hook_refuses_a_device_container_the_plugin_did_not_adjust() {
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    // The nodes as the create path adds them: the shim's edit of the same request.
+    let added = {
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1");
+        let id = runc.id("check-nodes");
+        assert_eq!(runc.create(&b, &id).code, 0);
+        b.read_spec()["linux"].clone()
+    };
+    for low in stock_runtimes() {
+        // (a) asks, no node: refused by the hook.
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1").sh("echo started");
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-refused");
+        println!("{low} (a): {}", out.stderr.trim());
+        assert_ne!(out.code, 0, "{low}: started without its device: {out:?}");
+        assert!(!out.stdout.contains("started"), "{low}: {out:?}");
+        // runc's logrus line escapes the hook's quotes.
+        let stderr = out.stderr.replace("\\\"", "\"");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("accel-nri-plugin check: container \"e2e-check-refused"))
+            .unwrap_or_else(|| panic!("{low}: no line from the hook: {out:?}"));
+        assert!(
+            line.contains("NVIDIA_VISIBLE_DEVICES=\"1\" asked for /dev/nvidia1, which the engine did not add: accel-nri-plugin did not adjust this container"),
+            "{low}: {line}"
+        );
+
+        // (b) asks for nothing: runs, untouched.
+        let mut b = Bundle::busybox();
+        b.sh("ls /dev; echo started");
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-none");
+        assert_eq!(out.code, 0, "{low}: {out:?}");
+        assert!(out.stdout.contains("started"), "{low}: {out:?}");
+        assert!(!out.stdout.contains("nvidia"), "{low}: {out:?}");
+
+        // (c) asks, its nodes in the spec: runs and sees them.
+        let mut b = Bundle::busybox();
+        b.env("NVIDIA_VISIBLE_DEVICES=1").sh(
+            "for d in /dev/nvidia1 /dev/nvidiactl /dev/nvidia0; do [ -c $d ] && echo \"has $d\" || echo \"no $d\"; done",
+        );
+        b.edit(|s| {
+            s["linux"]["devices"] = added["devices"].clone();
+            s["linux"]["resources"]["devices"] = added["resources"]["devices"].clone();
+        });
+        with_check_hook(&mut b, &runc.config_path());
+        let out = stock_run(&runc, &low, &b, "check-present");
+        assert_eq!(out.code, 0, "{low}: {out:?}");
+        for want in ["has /dev/nvidia1", "has /dev/nvidiactl", "no /dev/nvidia0"] {
+            assert!(out.stdout.contains(want), "{low}: {want}: {out:?}");
+        }
+    }
+}
+
+/// The check hook never breaks a container that asks for nothing, whatever else is wrong on
+/// the node (a config that does not parse, a profiles-dir that is missing); a container that
+/// asks gets the error's one line instead, and a bad request the decision's own line.
+#[test]
+fn the_check_hook_passes_a_device_less_container_whatever_else_fails() {
+    let sim = SimRoot::standard();
+    let runc = Runc::new(&sim);
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Bundle::busybox();
+    let mut asks = Bundle::busybox();
+    asks.env("NVIDIA_VISIBLE_DEVICES=1");
+    let mut bad = Bundle::busybox();
+    bad.env("NVIDIA_VISIBLE_DEVICES=7");
+
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, "low-level-runtime = [\n").unwrap();
+    let no_dir = dir.path().join("no-dir.toml");
+    std::fs::write(&no_dir, "profiles-dir = \"/nonexistent/profiles.d\"\n").unwrap();
+    for config in [&broken, &no_dir, &dir.path().join("absent.toml")] {
+        let out = run_check(&plain, config);
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{config:?}");
+    }
+    let out = run_check(&asks, &broken);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with("accel-nri-plugin check: container \"share\": ")
+            && out.stderr.contains("broken.toml"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+
+    let out = run_check(&bad, &runc.config_path());
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("NVIDIA_VISIBLE_DEVICES: no device \"7\""),
+        "{out:?}"
+    );
 }

@@ -45,6 +45,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ctk::system::Cmd,
     },
+    /// accel-nri-plugin's fail-closed hook for engines without an NRI validator.
+    Nri {
+        #[command(subcommand)]
+        cmd: ctk::nri::Cmd,
+    },
     /// Which pod and container holds each device (replicas too), from kubelet's PodResources API.
     #[cfg(feature = "plugin")]
     Pods(ctk::pods::Args),
@@ -60,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::Cdi { cmd } => ctk::cdi::run(cmd),
         Cmd::Checkpoint { cmd } => ctk::checkpoint::run(cmd),
         Cmd::System { cmd } => ctk::system::run(cmd),
+        Cmd::Nri { cmd } => ctk::nri::run(cmd),
         #[cfg(feature = "plugin")]
         Cmd::Pods(args) => ctk::pods::run(args),
     };

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use accel_container_runtime::kubelet::daemon;
+use accel_container_runtime::nri::check;
 use accel_container_runtime::nri::session::{run, Options};
 use clap::Parser;
 
@@ -16,6 +17,8 @@ use clap::Parser;
     about = "NRI plugin: accelerator devices for containers without a runtime shim"
 )]
 struct Args {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
     /// The runtime's NRI socket.
     #[arg(long, default_value = "/var/run/nri/nri.sock")]
     socket: PathBuf,
@@ -29,6 +32,13 @@ struct Args {
     /// are read under it, and the engine gets the host's paths.
     #[arg(long, default_value = "/")]
     host_root: PathBuf,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Cmd {
+    /// As an OCI createRuntime hook (state on stdin): refuse a container that asked for a
+    /// device the engine did not add (this plugin down, not registered or too slow).
+    Check,
 }
 
 fn parse_name(s: &str) -> Result<String, String> {
@@ -53,6 +63,19 @@ fn parse_index(s: &str) -> Result<String, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Cmd::Check) = args.cmd {
+        let config = accel_container_runtime::config::path();
+        return match check::run(std::io::stdin().lock(), &config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!(
+                    "{}",
+                    accel_container_runtime::quote::line(&format!("accel-nri-plugin check: {msg}"))
+                );
+                ExitCode::FAILURE
+            }
+        };
+    }
     daemon::main("accel-nri-plugin", || {
         let opts = Options {
             socket: args.socket,

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod doctor;
 pub mod labels;
 pub mod list;
+pub mod nri;
 #[cfg(feature = "plugin")]
 pub mod pods;
 pub mod runtime;

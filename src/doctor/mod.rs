@@ -179,6 +179,7 @@ pub fn run_all(ctx: &Ctx) -> Vec<Finding> {
     out.push(containerd.finding.clone());
     out.extend(check_containerd_cdi(ctx));
     out.extend(check_containerd_nri(ctx));
+    out.extend(nri::check_crio_nri(ctx));
     out.extend(check_default_runtime(&[&docker, &containerd]));
     // The links first: how bad an old runc or systemd is depends on whether they exist.
     let links: Vec<Links> = config

@@ -15,6 +15,7 @@
 //!
 //! Nothing here restarts an engine: [`Kind::restart_command`] says how.
 
+pub mod checkhook;
 pub mod containerd;
 pub mod crio;
 pub mod docker;

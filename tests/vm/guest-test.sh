@@ -321,6 +321,14 @@ if [ "$flavour" = sid ]; then
   [ -e /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > /etc/hosts
   systemctl stop containerd
   mkdir -p /etc/containerd /var/run/cdi
+  # Failing closed without NRI's validator (containerd 2.0/2.1): the runc and crun handlers
+  # start every container from ctr's default spec with accel-nri-plugin's check hook added
+  # (accel-ctk nri base-spec), which refuses a container the plugin did not adjust.
+  install -m 755 "$share/bin/accel-nri-plugin" /usr/local/bin/ || bad "no accel-nri-plugin in the share"
+  ctr oci spec > /run/ctr-oci-spec.json || bad "ctr oci spec"
+  accel-ctk nri base-spec --plugin /usr/local/bin/accel-nri-plugin --from /run/ctr-oci-spec.json \
+    > /etc/containerd/accel-base-spec.json 2>/run/base-spec.err || bad "accel-ctk nri base-spec: $(cat /run/base-spec.err)"
+  grep -q '"accel-nri-plugin"' /etc/containerd/accel-base-spec.json || bad "the base spec has no check hook"
   cat > /etc/containerd/config.toml <<EOF
 version = 3
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -335,7 +343,14 @@ version = 3
   default_runtime_name = 'runc'
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
   runtime_type = 'io.containerd.runc.v2'
+  base_runtime_spec = '/etc/containerd/accel-base-spec.json'
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crun]
+  runtime_type = 'io.containerd.runc.v2'
+  base_runtime_spec = '/etc/containerd/accel-base-spec.json'
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crun.options]
+  BinaryName = '$(command -v crun)'
   SystemdCgroup = true
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.accel]
   runtime_type = 'io.containerd.runc.v2'
@@ -352,7 +367,7 @@ EOF
   # NRI's default validator (containerd >= 2.2; an older one has no such table): the NRI
   # plugin's test then expects a pod that requires the plugin to be refused while it is down.
   case "$(containerd --version | awk '{print $3}')" in
-    v2.0.*|v2.1.*|2.0.*|2.1.*) say "containerd before 2.2: no NRI default validator (fail-open)" ;;
+    v2.0.*|v2.1.*|2.0.*|2.1.*) say "containerd before 2.2: no NRI default validator (fails closed through the check hook)" ;;
     *) printf '%s\n' "[plugins.'io.containerd.nri.v1.nri'.default_validator]" '  enable = true' >> /etc/containerd/config.toml ;;
   esac
   # Pods in a user namespace cannot share the host's network (kubelet refuses it too): theirs
@@ -372,11 +387,12 @@ EOF
   ctr plugins ls 2>/dev/null | awk '$1 == "io.containerd.nri.v1" && $NF == "ok"' | grep -q . || bad "containerd's NRI plugin is not ok"
   containerd config dump 2>/dev/null | grep -q 'enable_cdi = true' || bad "containerd config dump: CDI not enabled"
   # doctor on the real engine: its version, NRI on, the socket there, and whether it can fail
-  # closed (2.1: it cannot; 2.2 with the validator above: on).
+  # closed (2.1: through the check hook of each handler's base spec; 2.2 with the validator
+  # above: on).
   nri_line=$(accel-ctk doctor 2>/dev/null | grep '^\[.*\] containerd NRI: ')
   say "doctor: $nri_line"
   case "$nri_line" in
-    *"containerd 2."[01]", "*"NRI on (set)"*'socket "/var/run/nri/nri.sock" present; cannot fail closed'*) ;;
+    *"containerd 2."[01]", "*"NRI on (set)"*'socket "/var/run/nri/nri.sock" present; no NRI default validator before 2.2, each CRI handler: "accel": the runtime itself; "crun": fails closed through accel-nri-plugin check (base_runtime_spec "/etc/containerd/accel-base-spec.json"); "runc": fails closed through accel-nri-plugin check'*) ;;
     *"containerd 2."*"NRI on (set)"*'socket "/var/run/nri/nri.sock" present; the NRI default validator is on'*) ;;
     *) bad "accel-ctk doctor's containerd NRI line: $nri_line" ;;
   esac
@@ -394,13 +410,15 @@ EOF
     mountpoint -q "$repo" || mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 repo "$repo" || bad "cannot mount the repository"
     ACCEL_E2E_CRI_SOCKET=/run/containerd/containerd.sock ACCEL_E2E_CRI_IMAGE=localhost/accel-cri:latest \
       ACCEL_E2E_CRI_HANDLER=accel ACCEL_E2E_CRI_CDI_DIR=/var/run/cdi ACCEL_E2E_NRI_SOCKET=/var/run/nri/nri.sock \
+      ACCEL_E2E_NRI_HANDLERS="runc crun" \
       "$bin" --ignored --test-threads=1 --nocapture > /run/e2e-cri.log 2>&1
     st=$?
     cat /run/e2e-cri.log
     [ "$st" = 0 ] || { journalctl -u containerd --no-pager | tail -30; bad "e2e_cri: status $st"; }
     # --ignored runs only the ignored tests: none run would also be status 0. Four: the
     # device plugin's answers, the DRA driver's claims through containerd's own CDI, the NRI
-    # plugin with plain runc (and with it stopped), and shared and partitioned claims.
+    # plugin with plain runc and crun (and with it stopped: refused by the check hook), and
+    # shared and partitioned claims.
     ran=$(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed.*/\1/p' /run/e2e-cri.log)
     [ "${ran:-0}" -ge 4 ] || bad "e2e_cri: ${ran:-no} test(s) passed, 4 expected (device plugin, DRA, NRI plugin, DRA sharing)"
   else

@@ -54,6 +54,8 @@ if [ "$flavour" = sid ]; then
   e2e_cri=$(cargo test --features "dra exporter" --test e2e_cri --no-run --message-format=json -q 2>/dev/null |
     grep -o '"executable":"[^"]*/deps/e2e_cri-[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -x "$e2e_cri" ] || { echo "tests/vm/run.sh: no e2e_cri test binary" >&2; exit 1; }
+  # The same build's accel-nri-plugin: the check hook of the guest's base spec.
+  [ -x target/debug/accel-nri-plugin ] || { echo "tests/vm/run.sh: no accel-nri-plugin" >&2; exit 1; }
 fi
 log "built"
 
@@ -80,6 +82,7 @@ pwd > "$share/repo-path"
 echo "$flavour" > "$share/flavour"
 echo "$runtimes" > "$share/runtimes"
 [ -z "$e2e_cri" ] || echo "$e2e_cri" > "$share/e2e-cri"
+[ -z "$e2e_cri" ] || cp target/debug/accel-nri-plugin "$share/bin/"
 
 # q35 with an uncompressed kernel boots through the PVH entry; snapshot=on keeps the cached
 # image pristine. apparmor=0: the minbase guest has no apparmor_parser, and docker refuses to
