@@ -1293,6 +1293,47 @@ fn doctor_says_whether_nri_fails_closed() {
     );
     assert!(msg.contains("cannot fail closed"), "{msg}");
 
+    // The runc handler from a base spec with the check hook: closed while the hook's binary
+    // is there; every container failing (doctor fails) when the spec names one that is not.
+    let handler = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\nbase_runtime_spec = '/etc/containerd/accel-base-spec.json'\n";
+    conf(handler);
+    let spec = |bin: &str| {
+        put(
+            root,
+            "/etc/containerd/accel-base-spec.json",
+            &format!(
+                r#"{{"ociVersion":"1.1.0","hooks":{{"createRuntime":[{{"path":"{bin}","args":["accel-nri-plugin","check"]}}]}}}}"#
+            ),
+            0o644,
+        )
+    };
+    spec("/usr/bin/accel-nri-plugin");
+    let f = nri(&doctor_json(&n).1);
+    assert_eq!(f["status"], "ok", "{f:#}");
+    assert!(
+        f["message"].as_str().unwrap().contains(
+            "\"runc\": fails closed through accel-nri-plugin check (base_runtime_spec \"/etc/containerd/accel-base-spec.json\")"
+        ),
+        "{f:#}"
+    );
+    spec("/opt/accel/bin/accel-nri-plugin");
+    let f = nri(&doctor_json(&n).1);
+    assert_eq!(f["status"], "fail", "{f:#}");
+    assert!(
+        f["message"].as_str().unwrap().contains(
+            "runs the check hook \"/opt/accel/bin/accel-nri-plugin\", which is not an executable on this node"
+        ),
+        "{f:#}"
+    );
+    assert!(
+        f["fix"]
+            .as_str()
+            .unwrap()
+            .contains("accel-ctk nri base-spec --plugin"),
+        "{f:#}"
+    );
+    conf("version = 3\n");
+
     containerd("v2.2.0");
     let (_, v, _) = doctor_json(&n);
     let f = nri(&v);

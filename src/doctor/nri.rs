@@ -85,6 +85,9 @@ pub enum Hook {
     Shim,
     /// Neither: the spec file (if any), and why it does not count.
     Missing(Option<String>, String),
+    /// Its `base_runtime_spec` runs the check hook from a path where no executable is: the
+    /// runtime then fails every container of the handler, device-less ones included.
+    Broken(String, String),
 }
 
 impl NriConfig {
@@ -231,6 +234,30 @@ pub fn judge(cfg: &NriConfig, file: &str, seen: Seen, hooks: &[(String, Hook)]) 
             "missing (containerd not running, or NRI off)"
         }
     );
+    // Whatever the version: a hook the runtime cannot run fails every container it starts.
+    let broken: Vec<String> = hooks
+        .iter()
+        .filter_map(|(name, h)| match h {
+            Hook::Broken(spec, bin) => Some(format!(
+                "{}: base_runtime_spec {} runs the check hook {}, which is not an executable on this node",
+                quote(name),
+                quote(spec),
+                quote(bin)
+            )),
+            _ => None,
+        })
+        .collect();
+    if !broken.is_empty() {
+        return Finding::new(
+            C,
+            super::Status::Fail,
+            format!(
+                "{head}; every container of these handlers fails to start: {}",
+                broken.join("; ")
+            ),
+            Some(format!("install {PLUGIN_BIN} at that path (the .deb or .rpm puts it at {}), or remake the spec with accel-ctk nri base-spec --plugin <its path>, then {restart}", crate::engine::checkhook::DEFAULT_PATH)),
+        );
+    }
     let can = seen.version.map(|v| v >= VALIDATOR_SINCE);
     if can == Some(false) {
         let missing: Vec<String> = hooks
@@ -255,7 +282,7 @@ pub fn judge(cfg: &NriConfig, file: &str, seen: Seen, hooks: &[(String, Hook)]) 
                     quote(spec)
                 )),
                 Hook::Shim => Some(format!("{}: the runtime itself", quote(name))),
-                Hook::Missing(..) => None,
+                Hook::Missing(..) | Hook::Broken(..) => None,
             })
             .collect();
         if !closed.is_empty() && missing.is_empty() {
@@ -371,7 +398,15 @@ fn hook_of(ctx: &Ctx, h: &Handler) -> Hook {
             serde_json::from_slice::<serde_json::Value>(&d).map_err(|e| format!("not JSON: {e}"))
         });
     match doc {
-        Ok(doc) if crate::engine::checkhook::present(&doc) => Hook::Checked(spec.clone()),
+        Ok(doc) if crate::engine::checkhook::present(&doc) => {
+            match crate::engine::checkhook::paths(&doc)
+                .into_iter()
+                .find(|p| !p.starts_with('/') || !super::is_executable(&ctx.path(p)))
+            {
+                Some(bin) => Hook::Broken(spec.clone(), bin.to_string()),
+                None => Hook::Checked(spec.clone()),
+            }
+        }
         Ok(_) => Hook::Missing(Some(spec.clone()), format!("no {PLUGIN_BIN} check hook")),
         Err(why) => Hook::Missing(Some(spec.clone()), why),
     }

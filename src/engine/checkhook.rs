@@ -35,9 +35,22 @@ fn is_check(hook: &Value) -> bool {
 
 /// Whether `doc` (a runtime spec) has the check hook among its `createRuntime` hooks.
 pub fn present(doc: &Value) -> bool {
+    !paths(doc).is_empty()
+}
+
+/// The `path` of each check hook among `doc`'s `createRuntime` hooks: the binaries the
+/// runtime will run for every container.
+pub fn paths(doc: &Value) -> Vec<&str> {
     doc.pointer("/hooks/createRuntime")
         .and_then(Value::as_array)
-        .is_some_and(|hooks| hooks.iter().any(is_check))
+        .map(|hooks| {
+            hooks
+                .iter()
+                .filter(|h| is_check(h))
+                .map(|h| h.get("path").and_then(Value::as_str).unwrap_or(""))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `doc` with the check hook (`path` the plugin's binary) appended to `hooks.createRuntime`,
@@ -109,6 +122,7 @@ mod tests {
             assert_eq!(d, bad);
         }
         assert!(add(&mut json!({}), "accel-nri-plugin").is_err());
+        assert_eq!(paths(&doc), [DEFAULT_PATH]);
     }
 
     #[test]
