@@ -35,6 +35,16 @@ pub struct DeviceNode {
     pub gid: u32,
 }
 
+impl DeviceNode {
+    /// Whether a node a spec already has (its `path`, `type` and numbers, as `linux.devices`
+    /// carries them) is this one: the same path, or the same type and `major:minor` under
+    /// another path (as CDI or kubelet may have put it).
+    pub fn is(&self, path: &str, typ: &str, major: Option<u64>, minor: Option<u64>) -> bool {
+        self.path == std::path::Path::new(path)
+            || (typ == self.kind.as_str() && major == Some(self.major) && minor == Some(self.minor))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindMount {
     pub source: PathBuf,

@@ -79,12 +79,13 @@ pub fn adjustment(out: &Outcome, c: &Container) -> Result<(ContainerAdjustment, 
         .chain(out.cdi.nodes.iter().map(|n| (&n.node, n.access.as_deref())));
     for (n, access) in nodes {
         let path = utf8(&n.path, "device path")?;
-        let typ = n.kind.as_str();
         let same = |d: &LinuxDevice| {
-            d.path == path
-                || (d.r#type == typ
-                    && u64::try_from(d.major) == Ok(n.major)
-                    && u64::try_from(d.minor) == Ok(n.minor))
+            n.is(
+                &d.path,
+                &d.r#type,
+                u64::try_from(d.major).ok(),
+                u64::try_from(d.minor).ok(),
+            )
         };
         if present.iter().any(same) || devices.iter().any(same) {
             continue;
@@ -93,7 +94,7 @@ pub fn adjustment(out: &Outcome, c: &Container) -> Result<(ContainerAdjustment, 
         if let Some(access) = access {
             rules.push(LinuxDeviceCgroup {
                 allow: true,
-                r#type: typ.to_string(),
+                r#type: n.kind.as_str().to_string(),
                 major: Some(OptionalInt64 {
                     value: number(n.major, path)?,
                 }),

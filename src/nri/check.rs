@@ -82,12 +82,11 @@ pub fn check(config_json: &Path, config: &Path) -> Result<(), String> {
             .iter()
             .chain(out.cdi.nodes.iter().map(|n| &n.node));
         for n in nodes {
-            let typ = n.kind.as_str();
-            let path = n.path.to_string_lossy();
-            let there = present.iter().any(|(p, t, major, minor)| {
-                *p == path || (*t == typ && *major == Some(n.major) && *minor == Some(n.minor))
-            });
+            let there = present
+                .iter()
+                .any(|(p, t, major, minor)| n.is(p, t, *major, *minor));
             if !there {
+                let path = n.path.to_string_lossy();
                 let asked = if out.requests.is_empty() {
                     "its CDI annotations".to_string()
                 } else {
